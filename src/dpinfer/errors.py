@@ -1,0 +1,48 @@
+"""Typed exceptions raised by dpinfer.
+
+Every error dpinfer raises on purpose derives from :class:`DPInferError`, so callers (and the CLI) can catch one type.
+Messages say what went wrong and how to fix it; they never contain private text (document content, prompts,
+span strings): only sizes, offsets, labels, paths and parameter values.
+"""
+
+from __future__ import annotations
+
+
+class DPInferError(Exception):
+    """Base class of every error dpinfer raises deliberately."""
+
+
+class InvalidInputError(DPInferError, ValueError):
+    """The caller passed something dpinfer cannot use (empty text, bad spans, an unknown label, ...)."""
+
+
+class ConfigurationError(DPInferError, ValueError):
+    """A parameter is out of range or parameters contradict each other (ε ≤ 0, δ ∉ (0, 1), ...)."""
+
+
+class InfeasibleBudgetError(ConfigurationError):
+    """No value of the mechanism's knob reaches the requested (ε, δ); the message gives the smallest reachable ε."""
+
+
+class ModelNotFoundError(DPInferError, FileNotFoundError):
+    """A model name or path could not be resolved locally; the message says what to install."""
+
+
+class MissingDependencyError(DPInferError, ImportError):
+    """An optional back-end is not installed; the message gives the pip command (e.g. ``pip install 'dpinfer[pii]'``)."""
+
+
+class CorruptCacheError(DPInferError):
+    """A cached artefact (e.g. the converted embedded model) cannot be read; the message says what to delete."""
+
+
+class TaggingError(DPInferError):
+    """The PII tagger failed. dpinfer fails closed: nothing is released when tagging fails."""
+
+
+class DataNotFoundError(DPInferError, FileNotFoundError):
+    """Evaluation data (``../shared/data``) is absent; the message says where it was looked for."""
+
+
+class ContextTooLongError(InvalidInputError):
+    """The prompt plus ``max_new_tokens`` does not fit the model's context window."""
