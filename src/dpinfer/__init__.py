@@ -1,0 +1,40 @@
+"""dpinfer: differentially private inference with large language models.
+
+One engine steps K contexts together; mechanisms turn K next-token distributions into one token and a privacy cost;
+one accountant composes and converts. Every released output carries an ex-ante :class:`~dpinfer.accounting.Guarantee`.
+
+Heavy modules are imported lazily, so ``import dpinfer`` is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_model": "dpinfer.models",
+    "LM": "dpinfer.models",
+    "generate": "dpinfer.generation",
+    "generate_many": "dpinfer.generation",
+    "stream": "dpinfer.generation",
+    "GenerationResult": "dpinfer.generation",
+    "Engine": "dpinfer.engine",
+    "Guarantee": "dpinfer.accounting",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dpinfer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

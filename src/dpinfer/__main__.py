@@ -1,0 +1,5 @@
+import sys
+
+from dpinfer.cli import main
+
+sys.exit(main())

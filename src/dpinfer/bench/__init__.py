@@ -1,0 +1,1 @@
+"""Benchmarks behind ``dpinfer bench ...``: each prints what it measured, with its baseline, from one run."""

@@ -1,0 +1,234 @@
+"""The ``dpinfer`` command line.
+
+Every error dpinfer raises on purpose is printed as one line (``dpinfer: error: ...``) with exit status 2; no
+traceback. ``--json`` (before or after the sub-command) prints one JSON object on standard output instead of text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dpinfer import __version__
+from dpinfer.errors import DPInferError, InvalidInputError
+
+EXIT_ERROR = 2
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _print_json(obj: Any) -> None:
+    def default(o: Any) -> Any:
+        if hasattr(o, "to_dict"):
+            return o.to_dict()
+        if isinstance(o, float) and not math.isfinite(o):
+            return str(o)
+        return str(o)
+
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=default) + "\n")
+
+
+def read_text_arg(source: str) -> str:
+    """Text of a FILE argument, or standard input for ``-``; rejects empty and binary input with a clear message."""
+    from pathlib import Path
+
+    if source == "-":
+        data = sys.stdin.buffer.read()
+        where = "standard input"
+    else:
+        p = Path(source)
+        if not p.is_file():
+            raise InvalidInputError(f"no such file: {source}")
+        data = p.read_bytes()
+        where = source
+    if b"\x00" in data:
+        raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{where} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text.strip():
+        raise InvalidInputError(f"{where} is empty")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------------- commands
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dpinfer.generation import generate, stream
+    from dpinfer.models import load_model
+
+    prompt = read_text_arg(args.prompt) if args.file else (sys.stdin.read() if args.prompt == "-" else args.prompt)
+    if not prompt:
+        raise InvalidInputError("the prompt is empty")
+    lm = load_model(args.model, device=args.device)
+    kw: dict[str, Any] = {"lm": lm, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                          "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    if args.chat:
+        kw["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        kw["prompt"] = prompt
+    if args.json:
+        res = generate(**kw)
+        _print_json({"text": res.text, "finish_reason": res.finish_reason, "prompt_tokens": res.prompt_tokens,
+                     "generated_tokens": len(res.token_ids), "seconds": round(res.seconds, 3),
+                     "guarantee": res.guarantee.to_dict()})
+        return 0
+    for piece in stream(**kw):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    _console(stderr=True).print("[dim]plain generation: no privacy guarantee[/dim]")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from dpinfer.models import installed_models
+    from dpinfer.paths import cache_dir
+
+    models = installed_models()
+    if args.prepare:
+        import time
+
+        from dpinfer.models import load_model
+
+        t0 = time.perf_counter()
+        lm = load_model(args.model)
+        prepared = {"name": lm.name, "source": str(lm.source), "seconds": round(time.perf_counter() - t0, 2)}
+        models = installed_models()
+    if args.json:
+        out: dict[str, Any] = {"cache_dir": str(cache_dir()), "models": models}
+        if args.prepare:
+            out["prepared"] = prepared
+        _print_json(out)
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"dpinfer models (cache: {cache_dir()})")
+    for col in ("name", "kind", "cached", "size MB", "path"):
+        table.add_column(col)
+    for m in models:
+        table.add_row(m["name"], m["kind"], "yes" if m.get("cached") else "no", str(m.get("size_mb", "")),
+                      str(m.get("path") or m.get("error", "")))
+    _console().print(table)
+    if args.prepare:
+        _console().print(f"loaded {prepared['name']} in {prepared['seconds']} s")
+    return 0
+
+
+def _progress_runner(label: str) -> tuple[Any, Callable[[str], None]]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                    console=_console(stderr=True), transient=True)
+    task = prog.add_task(label)
+
+    def update(what: str) -> None:
+        prog.update(task, description=f"{label}: {what}")
+
+    return prog, update
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from dpinfer.bench.engine import format_markdown, run_engine_bench
+    from dpinfer.models import load_model
+
+    lm = load_model(args.model)
+    prog, update = _progress_runner("bench engine")
+    with prog:
+        res = run_engine_bench(lm, ks=tuple(args.k), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                               repeats=args.repeats, unshared=not args.no_unshared, progress=update)
+    if args.json:
+        _print_json(res)
+    else:
+        print(format_markdown(res))
+    return 0
+
+
+def _bench_tagger(args: argparse.Namespace) -> int:
+    from dpinfer.bench import tagger
+
+    return int(tagger.main(args) or 0)
+
+
+# ---------------------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON object instead of text")
+    parser = argparse.ArgumentParser(
+        prog="dpinfer", parents=[common],
+        description="Differentially private inference with LLMs, offline. Every private output carries an "
+                    "(ε, δ) guarantee computed before the private data is read.",
+    )
+    parser.add_argument("--version", action="version", version=f"dpinfer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    g = sub.add_parser("generate", parents=[common], help="plain generation (no privacy), streamed",
+                       description="Generate a continuation of PROMPT with the engine (no privacy guarantee). "
+                                   "The prompt is used exactly as given unless --chat.")
+    g.add_argument("prompt", help="prompt text, or '-' for standard input, or a file with --file")
+    g.add_argument("--file", action="store_true", help="PROMPT is a file path")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
+    g.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=0.9)
+    g.add_argument("--seed", type=int, default=None)
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", parents=[common], help="list installed and cached models",
+                       description="List the embedded model and the converted models in the cache.")
+    m.add_argument("--prepare", action="store_true", help="load (and on first use convert and cache) the model")
+    m.add_argument("--model", default=None, help="model to prepare (default: the embedded one)")
+    m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="benchmarks (print what they measured, with their baseline, in one run)")
+    bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    from dpinfer.bench import engine as bench_engine
+
+    be = bsub.add_parser("engine", parents=[common], help="engine tokens/s vs HF generate for K = 1, 2, 5, 9",
+                         description=bench_engine.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_engine.add_arguments(be)
+    be.set_defaults(func=cmd_bench_engine)
+    try:
+        from dpinfer.bench import tagger as bench_tagger
+    except ImportError:  # pragma: no cover - module always ships; its heavy imports are lazy
+        bench_tagger = None
+    if bench_tagger is not None:
+        bt = bsub.add_parser("tagger", parents=[common], help="tagger precision / recall / F1 against gold spans",
+                             description=bench_tagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        bench_tagger.add_arguments(bt)
+        bt.set_defaults(func=_bench_tagger)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "json"):
+        args.json = False
+    try:
+        return int(args.func(args) or 0)
+    except DPInferError as exc:
+        print(f"dpinfer: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("dpinfer: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("dpinfer: error: out of memory; lower max-new-tokens or the number of contexts", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

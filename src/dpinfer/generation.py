@@ -1,0 +1,135 @@
+"""Plain (non-private) generation on the engine: :func:`generate`, :func:`generate_many`, :func:`stream`.
+
+The prompt string is used exactly as given (no chat template, no special tokens added); pass ``messages=`` to have
+the model's chat template applied instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.engine import Engine, EngineOutput
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.models import LM, load_model
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+
+
+@functools.lru_cache(maxsize=1)
+def default_lm() -> LM:
+    """The embedded default model, loaded once per process."""
+    return load_model()
+
+
+def resolve_lm(lm: LM | str | None) -> LM:
+    """``None`` → the embedded default (cached), a string → :func:`load_model`, an :class:`LM` → itself."""
+    if lm is None:
+        return default_lm()
+    if isinstance(lm, str):
+        return load_model(lm)
+    return lm
+
+
+@dataclass
+class GenerationResult:
+    """Output of :func:`generate`. ``guarantee`` says plainly that plain generation has no privacy guarantee."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    guarantee: Guarantee
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _prompt_ids(lm: LM, prompt: str | None, messages: Sequence[dict[str, str]] | None) -> list[int]:
+    if (prompt is None) == (messages is None):
+        raise ConfigurationError("give exactly one of prompt= or messages=")
+    text = lm.chat_prompt(messages) if messages is not None else prompt
+    if not isinstance(text, str) or not text:
+        raise InvalidInputError("the prompt is empty")
+    return lm.encode(text)
+
+
+def _sampler(temperature: float, top_k: int | None, top_p: float | None) -> Sampler:
+    return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, mode="independent")
+
+
+def _result(lm: LM, out: EngineOutput, row: int, mechanism: Sampler, max_new_tokens: int) -> GenerationResult:
+    ids = out.sequences[row]
+    return GenerationResult(
+        text=lm.decode(ids), token_ids=ids, finish_reason=out.finish_reasons[row],
+        prompt_tokens=out.prompt_lengths[row], guarantee=mechanism.guarantee(max_new_tokens),
+        seconds=out.prefill_seconds + out.decode_seconds,
+        details={"prefill_seconds": out.prefill_seconds, "decode_seconds": out.decode_seconds},
+    )
+
+
+def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None, lm: LM | str | None = None,
+             max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None) -> GenerationResult:
+    """Generate a continuation of ``prompt`` (used verbatim) or of chat ``messages``.
+
+    ``temperature=0`` is greedy decoding and matches ``lm.model.generate(..., do_sample=False)`` token for token.
+    The same ``seed`` gives the same output.
+
+    >>> # dpinfer.generate("The capital of France is", temperature=0, max_new_tokens=5).text
+    """
+    model = resolve_lm(lm)
+    ids = _prompt_ids(model, prompt, messages)
+    mech = _sampler(temperature, top_k, top_p)
+    out = Engine(model).generate([ids], mech, max_new_tokens=max_new_tokens, seed=seed)
+    return _result(model, out, 0, mech, max_new_tokens)
+
+
+def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None, max_new_tokens: int = 256,
+                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  seed: int | None = None) -> list[GenerationResult]:
+    """Batched plain generation: one continuation per prompt, all rows stepped together (independent mode)."""
+    model = resolve_lm(lm)
+    if isinstance(prompts, str) or not prompts:
+        raise InvalidInputError("generate_many needs a non-empty list of prompt strings")
+    rows = [_prompt_ids(model, p, None) for p in prompts]
+    mech = _sampler(temperature, top_k, top_p)
+    out = Engine(model).generate(rows, mech, max_new_tokens=max_new_tokens, seed=seed)
+    return [_result(model, out, i, mech, max_new_tokens) for i in range(len(rows))]
+
+
+class TextStreamer:
+    """Incremental detokenisation: feed token ids, get the new text (held back while a character is incomplete)."""
+
+    def __init__(self, lm: LM) -> None:
+        self.lm, self.ids, self.emitted = lm, [], 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.lm.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self.emitted = text[self.emitted:], len(text)
+        return delta
+
+
+def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
+           lm: LM | str | None = None, max_new_tokens: int = 256, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+    """Like :func:`generate` but yields the text piece by piece as tokens are produced."""
+    model = resolve_lm(lm)
+    ids = _prompt_ids(model, prompt, messages)
+    streamer = TextStreamer(model)
+    for event in Engine(model).stream([ids], _sampler(temperature, top_k, top_p), max_new_tokens=max_new_tokens,
+                                      seed=seed):
+        tok = event.tokens[0]
+        if tok >= 0 and tok not in model.eos_token_ids:
+            piece = streamer.push(tok)
+            if piece:
+                yield piece

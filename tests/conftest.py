@@ -1,0 +1,101 @@
+"""Shared fixtures: a tiny random-weight Llama built in the test session, and the embedded model for e2e tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+CORPUS = [
+    "The applicant was born in 1970 and lives in Izmir.",
+    "On 20 May 1998 the Court decided to communicate the application to the Government.",
+    "The case originated in an application against the Republic of Turkey lodged with the Commission.",
+    "Mr Smith, a lawyer practising in London, represented the applicants before the Court.",
+    "The quick brown fox jumps over the lazy dog. Numbers 0123456789 and symbols /.,;:!?()-",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_model(path: Path, *, seed: int = 0, vocab_target: int = 384) -> Path:
+    """Write a tiny random-weight Llama (2 layers, width 64) and a byte-level BPE tokenizer to ``path``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_target, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<|endoftext|>", bos_token="<|im_start|>",
+                                     eos_token="<|im_end|>", pad_token="<|im_end|>")
+    hf_tok.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(hf_tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # larger logits than the default init, so distributions are far from uniform
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 2
+    model.save_pretrained(path)
+    hf_tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir: Path):
+    from dpinfer.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedded_lm():
+    """The embedded SmolLM2-135M-Instruct (e2e tests only); skipped with a reason when it is not installed."""
+    from dpinfer.errors import ModelNotFoundError
+    from dpinfer.models import load_model
+
+    try:
+        return load_model(device="cpu")
+    except ModelNotFoundError as exc:
+        pytest.skip(f"embedded model not installed: {exc}")
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch):
+    """Make any outbound connection attempt fail loudly."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    yield
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    from dpinfer.paths import data_dir
+
+    d = data_dir(required=False)
+    if d is None:
+        pytest.skip("evaluation data not found: put the shared data at ../shared/data or set DPINFER_DATA")
+    return d

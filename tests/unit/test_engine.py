@@ -1,0 +1,156 @@
+"""Engine tests on a tiny random-weight Llama built in the session (see conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpinfer.engine import Engine, _common_prefix_length
+from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
+from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.sampler import Sampler
+
+PROMPTS = [
+    "The applicant was born in 1970 and lives in Izmir. On 20 May 1998 the Court decided",
+    "Mr Smith, a lawyer practising in London,",
+    "The quick brown fox",
+]
+
+
+class Recorder(Mechanism):
+    """Joint mechanism that records every row's logits and emits row 0's argmax."""
+
+    name = "recorder"
+    mode = "joint"
+
+    def __init__(self) -> None:
+        self.logits: list[torch.Tensor] = []
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+        assert logits.dtype == torch.float64
+        self.logits.append(logits.clone())
+        return StepResult(tokens=logits[0].argmax(), stats={"step": float(info.step)})
+
+
+def hf_greedy(lm, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
+                                min_new_tokens=n, pad_token_id=lm.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_matches_hf_generate(tiny_lm, prompt):
+    ids = tiny_lm.encode(prompt)
+    out = Engine(tiny_lm).generate([ids], Sampler(temperature=0), max_new_tokens=24, min_new_tokens=24)
+    assert out.sequences[0] == hf_greedy(tiny_lm, ids, 24)
+    assert out.finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("sharing", [True, False])
+def test_identical_contexts_joint_give_identical_rows(tiny_lm, sharing):
+    ids = tiny_lm.encode(PROMPTS[0])
+    rec = Recorder()
+    out = Engine(tiny_lm, prefix_sharing=sharing).generate([ids] * 4, rec, max_new_tokens=12, min_new_tokens=12)
+    assert out.shared_prefix == (len(ids) - 1 if sharing else 0)
+    for step_logits in rec.logits:
+        p = torch.softmax(step_logits, -1)
+        torch.testing.assert_close(p, p[:1].expand_as(p), atol=1e-6, rtol=0)
+    assert len(out.steps) == 12 and out.steps[3] == {"step": 3.0}
+
+
+def test_left_padding_matches_each_row_alone(tiny_lm):
+    rows = [tiny_lm.encode(p) for p in PROMPTS]
+    assert len({len(r) for r in rows}) == 3
+    batched = Recorder()
+    Engine(tiny_lm, prefix_sharing=False).generate(rows, batched, max_new_tokens=6, min_new_tokens=6)
+    for i, r in enumerate(rows):
+        # feed row i the same tokens the batch appended (row 0's choices) to compare like with like
+        forced = _Forced([int(s[0].argmax()) for s in batched.logits])
+        Engine(tiny_lm).generate([r], forced, max_new_tokens=6, min_new_tokens=6)
+        for a, b in zip(forced.logits, batched.logits, strict=True):
+            torch.testing.assert_close(a[0], b[i], atol=1e-4, rtol=1e-4)
+
+
+class _Forced(Recorder):
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__()
+        self.tokens = tokens
+
+    def step(self, logits, info, generator):
+        self.logits.append(logits.clone())
+        return StepResult(tokens=torch.tensor(self.tokens[info.step]))
+
+
+def test_prefix_sharing_is_exact(tiny_lm):
+    base = tiny_lm.encode(PROMPTS[0])
+    rows = [base + tiny_lm.encode(" in Izmir"), base + tiny_lm.encode(" and the Government"), base]
+    assert _common_prefix_length(rows) == len(base)
+    shared, unshared = Recorder(), Recorder()
+    o1 = Engine(tiny_lm, prefix_sharing=True).generate(rows, shared, max_new_tokens=8, min_new_tokens=8)
+    o2 = Engine(tiny_lm, prefix_sharing=False).generate(rows, unshared, max_new_tokens=8, min_new_tokens=8)
+    assert o1.shared_prefix == len(base) - 1 and o2.shared_prefix == 0
+    for a, b in zip(shared.logits, unshared.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_independent_rows_stop_at_their_own_eos(tiny_lm):
+    eos = next(iter(tiny_lm.eos_token_ids))
+
+    class EosAt(Mechanism):
+        name, mode = "eos-at", "independent"
+
+        def step(self, logits, info, generator):
+            toks = torch.full((info.num_contexts,), 5, dtype=torch.long)
+            toks[0] = eos if info.step == 2 else 5
+            toks[1] = eos if info.step == 4 else 6
+            return StepResult(tokens=toks)
+
+    ids = tiny_lm.encode(PROMPTS[2])
+    out = Engine(tiny_lm).generate([ids, ids, ids], EosAt(), max_new_tokens=7)
+    assert out.sequences[0] == [5, 5] and out.sequences[1] == [6] * 4 and len(out.sequences[2]) == 7
+    assert out.finish_reasons == ["eos", "eos", "length"]
+
+
+def test_joint_stops_at_eos_and_min_new_tokens_masks_it(tiny_lm):
+    eos = next(iter(tiny_lm.eos_token_ids))
+
+    class PreferEos(Mechanism):
+        name, mode = "prefer-eos", "joint"
+
+        def step(self, logits, info, generator):
+            return StepResult(tokens=torch.tensor(eos) if torch.isfinite(logits[0, eos]) else logits[0].argmax())
+
+    ids = tiny_lm.encode(PROMPTS[1])
+    out = Engine(tiny_lm).generate([ids, ids], PreferEos(), max_new_tokens=10)
+    assert out.sequences == [[], []] and out.finish_reasons == ["eos", "eos"]
+    out = Engine(tiny_lm).generate([ids, ids], PreferEos(), max_new_tokens=10, min_new_tokens=3)
+    assert len(out.sequences[0]) == 3 and out.finish_reasons[0] == "eos"
+
+
+def test_seed_reproducible_and_stream_matches(tiny_lm):
+    ids = tiny_lm.encode(PROMPTS[0])
+    eng = Engine(tiny_lm)
+    mech = Sampler(temperature=1.0, top_k=50)
+    a = eng.generate([ids, ids], mech, max_new_tokens=20, seed=123)
+    b = eng.generate([ids, ids], mech, max_new_tokens=20, seed=123)
+    c = eng.generate([ids, ids], mech, max_new_tokens=20, seed=124)
+    assert a.sequences == b.sequences
+    assert a.sequences != c.sequences
+    box = []
+    streamed = [ev.tokens for ev in eng.stream([ids, ids], mech, max_new_tokens=20, seed=123, result=box)]
+    assert box[0].sequences == a.sequences
+    assert [t[0] for t in streamed if t[0] >= 0][: len(a.sequences[0])] == a.sequences[0]
+
+
+def test_bad_inputs(tiny_lm):
+    eng = Engine(tiny_lm)
+    with pytest.raises(InvalidInputError):
+        eng.generate([], Sampler(), max_new_tokens=4)
+    with pytest.raises(InvalidInputError):
+        eng.generate([[]], Sampler(), max_new_tokens=4)
+    with pytest.raises(ConfigurationError):
+        eng.generate([[1, 2]], Sampler(), max_new_tokens=0)
+    with pytest.raises(ContextTooLongError, match="context window"):
+        eng.generate([[5] * 500], Sampler(), max_new_tokens=100)
