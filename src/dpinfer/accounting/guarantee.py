@@ -1,0 +1,299 @@
+"""What every dpinfer output carries: the ex-ante (ε, δ) guarantee, and data-dependent figures kept apart from it."""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from dpinfer.accounting._format import format_up
+from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, _check_epsilon
+from dpinfer.errors import ConfigurationError
+
+ACCOUNTINGS = ("dpinfer", "as_published")
+
+
+def _check_guarantee_delta(delta: float) -> float:
+    if not 0.0 <= delta < 1.0:
+        raise ConfigurationError(f"a guarantee's δ must lie in [0, 1), got {delta!r}")
+    return float(delta)
+
+
+def _freeze(value: Any, where: str) -> Any:
+    """A read-only, JSON-compatible copy of a parameter value: mappings become read-only and sorted, lists tuples."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):
+            raise ConfigurationError(f"parameter names must be strings, got {sorted(map(repr, value))} in {where}")
+        return MappingProxyType({key: _freeze(value[key], f"{where}.{key}") for key in sorted(value)})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(item, f"{where}[{i}]") for i, item in enumerate(value))
+    raise ConfigurationError(
+        f"{where} is a {type(value).__name__}, which a guarantee cannot store; "
+        "pass numbers, strings, booleans, None, lists or mappings of these"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """The JSON form of a frozen value: infinities and NaN as the strings "inf", "-inf", "nan"."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+@dataclass(frozen=True)
+class GroupGuarantee:
+    """(ε, δ)-DP for one privacy group (e.g. DP-Fusion's PERSON spans), with the knobs that produced it.
+
+    >>> group = GroupGuarantee("PERSON", epsilon=4.2, delta=1e-5, parameters={"beta": 0.01})
+    >>> group.parameters["beta"], group.to_dict()["epsilon"]
+    (0.01, 4.2)
+    """
+
+    name: str
+    epsilon: float
+    delta: float
+    parameters: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigurationError(f"a privacy group needs a non-empty name, got {self.name!r}")
+        object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon))
+        object.__setattr__(self, "delta", _check_guarantee_delta(self.delta))
+        object.__setattr__(self, "parameters", _freeze(self.parameters, f"parameters of group {self.name}"))
+
+    @classmethod
+    def from_loss(
+        cls, name: str, loss: PrivacyLoss, *, delta: float, parameters: Mapping[str, Any] | None = None
+    ) -> GroupGuarantee:
+        """The group's guarantee from its ex-ante loss, converted at ``delta``."""
+        return cls(name, loss.to_epsilon(delta), delta, parameters or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (infinities as "inf")."""
+        return _plain({"name": self.name, "epsilon": self.epsilon, "delta": self.delta, "parameters": self.parameters})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GroupGuarantee:
+        """The inverse of :meth:`to_dict`."""
+        return cls(data["name"], float(data["epsilon"]), float(data["delta"]), data.get("parameters", {}))
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """An (ε, δ)-differential-privacy guarantee, with everything needed to read it: mechanism, adjacency, knobs.
+
+    Definition (Dwork & Roth 2014, Def. 2.4): for every pair of inputs D, D′ adjacent as stated in ``adjacency`` and
+    every set S of outputs, P[M(D) ∈ S] ≤ e^ε · P[M(D′) ∈ S] + δ. The guarantee is ex ante (ALGORITHMS §0): computed
+    from the mechanism's ``parameters`` and the maximum length ``max_new_tokens`` (T_max) before any private data is
+    read. ``order`` is the Rényi order when the underlying bound holds at that order only. ``groups`` holds one
+    guarantee per privacy group; the headline (ε, δ) must cover every group. ``accounting="as_published"`` marks the
+    authors' own accounting, kept for comparison and flagged in the text. ``loss`` (not compared, not serialised) is
+    the underlying :class:`PrivacyLoss`. ε = ∞ means no privacy guarantee.
+
+    >>> from dpinfer.accounting import Zcdp
+    >>> g = Guarantee.from_loss(Zcdp(1.5), delta=1e-6, mechanism="invisibleink",
+    ...     adjacency="replace-by-null of one reference", parameters={"C": 0.6, "tau": 1.1}, max_new_tokens=500)
+    >>> print(g)  # doctest: +NORMALIZE_WHITESPACE
+    invisibleink: (ε = 9.85, δ = 1e-06)-differential privacy against replace-by-null of one reference;
+    computed before reading the private data, from the mechanism's parameters and at most 500 generated tokens.
+    >>> print(Guarantee.no_privacy("sampler"))
+    sampler: no privacy guarantee.
+    """
+
+    epsilon: float
+    delta: float
+    mechanism: str
+    adjacency: str
+    parameters: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    max_new_tokens: int | None = None
+    order: float | None = None
+    groups: tuple[GroupGuarantee, ...] = ()
+    accounting: str = "dpinfer"
+    loss: PrivacyLoss | None = field(default=None, compare=False, repr=False)
+    ex_ante: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon))
+        object.__setattr__(self, "delta", _check_guarantee_delta(self.delta))
+        if not isinstance(self.mechanism, str) or not self.mechanism:
+            raise ConfigurationError(f"a guarantee needs the mechanism's name, got {self.mechanism!r}")
+        if not isinstance(self.adjacency, str) or not self.adjacency:
+            raise ConfigurationError("a guarantee needs its adjacency as a sentence, e.g. 'replace-by-null of ...'")
+        object.__setattr__(self, "parameters", _freeze(self.parameters, "parameters"))
+        if self.max_new_tokens is not None:
+            if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral):
+                raise ConfigurationError(f"max_new_tokens must be None or an integer, got {self.max_new_tokens!r}")
+            if self.max_new_tokens < 0:
+                raise ConfigurationError(f"max_new_tokens must be ≥ 0, got {self.max_new_tokens}")
+            object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
+        if self.order is not None:
+            if not 1.0 < self.order < math.inf:
+                raise ConfigurationError(f"order must be None or a finite Rényi order > 1, got {self.order!r}")
+            object.__setattr__(self, "order", float(self.order))
+        groups = tuple(self.groups)
+        if not all(isinstance(group, GroupGuarantee) for group in groups):
+            raise ConfigurationError("groups must be GroupGuarantee objects")
+        if len({group.name for group in groups}) < len(groups):
+            raise ConfigurationError(f"group names must be distinct, got {[group.name for group in groups]}")
+        for group in groups:
+            if group.epsilon > self.epsilon or group.delta > self.delta:
+                raise ConfigurationError(
+                    f"group {group.name} has (ε = {group.epsilon:g}, δ = {group.delta:g}), more than the headline "
+                    f"(ε = {self.epsilon:g}, δ = {self.delta:g}); the headline must be the worst group's guarantee"
+                )
+        object.__setattr__(self, "groups", groups)
+        if self.accounting not in ACCOUNTINGS:
+            raise ConfigurationError(f"accounting must be one of {ACCOUNTINGS}, got {self.accounting!r}")
+
+    @classmethod
+    def no_privacy(cls, mechanism: str) -> Guarantee:
+        """The statement for outputs that read private data without a DP mechanism: ε = ∞."""
+        return cls(math.inf, 0.0, mechanism, "any change to the private input")
+
+    @classmethod
+    def from_loss(
+        cls,
+        loss: PrivacyLoss,
+        *,
+        delta: float,
+        mechanism: str,
+        adjacency: str,
+        parameters: Mapping[str, Any],
+        max_new_tokens: int | None,
+        groups: Iterable[GroupGuarantee] = (),
+        accounting: str = "dpinfer",
+    ) -> Guarantee:
+        """The guarantee of an ex-ante ``loss`` (for groups: the worst group's loss) converted at ``delta``."""
+        return cls(
+            epsilon=loss.to_epsilon(delta),
+            delta=delta,
+            mechanism=mechanism,
+            adjacency=adjacency,
+            parameters=parameters,
+            max_new_tokens=max_new_tokens,
+            order=loss.alpha if isinstance(loss, SingleOrderRdp) else None,
+            groups=tuple(groups),
+            accounting=accounting,
+            loss=loss,
+        )
+
+    def worst_group(self) -> GroupGuarantee | None:
+        """The group with the largest (ε, δ), or None without groups."""
+        return max(self.groups, key=lambda group: (group.epsilon, group.delta), default=None)
+
+    def __str__(self) -> str:
+        if math.isinf(self.epsilon):
+            return f"{self.mechanism}: no privacy guarantee."
+        figure = f"ε = {format_up(self.epsilon)}, δ = {format_up(self.delta)}"
+        if not self.ex_ante:
+            text = (
+                f"{self.mechanism}: no differential-privacy guarantee; the figure {figure} against {self.adjacency} "
+                "was computed from the private data (data-dependent)"
+            )
+        else:
+            scope = ""
+            if self.groups:
+                per_group = "; ".join(f"{group.name}: ε = {format_up(group.epsilon)}" for group in self.groups)
+                scope = f" for each privacy group ({per_group})"
+            text = f"{self.mechanism}: ({figure})-differential privacy{scope} against {self.adjacency}"
+            if self.order is not None:
+                text += f", from a Rényi bound at order α = {self.order:g}"
+            text += "; computed before reading the private data, from the mechanism's parameters"
+            if self.max_new_tokens is not None:
+                text += f" and at most {self.max_new_tokens} generated tokens"
+        if self.accounting == "as_published":
+            text += "; accounting as published by the mechanism's authors, not dpinfer's own"
+        return text + "."
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (infinities as "inf"), with the plain-English ``statement``; ``loss`` is left out."""
+        return _plain(
+            {
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+                "mechanism": self.mechanism,
+                "adjacency": self.adjacency,
+                "parameters": self.parameters,
+                "max_new_tokens": self.max_new_tokens,
+                "order": self.order,
+                "groups": tuple(group.to_dict() for group in self.groups),
+                "accounting": self.accounting,
+                "ex_ante": self.ex_ante,
+                "statement": str(self),
+            }
+        )
+
+    def to_json(self, **kwargs: Any) -> str:
+        """:meth:`to_dict` as JSON; keyword arguments go to :func:`json.dumps`."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Guarantee:
+        """The inverse of :meth:`to_dict` (without ``loss``; non-finite parameter values stay strings)."""
+        order = data.get("order")
+        return cls(
+            epsilon=float(data["epsilon"]),
+            delta=float(data["delta"]),
+            mechanism=data["mechanism"],
+            adjacency=data["adjacency"],
+            parameters=data.get("parameters", {}),
+            max_new_tokens=data.get("max_new_tokens"),
+            order=None if order is None else float(order),
+            groups=tuple(GroupGuarantee.from_dict(group) for group in data.get("groups", ())),
+            accounting=data.get("accounting", "dpinfer"),
+            ex_ante=data.get("ex_ante", True),
+        )
+
+
+@dataclass(frozen=True)
+class DataDependentSpend:
+    """A figure computed from realised, data-dependent quantities: reported ex post, and NOT a privacy guarantee.
+
+    ALGORITHMS §0: anything computed from realised divergences, lengths or screening decisions depends on the private
+    data, so it bounds nothing about the mechanism and may itself leak. It is shown as "spent (data-dependent, not a
+    guarantee)" and never named ε: ``mechanism`` and ``quantity`` may not contain "ε" or "epsilon".
+
+    >>> print(DataDependentSpend("dp-fusion", "sum of realised Rényi divergences at order 2 (PERSON)", 0.7312))
+    dp-fusion: sum of realised Rényi divergences at order 2 (PERSON), spent (data-dependent, not a guarantee): 0.7312
+    """
+
+    mechanism: str
+    quantity: str
+    value: float
+    label: ClassVar[str] = "spent (data-dependent, not a guarantee)"
+
+    def __post_init__(self) -> None:
+        for text in (self.mechanism, self.quantity):
+            if not isinstance(text, str) or not text:
+                raise ConfigurationError("a data-dependent figure needs a mechanism name and a description")
+            if "ε" in text or "epsilon" in text.lower():
+                raise ConfigurationError(
+                    f"a data-dependent figure must not be named ε (it is not a guarantee), got {text!r}; describe what "
+                    "was measured, e.g. 'sum of realised Rényi divergences at order 2'"
+                )
+        if math.isnan(self.value):
+            raise ConfigurationError(f"a data-dependent figure must be a number, got {self.value!r}")
+        object.__setattr__(self, "value", float(self.value))
+
+    def __str__(self) -> str:
+        return f"{self.mechanism}: {self.quantity}, {self.label}: {self.value:.4g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (infinities as "inf") carrying the data-dependent ``label``."""
+        return _plain(
+            {"label": self.label, "mechanism": self.mechanism, "quantity": self.quantity, "value": self.value}
+        )
