@@ -1,0 +1,192 @@
+"""User-given spans: the spans file format, :func:`load_spans`, and the ``spans`` tagger.
+
+Accepted formats (a path to a JSON file, a JSON string, or the already-parsed object):
+
+* a list of spans ``[{"start": 0, "end": 5, "label": "PERSON"}, ...]`` (optional ``score``, ``source``; the keys
+  ``start_offset``/``end_offset``/``entity_type`` and ``start_position``/``end_position`` are accepted too);
+* an object ``{"spans": [...]}`` with such a list;
+* a TAB-style document ``{"text": ..., "entity_mentions": [{"start_offset", "end_offset", "entity_type", ...}]}``;
+* an original TAB document ``{"text": ..., "annotations": {annotator: {"entity_mentions": [...]}}}``: the mentions
+  of ``annotator``, or of every annotator (their union) when ``annotator`` is ``None``.
+
+Offsets are character offsets, end exclusive. Labels must be TAB types (:data:`~dpinfer.taggers.base.TAB_LABELS`)
+unless a ``label_map`` translates them. When the document carries its ``text`` (or ``text=`` is given), spans are
+checked against it, and a mention's ``span_text`` must equal the text at its offsets.
+
+>>> load_spans('[{"start": 0, "end": 4, "label": "PERSON"}]')
+[Span(start=0, end=4, label='PERSON', score=1.0, source='user')]
+>>> SpansTagger([Span(0, 4, "PERSON")]).tag("Anna went home.")
+[Span(start=0, end=4, label='PERSON', score=1.0, source='')]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dpinfer.errors import InvalidInputError
+from dpinfer.taggers.base import TAB_LABELS, Span, Tagger, validate_spans
+from dpinfer.taggers.labels import LabelMap, validate_label_map
+
+SpansSource = str | Path | Sequence[Any] | Mapping[str, Any]
+
+_START_KEYS = ("start", "start_offset", "start_position")
+_END_KEYS = ("end", "end_offset", "end_position")
+_LABEL_KEYS = ("label", "entity_type")
+
+
+def _parse_json(raw: str, where: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:  # its message quotes no content, but build our own to be sure
+        raise InvalidInputError(f"{where} is not valid JSON (line {e.lineno}, column {e.colno})") from None
+
+
+def _read_source(source: SpansSource) -> Any:
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("[", "{"))):
+        path = Path(source).expanduser()
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InvalidInputError(f"spans file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidInputError(f"cannot read spans file {path} ({type(e).__name__})") from None
+        return _parse_json(raw, f"spans file {path}")
+    if isinstance(source, str):
+        return _parse_json(source, "spans string")
+    if isinstance(source, (Mapping, Sequence)) and not isinstance(source, (bytes, bytearray)):
+        return source
+    raise InvalidInputError(
+        f"spans source must be a path, a JSON string, a list or a dict, got {type(source).__name__}"
+    )
+
+
+def _pick(item: Mapping[str, Any], keys: tuple[str, ...], what: str, i: int) -> Any:
+    for k in keys:
+        if k in item:
+            return item[k]
+    raise InvalidInputError(f"span #{i} has no {what} (expected one of: {', '.join(keys)})")
+
+
+def _mentions(doc: Any, annotator: str | None) -> tuple[list[Any], str | None]:
+    """(list of span records, the document text if present)."""
+    if isinstance(doc, Mapping):
+        text = doc.get("text") if isinstance(doc.get("text"), str) else None
+        if "entity_mentions" in doc:
+            items = doc["entity_mentions"]
+        elif "annotations" in doc:
+            ann = doc["annotations"]
+            if not isinstance(ann, Mapping) or not ann:
+                raise InvalidInputError("'annotations' must be a non-empty object {annotator: {entity_mentions}}")
+            names = [annotator] if annotator is not None else sorted(ann)
+            items = []
+            for name in names:
+                if name not in ann:
+                    raise InvalidInputError(f"annotator {name!r} not in the document ({len(ann)} annotators)")
+                block = ann[name]
+                if not isinstance(block, Mapping) or not isinstance(block.get("entity_mentions"), list):
+                    raise InvalidInputError(f"annotations of {name!r} have no 'entity_mentions' list")
+                items.extend(block["entity_mentions"])
+        elif "spans" in doc:
+            items = doc["spans"]
+        else:
+            raise InvalidInputError("spans object must have 'entity_mentions', 'annotations' or 'spans'")
+        if not isinstance(items, list):
+            raise InvalidInputError("the span list must be a JSON array")
+        return items, text
+    if isinstance(doc, Sequence) and not isinstance(doc, (str, bytes, bytearray)):
+        items = list(doc)
+        if any(isinstance(x, Mapping) and ("entity_mentions" in x or "annotations" in x) for x in items):
+            raise InvalidInputError("got a list of documents; pass one document (its dict) at a time")
+        return items, None
+    raise InvalidInputError(f"spans must be a list or an object, got {type(doc).__name__}")
+
+
+def load_spans(
+    source: SpansSource,
+    *,
+    text: str | None = None,
+    allowed_labels: Iterable[str] = TAB_LABELS,
+    label_map: LabelMap | None = None,
+    annotator: str | None = None,
+) -> list[Span]:
+    """Parse user spans (formats: module docstring) into validated :class:`Span` objects sorted by position.
+
+    Overlapping spans are kept (the ``spans`` tagger resolves them). Raises
+    :class:`~dpinfer.errors.InvalidInputError` for malformed input, a label outside ``allowed_labels`` (after
+    ``label_map``, if given; a label mapped to ``None`` is dropped), an offset beyond the text, or a ``span_text``
+    that does not match the text. Messages carry offsets and labels, never text.
+    """
+    allowed = tuple(allowed_labels)
+    lmap = validate_label_map(label_map, targets=allowed) if label_map is not None else None
+    items, doc_text = _mentions(_read_source(source), annotator)
+    if text is not None and not isinstance(text, str):
+        raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+    check_text = text if text is not None else doc_text
+    spans: list[Span] = []
+    for i, item in enumerate(items):
+        if isinstance(item, Span):
+            spans.append(item)
+            continue
+        if not isinstance(item, Mapping):
+            raise InvalidInputError(f"span #{i} must be an object, got {type(item).__name__}")
+        start = _pick(item, _START_KEYS, "start offset", i)
+        end = _pick(item, _END_KEYS, "end offset", i)
+        label = _pick(item, _LABEL_KEYS, "label", i)
+        if not isinstance(label, str):
+            raise InvalidInputError(f"span #{i} label must be a string")
+        if label not in allowed and lmap is not None and label in lmap:
+            mapped = lmap[label]
+            if mapped is None:
+                continue
+            label = mapped
+        if label not in allowed:
+            raise InvalidInputError(
+                f"span #{i} ({start}:{end}) has unknown label {label!r}; allowed labels: {', '.join(allowed)}"
+            )
+        score = item.get("score", 1.0)
+        source_name = item.get("source", "user")
+        spans.append(Span(start, end, label, score, source_name if isinstance(source_name, str) else "user"))
+        span_text = item.get("span_text")
+        if check_text is not None and isinstance(span_text, str) and end <= len(check_text):
+            if check_text[start:end] != span_text:
+                raise InvalidInputError(f"span #{i} ({start}:{end}): span_text does not match the text at its offsets")
+    if check_text is not None:
+        return validate_spans(spans, len(check_text), allowed)
+    return sorted(spans, key=lambda s: (s.start, s.end, s.label))
+
+
+class SpansTagger(Tagger):
+    """Returns spans the user gave (a list of :class:`Span` or anything :func:`load_spans` accepts).
+
+    :meth:`tag` checks them against the text (:class:`~dpinfer.errors.InvalidInputError` naming the offsets if one
+    falls outside it) and resolves overlaps like every tagger.
+    """
+
+    name = "spans"
+
+    def __init__(
+        self,
+        spans: SpansSource | Iterable[Span] = (),
+        *,
+        label_map: LabelMap | None = None,
+        allowed_labels: Iterable[str] = TAB_LABELS,
+        annotator: str | None = None,
+    ) -> None:
+        self.labels = tuple(allowed_labels)
+        if isinstance(spans, (str, Path, Mapping)):
+            self.spans = load_spans(spans, allowed_labels=self.labels, label_map=label_map, annotator=annotator)
+        else:
+            items = list(spans)
+            if all(isinstance(s, Span) for s in items):
+                self.spans = validate_spans(items, _UNBOUNDED, self.labels)
+            else:
+                self.spans = load_spans(items, allowed_labels=self.labels, label_map=label_map)
+
+    def _tag(self, text: str) -> list[Span]:
+        return validate_spans(self.spans, len(text), self.labels)
+
+
+_UNBOUNDED = 2**62
