@@ -30,7 +30,7 @@ def register(name: str) -> Callable[[type[Mechanism]], type[Mechanism]]:
 
 def _load_builtin() -> None:
     # Importing the modules registers their classes.
-    from dpinfer.mechanisms import sampler  # noqa: F401
+    from dpinfer.mechanisms import dp_decoding, dp_fusion, dp_prompt, sampler  # noqa: F401
 
 
 def available_mechanisms() -> list[str]:

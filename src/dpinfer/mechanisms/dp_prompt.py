@@ -1,0 +1,372 @@
+"""DP-Prompt: clipped-logit sampling as an exponential mechanism (a baseline, and stage 1 of DP-GTR; ALGORITHMS §4, §5).
+
+Utpala, Hooker & Chen 2023, "Locally Differentially Private Document Generation Using Zero Shot Prompting" (EMNLP
+Findings); restated by Li et al. 2025 (DP-GTR, Appendix A). At every step the logits are clipped to
+``[b_min, b_max]`` and the token is drawn from the FULL vocabulary with probability
+
+    p(v) ∝ exp(clip(z_v, b_min, b_max) / τ).
+
+This is the exponential mechanism with utility ``clip(z)``, whose every coordinate may change by at most
+``Δ = b_max − b_min`` between ANY two prompts, so for every token v
+
+    log p(v) − log p′(v) = (u_v − u′_v)/τ − (log Z − log Z′) ∈ [−2Δ/τ, 2Δ/τ]:
+
+each token is ``ε_tok = 2(b_max − b_min)/τ``-DP (local DP; adjacency: any two prompts). The privacy loss
+``log p(v) − log p′(v)`` also ranges over an interval of width at most 2Δ/τ = ε_tok whatever v, so the mechanism is
+ε_tok-bounded-range (Durfee & Rogers 2019), hence ``min(ε_tok, α·ε_tok²/8)``-RDP (Cesar & Rogers 2021, Lemma 3.2):
+:class:`~dpinfer.accounting.PureDp` ``(ε_tok, bounded_range=True)``. n rewrites of at most L_max tokens compose
+adaptively to ``n·L_max`` tokens; the (ε, δ) is the smaller of basic composition ``n·L_max·ε_tok`` and the RDP
+conversion.
+
+Top-k or top-p truncation would make the support depend on the private logits (a token outside it has probability 0
+for one prompt and not for another: ε = ∞); the authors' code left transformers' default ``top_k = 50`` on. This
+implementation never truncates and rejects ``top_k`` / ``top_p``.
+
+The clip bounds must not be computed from the private data. :func:`public_clip_bounds` derives them as in DP-GTR
+(Appendix A.2): ``(μ, μ + 4σ)`` of all logits the model produces while paraphrasing a public corpus (the paragraphs
+in ``dpinfer/data/public_corpus.txt``, written for this purpose: generic, non-personal descriptions).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, epsilon_from_rdp
+from dpinfer.errors import ConfigurationError
+from dpinfer.mechanisms import register
+from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.sampler import Sampler, sample_rows
+
+if TYPE_CHECKING:
+    from dpinfer.models import LM
+
+ADJACENCY = "any two private prompts (the whole text may change; local DP)"
+
+PARAPHRASE_INSTRUCTION = "Paraphrase the following text in your own words.\n\n{text}"
+"""The instruction used to paraphrase the public corpus in :func:`public_clip_bounds`."""
+
+_CLIP_CACHE: dict[tuple[str, int, int, float], tuple[float, float]] = {}
+
+
+def _check_number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_count(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}")
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}") from None
+    if n < 1:
+        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {n}")
+    return n
+
+
+def _check_delta(delta: object) -> float:
+    if isinstance(delta, bool) or not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
+        raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
+    return float(delta)
+
+
+def _check_clip(clip_min: object, clip_max: object) -> tuple[float, float]:
+    lo, hi = _check_number(clip_min, "clip_min (b_min)"), _check_number(clip_max, "clip_max (b_max)")
+    if not lo < hi:
+        raise ConfigurationError(
+            f"the clip bounds need b_min < b_max, got clip_min={lo!r}, clip_max={hi!r}; derive them from public data "
+            "with public_clip_bounds(lm), never from the private prompt"
+        )
+    return lo, hi
+
+
+def _check_temperature(temperature: object) -> float:
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    ):
+        raise ConfigurationError(
+            f"temperature must be a finite number > 0, got {temperature!r}; ε_tok = 2(b_max − b_min)/τ is infinite "
+            "at τ = 0. Use DPPrompt.calibrated(epsilon, ...) to pick τ for a target ε."
+        )
+    return float(temperature)
+
+
+def epsilon_per_token(clip_min: float, clip_max: float, temperature: float) -> float:
+    """``ε_tok = 2(b_max − b_min)/τ``, the pure-DP loss of one DP-Prompt token (Utpala et al. 2023).
+
+    >>> epsilon_per_token(-1.0, 2.0, 0.5)  # 2·3/0.5
+    12.0
+    """
+    lo, hi = _check_clip(clip_min, clip_max)
+    return 2.0 * (hi - lo) / _check_temperature(temperature)
+
+
+def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, temperature: float) -> torch.Tensor:
+    """``log p`` row by row, ``p ∝ exp(clip(z, b_min, b_max)/τ)`` over the full vocabulary.
+
+    ``-inf`` logits are clipped to ``b_min`` like any other (the support is always the full vocabulary), and NaN
+    logits are read as ``b_min``: any utility within ``[b_min, b_max]`` keeps the guarantee.
+
+    >>> z = torch.tensor([[5.0, 0.0, -torch.inf]], dtype=torch.float64)
+    >>> clipped_log_probs(z, 0.0, math.log(2.0), 1.0).exp()  # utilities (log 2, 0, 0) → (2, 1, 1)/4
+    tensor([[0.5000, 0.2500, 0.2500]], dtype=torch.float64)
+    """
+    u = torch.nan_to_num(logits.to(torch.float64), nan=clip_min).clamp(clip_min, clip_max)
+    return torch.log_softmax(u / temperature, dim=-1)
+
+
+def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
+    """The ex-ante loss of ``num_tokens`` DP-Prompt tokens: ``PureDp(ε_tok, bounded_range=True).times(num_tokens)``."""
+    return PureDp(epsilon_tok, bounded_range=True).times(_check_count(num_tokens, "the number of tokens"))
+
+
+@register("dp-prompt")
+class DPPrompt(Mechanism):
+    """DP-Prompt (Utpala et al. 2023): clip the logits to ``[b_min, b_max]``, sample at τ from the full vocabulary.
+
+    Per token ``ε_tok = 2(b_max − b_min)/τ``-DP and ε_tok-bounded-range (RDP ``min(ε_tok, α·ε_tok²/8)``) against any
+    two prompts; ``num_rewrites`` rewrites of at most ``T_max`` tokens compose to ``num_rewrites · T_max`` tokens.
+
+    Args:
+        clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only (:func:`public_clip_bounds`).
+        temperature: τ > 0.
+        mode: ``"independent"`` (default): each row is one rewrite of the private prompt and gets its own token;
+            ``"joint"``: read row ``row`` and emit one token for every row.
+        row: the row read in joint mode.
+        num_rewrites: how many rewrites read the private prompt (independent mode: at least the number of rows).
+        delta: δ of the reported (ε, δ) guarantee.
+        top_k, top_p: rejected unless None (``top_p=1.0`` is accepted): truncation voids the guarantee.
+
+    >>> import torch
+    >>> mech = DPPrompt(clip_min=0.0, clip_max=10.0, temperature=2.0, num_rewrites=3)
+    >>> mech.epsilon_per_token  # 2·10/2
+    10.0
+    >>> z = torch.tensor([[1.0, 50.0, -50.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    >>> tokens = mech.step(z, StepInfo(step=0, max_new_tokens=1, num_contexts=2), torch.Generator().manual_seed(0))
+    >>> tokens.tokens.shape
+    torch.Size([2])
+    >>> print(mech.guarantee(1))  # 3 tokens, basic composition: 3·10  # doctest: +NORMALIZE_WHITESPACE
+    dp-prompt: (ε = 30, δ = 1e-05)-differential privacy against any two private prompts (the whole text may change;
+    local DP); computed before reading the private data, from the mechanism's parameters and at most 1 generated
+    tokens.
+    >>> DPPrompt(clip_min=0.0, clip_max=10.0, top_k=50)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dpinfer.errors.ConfigurationError: DP-Prompt samples from the full vocabulary: top_k=50 ... voids the guarantee ...
+    """
+
+    name = "dp-prompt"
+
+    def __init__(
+        self,
+        clip_min: float,
+        clip_max: float,
+        temperature: float = 1.0,
+        *,
+        mode: Mode = "independent",
+        row: int = 0,
+        num_rewrites: int = 1,
+        delta: float = 1e-5,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> None:
+        for knob, value in (("top_k", top_k), ("top_p", top_p)):
+            if value is not None and not (knob == "top_p" and value == 1.0):
+                raise ConfigurationError(
+                    f"DP-Prompt samples from the full vocabulary: {knob}={value!r} makes the support depend on the "
+                    "private logits and voids the guarantee (the authors' code left transformers' default top_k = 50 "
+                    f"on by mistake). Drop {knob}; to make the output less random, lower the temperature (which "
+                    "raises ε_tok = 2(b_max − b_min)/τ)."
+                )
+        self.clip_min, self.clip_max = _check_clip(clip_min, clip_max)
+        self.temperature = _check_temperature(temperature)
+        if mode not in ("joint", "independent"):
+            raise ConfigurationError(f"mode must be 'joint' or 'independent', got {mode!r}")
+        if isinstance(row, bool) or not isinstance(row, int) or row < 0:
+            raise ConfigurationError(f"row must be an integer ≥ 0 (the row holding the private prompt), got {row!r}")
+        self.row = row
+        self.num_rewrites = _check_count(num_rewrites, "num_rewrites")
+        self.delta = _check_delta(delta)
+        self.mode = mode  # type: ignore[misc]  # instance override of the class default
+
+    @property
+    def epsilon_per_token(self) -> float:
+        """``ε_tok = 2(b_max − b_min)/τ``."""
+        return epsilon_per_token(self.clip_min, self.clip_max, self.temperature)
+
+    @classmethod
+    def calibrated(
+        cls,
+        epsilon: float,
+        *,
+        delta: float,
+        max_new_tokens: int,
+        clip_min: float,
+        clip_max: float,
+        num_rewrites: int = 1,
+        **kwargs: Any,
+    ) -> DPPrompt:
+        """The DP-Prompt mechanism with the smallest temperature τ whose ex-ante guarantee meets ``(epsilon, delta)``.
+
+        The loss decreases in τ; :func:`dpinfer.accounting.calibrate` bisects τ between a bracket found from basic
+        composition (``τ = 2(b_max − b_min)·n·T_max/ε`` always meets the target), evaluating exactly the loss that
+        :meth:`guarantee` reports. A target so small that only a loss converting to ε = 0 meets it (below about 1e-4
+        at δ = 1e-5) raises :class:`~dpinfer.errors.InfeasibleBudgetError` naming the smallest positive ε reachable
+        (the accountant's policy, see :func:`~dpinfer.accounting.calibrate`). Other keyword arguments (``mode``,
+        ``row``) go to the constructor.
+
+        >>> mech = DPPrompt.calibrated(100.0, delta=1e-5, max_new_tokens=256, clip_min=0.0, clip_max=10.0)
+        >>> mech.guarantee(256).epsilon <= 100.0, round(mech.temperature, 3), round(mech.epsilon_per_token, 4)
+        (True, 15.584, 1.2834)
+        """
+        lo_clip, hi_clip = _check_clip(clip_min, clip_max)
+        n = _check_count(max_new_tokens, "max_new_tokens") * _check_count(num_rewrites, "num_rewrites")
+        delta = _check_delta(delta)
+        if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0.0 < epsilon < math.inf):
+            raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
+        width = hi_clip - lo_clip
+
+        def loss(tau: float) -> PrivacyLoss:
+            return dp_prompt_loss(epsilon_per_token(lo_clip, hi_clip, tau), n)
+
+        def meets(tau: float) -> bool:
+            return loss(tau).to_epsilon(delta) <= epsilon
+
+        hi = 2.0 * width * n / epsilon  # basic composition: n·ε_tok = ε, up to rounding
+        while not meets(hi):
+            hi *= 2.0
+        lo = hi / 2.0
+        for _ in range(1100):  # ε_tok → ∞ as τ → 0, so a small enough τ misses any finite target
+            if not meets(lo):
+                break
+            hi, lo = lo, lo / 2.0
+        tau = calibrate(loss, epsilon=epsilon, delta=delta, lo=lo, hi=hi, increasing=False, name="temperature τ")
+        return cls(lo_clip, hi_clip, tau, num_rewrites=num_rewrites, delta=delta, **kwargs)
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:
+        if self.mode == "joint" and not 0 <= self.row < num_contexts:
+            raise ConfigurationError(f"row {self.row} out of range for {num_contexts} contexts")
+        if self.mode == "independent" and num_contexts > self.num_rewrites:
+            raise ConfigurationError(
+                f"{num_contexts} rows rewrite the private prompt but the guarantee covers num_rewrites="
+                f"{self.num_rewrites}; build the mechanism with num_rewrites ≥ {num_contexts}"
+            )
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+        rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits
+        tokens = sample_rows(clipped_log_probs(rows, self.clip_min, self.clip_max, self.temperature), generator)
+        return StepResult(tokens=tokens[0] if self.mode == "joint" else tokens)
+
+    def loss(self, max_new_tokens: int) -> PrivacyLoss:
+        """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""
+        n = _check_count(max_new_tokens, "max_new_tokens") * self.num_rewrites
+        return dp_prompt_loss(self.epsilon_per_token, n)
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """(ε, δ) of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens, from b_min, b_max, τ only."""
+        loss = self.loss(max_new_tokens)
+        _, order = epsilon_from_rdp(loss.orders, [loss.rdp(alpha) for alpha in loss.orders], self.delta)
+        route = "basic (sum of per-token ε)" if math.isinf(order) else f"rdp, bounded range (α = {order:.4g})"
+        return Guarantee.from_loss(
+            loss,
+            delta=self.delta,
+            mechanism=self.name,
+            adjacency=ADJACENCY,
+            max_new_tokens=max_new_tokens,
+            parameters={
+                "clip_min": self.clip_min,
+                "clip_max": self.clip_max,
+                "temperature": self.temperature,
+                "epsilon_per_token": self.epsilon_per_token,
+                "num_rewrites": self.num_rewrites,
+                "T_max": max_new_tokens,
+                "composition": route,
+            },
+        )
+
+
+# ---------------------------------------------------------------------------------------------- public clip bounds
+def public_corpus() -> list[str]:
+    """The paragraphs of ``dpinfer/data/public_corpus.txt`` (generic, non-personal text written for calibration).
+
+    >>> paragraphs = public_corpus()
+    >>> 10 <= len(paragraphs) <= 20, paragraphs[0].startswith("A court")
+    (True, True)
+    """
+    text = resources.files("dpinfer").joinpath("data/public_corpus.txt").read_text(encoding="utf-8")
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+class _LogitMoments(Mechanism):
+    """Plain sampling (τ = 1, independent rows) that records the count, sum and sum of squares of the logits seen."""
+
+    name = "logit-moments"
+    mode = "independent"
+
+    def __init__(self) -> None:
+        self.sampler = Sampler(temperature=1.0, mode="independent")
+        self.count, self.total, self.total_sq = 0, 0.0, 0.0
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+        live = logits if info.finished is None else logits[~info.finished.to(logits.device)]
+        values = live[torch.isfinite(live)]
+        self.count += int(values.numel())
+        self.total += float(values.sum())
+        self.total_sq += float((values * values).sum())
+        return self.sampler.step(logits, info, generator)
+
+
+def public_clip_bounds(
+    lm: LM, *, n_texts: int = 8, max_new_tokens: int = 32, sigmas: float = 4.0
+) -> tuple[float, float]:
+    """``(μ, μ + sigmas·σ)`` of the logits ``lm`` produces while paraphrasing the public corpus (DP-GTR, App. A.2).
+
+    The first ``n_texts`` paragraphs of :func:`public_corpus` are each put in the model's chat template with
+    :data:`PARAPHRASE_INSTRUCTION`, and paraphrased in one batch on the :class:`~dpinfer.engine.Engine` for at most
+    ``max_new_tokens`` tokens (plain sampling at τ = 1, fixed seed 0). μ and σ are the mean and standard deviation of
+    every logit of every generation step (all V entries, all rows still generating), in float64. Nothing private is
+    read, so the bounds cost no privacy. The result is cached in memory per model name and arguments.
+
+    >>> # lo, hi = public_clip_bounds(dpinfer.load_model())   # SmolLM2-135M: (4.15, 28.93), about 5 CPU-seconds
+    """
+    n_texts = _check_count(n_texts, "n_texts")
+    max_new_tokens = _check_count(max_new_tokens, "max_new_tokens")
+    sigmas = _check_number(sigmas, "sigmas")
+    if sigmas <= 0:
+        raise ConfigurationError(f"sigmas must be > 0 (DP-GTR uses 4), got {sigmas!r}")
+    key = (str(lm.name), n_texts, max_new_tokens, sigmas)
+    if key in _CLIP_CACHE:
+        return _CLIP_CACHE[key]
+    corpus = public_corpus()
+    if n_texts > len(corpus):
+        raise ConfigurationError(
+            f"n_texts must be between 1 and {len(corpus)} (the public corpus has that many paragraphs), got {n_texts}"
+        )
+    from dpinfer.engine import Engine
+
+    prompts = [lm.encode(lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=t))) for t in corpus[:n_texts]]
+    prompts = [p for p in prompts if len(p) + max_new_tokens <= lm.context_window]
+    if not prompts:
+        raise ConfigurationError(
+            f"no public paraphrase prompt plus max_new_tokens={max_new_tokens} fits the model's context window of "
+            f"{lm.context_window} tokens; lower max_new_tokens"
+        )
+    recorder = _LogitMoments()
+    Engine(lm).generate(prompts, recorder, max_new_tokens=max_new_tokens, seed=0)
+    if recorder.count < 2:
+        raise ConfigurationError("the public paraphrase run produced no finite logits; check the model")
+    mean = recorder.total / recorder.count
+    var = max(recorder.total_sq / recorder.count - mean * mean, 0.0)
+    bounds = (mean, mean + sigmas * math.sqrt(var))
+    if not bounds[0] < bounds[1]:
+        raise ConfigurationError(f"the model's public logits have no spread (σ = {math.sqrt(var)!r}); check the model")
+    _CLIP_CACHE[key] = bounds
+    return bounds

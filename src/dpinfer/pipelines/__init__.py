@@ -1,0 +1,1 @@
+"""Pipelines: sanitize (DP-Fusion) and, later, synthesize, rag and protect-prompt."""
