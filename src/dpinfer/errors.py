@@ -29,7 +29,7 @@ class ModelNotFoundError(DPInferError, FileNotFoundError):
 
 
 class MissingDependencyError(DPInferError, ImportError):
-    """An optional back-end is not installed; the message gives the pip command (e.g. ``pip install 'dpinfer[pii]'``)."""
+    """An optional back-end is not installed; the message gives the pip command (``pip install "dpinfer[pii]"``)."""
 
 
 class CorruptCacheError(DPInferError):
