@@ -246,6 +246,21 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_sanitize(args: argparse.Namespace) -> int:
+    from dpinfer.bench import sanitize as bench
+
+    prog, update = _progress_runner("bench sanitize")
+    with prog:
+        res = bench.main(args, progress=update)
+    if args.json:
+        _print_json(res)
+    else:
+        print(res["markdown"])
+        if res.get("plot"):
+            print(f"\nplot: {res['plot']}")
+    return 0
+
+
 def _bench_tagger(args: argparse.Namespace) -> int:
     from dpinfer.bench import tagger
 
@@ -324,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description=bench_engine.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_engine.add_arguments(be)
     be.set_defaults(func=cmd_bench_engine)
+    from dpinfer.bench import sanitize as bench_sanitize
+
+    bs = bsub.add_parser("sanitize", parents=[common], help="sanitisation privacy-utility (PPL, ASR, leaks) or --perf",
+                         description=bench_sanitize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_sanitize.add_arguments(bs)
+    bs.set_defaults(func=cmd_bench_sanitize)
     try:
         from dpinfer.bench import tagger as bench_tagger
     except ImportError:  # pragma: no cover - module always ships; its heavy imports are lazy

@@ -102,32 +102,46 @@ class Engine:
     Args:
         lm: the loaded model.
         prefix_sharing: prefill a prefix common to all rows once (exact: same positions, same cache values).
+        static_cache: for K > 1 rows, pre-allocate the KV cache for prompt + ``max_new_tokens`` (written in place)
+            instead of growing it by concatenation, which copies the whole cache at every step. One row always uses
+            the dynamic cache, exactly as Hugging Face ``generate`` does.
     """
 
-    def __init__(self, lm: LM, *, prefix_sharing: bool = True) -> None:
+    def __init__(self, lm: LM, *, prefix_sharing: bool = True, static_cache: bool = True) -> None:
         self.lm = lm
         self.prefix_sharing = prefix_sharing
+        self.static_cache = static_cache
 
     # ------------------------------------------------------------------ prefill
     def _forward(self, **kwargs: Any) -> Any:
         return self.lm.model(use_cache=True, logits_to_keep=1, return_dict=True, **kwargs)
 
-    def _prefill(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, int]:
+    def _prefill(self, rows: Sequence[Sequence[int]], max_new_tokens: int
+                 ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, int]:
         """Run the prompts; return (last logits (K, V), cache, attention mask, next position ids (K,), shared)."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache, StaticCache
 
-        device, pad = self.lm.device, self.lm.pad_token_id
+        device, pad, config = self.lm.device, self.lm.pad_token_id, self.lm.model.config
         k = len(rows)
         shared = 0
         if self.prefix_sharing and k > 1:
             shared = min(_common_prefix_length(rows), min(len(r) for r in rows) - 1)
             if shared < MIN_SHARED_PREFIX:
                 shared = 0
-        cache = DynamicCache(config=self.lm.model.config)
+        width = max(len(r) for r in rows) - shared
+        static = self.static_cache and k > 1
+        cache = (StaticCache(config=config, max_cache_len=shared + width + max_new_tokens) if static
+                 else DynamicCache(config=config))
         if shared:
             prefix = torch.as_tensor([rows[0][:shared]], dtype=torch.long, device=device)
-            self._forward(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=cache)
-            cache.batch_repeat_interleave(k)
+            prefix_cache = DynamicCache(config=config)
+            self._forward(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=prefix_cache)
+            if static:  # copy the one prefix into every row of the pre-allocated cache
+                for i, layer in enumerate(prefix_cache.layers):
+                    cache.update(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1), i)
+            else:
+                prefix_cache.batch_repeat_interleave(k)
+                cache = prefix_cache
         suffixes = [r[shared:] for r in rows]
         ids, mask = _left_pad(suffixes, pad, device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
@@ -191,7 +205,7 @@ class Engine:
         finished = torch.zeros(k, dtype=torch.bool, device=device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            logits, cache, mask, pos, shared = self._prefill(rows)
+            logits, cache, mask, pos, shared = self._prefill(rows, max_new_tokens)
             t_prefill = time.perf_counter() - t0
             for t in range(max_new_tokens):
                 scores = logits.to(torch.float64)

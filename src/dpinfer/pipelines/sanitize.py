@@ -273,6 +273,7 @@ def sanitize(
     seed: int | None = None,
     accounting: str = "dpinfer",
     label_map: Mapping[str, str | None] | None = None,
+    min_new_tokens: int = 0,
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -295,6 +296,8 @@ def sanitize(
         seed: random seed (the same seed reproduces the output).
         accounting: ``"dpinfer"`` or ``"as_published"`` (the authors' 4·β per step, DP-Fusion only).
         label_map: translation of span labels to TAB types, for spans files with other labels.
+        min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
+            transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
@@ -331,7 +334,8 @@ def sanitize(
     contexts, mech = _mechanism(method, model, prep, group_map, epsilon, group_epsilon, delta, t_max, alpha, temp, k,
                                 accounting, settings)
     t0 = time.perf_counter()
-    out = Engine(model).generate(contexts, mech, max_new_tokens=t_max, seed=seed)
+    out = Engine(model).generate(contexts, mech, max_new_tokens=t_max, min_new_tokens=min(min_new_tokens, t_max),
+                                 seed=seed)
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
     if method == "ner-scrub" or (method == "dp-fusion" and not prep.group_names):

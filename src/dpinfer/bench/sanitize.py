@@ -1,0 +1,282 @@
+"""``dpinfer bench sanitize``: privacy–utility of every sanitisation method on TAB-ECHR documents, and throughput.
+
+Quality run (default), for each document and each method (``original``, ``ner-scrub``, and ``dp-fusion``,
+``dp-decoding``, ``dp-prompt`` at every ε of the sweep), all on the same engine with the gold TAB spans:
+
+* PPL: ``exp(mean NLL)`` of the released tokens under the LM given the rewriting prompt with the ORIGINAL document;
+* LOSS-attack ASR (ALGORITHMS §6) on CODE, PERSON and DATETIME with |C| = 5 candidates (chance 0.20), with a 95%
+  Wilson interval over all games;
+* verbatim leak rate: share of distinct gold private strings (≥ 3 characters) found verbatim in the release;
+* tokens/s of generation (prefill included).
+
+Documents are cut at a paragraph boundary to at most ``--max-chars`` characters (spans beyond the cut dropped) to
+keep CPU runs short; ``--max-new-tokens`` bounds every release (it is the T_max of every guarantee).
+
+``--perf``: DP-Fusion tokens/s with m = 1 and m = 4 privacy groups against ``original`` (plain generation of the same
+length on the same document), EOS masked so every run makes exactly ``--max-new-tokens`` tokens, in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpinfer.taggers.base import Span
+
+BASE_METHODS = ("original", "ner-scrub")
+SWEEP_METHODS = ("dp-fusion", "dp-decoding", "dp-prompt")
+DEFAULT_EPSILONS = (12.0, 20.0, 40.0, 100.0)
+
+
+@dataclass
+class Doc:
+    doc_id: str
+    text: str
+    spans: list[Span]
+
+
+def load_tab(path: str | Path | None, n: int, max_chars: int, skip: int = 0) -> list[Doc]:
+    """The first ``n`` TAB documents (after ``skip``), cut to ``max_chars`` at a paragraph boundary."""
+    from dpinfer.paths import data_file
+
+    p = Path(path) if path else data_file("tab", "tab_echr_docs.jsonl")
+    if not p.is_file():
+        from dpinfer.errors import DataNotFoundError
+
+        raise DataNotFoundError(f"TAB data not found: {p}")
+    docs: list[Doc] = []
+    with p.open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i < skip:
+                continue
+            if len(docs) >= n:
+                break
+            rec = json.loads(line)
+            text = rec["text"]
+            cut = len(text)
+            if cut > max_chars:
+                cut = text.rfind("\n\n", 0, max_chars)
+                cut = cut if cut > 0 else max_chars
+            spans = [Span(m["start_offset"], m["end_offset"], m["entity_type"]) for m in rec["entity_mentions"]
+                     if m["end_offset"] <= cut]
+            docs.append(Doc(rec["doc_id"], text[:cut], spans))
+    return docs
+
+
+def mention_pool(docs: list[Doc], exclude: str) -> dict[str, list[str]]:
+    """Gold mention strings per label from every document except ``exclude``."""
+    pool: dict[str, set[str]] = {}
+    for d in docs:
+        if d.doc_id == exclude:
+            continue
+        for s in d.spans:
+            pool.setdefault(s.label, set()).add(d.text[s.start:s.end])
+    return {k: sorted(v) for k, v in pool.items()}
+
+
+def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tuple[float, ...],
+                methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Any = None) -> dict[str, Any]:
+    from dpinfer.eval.metrics import loss_attack, perplexity, verbatim_leak_rate
+    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
+
+    def context(text: str) -> list[int]:
+        return lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0])
+
+    runs = [(m, None) for m in methods if m in BASE_METHODS]
+    runs += [(m, e) for m in methods if m in SWEEP_METHODS for e in epsilons]
+    rows: dict[tuple[str, float | None], dict[str, Any]] = {
+        r: {"ppl": [], "games": [], "leaks": [0, 0], "tokens": 0, "seconds": 0.0, "epsilon": None} for r in runs}
+    for di, doc in enumerate(docs):
+        pool = mention_pool(pool_docs, doc.doc_id)
+        original_ctx = context(doc.text)
+        secrets = [doc.text[s.start:s.end] for s in doc.spans]
+        for method, eps in runs:
+            if progress:
+                progress(f"doc {di + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
+            res = sanitize(doc.text, lm=lm, method=method, epsilon=eps, spans=doc.spans,
+                           max_new_tokens=max_new_tokens, seed=seed + di)
+            out_ids = lm.encode(res.text)
+            row = rows[(method, eps)]
+            row["epsilon"] = res.guarantee.epsilon
+            row["ppl"].append(perplexity(lm, original_ctx, out_ids))
+            row["games"] += loss_attack(lm, context, doc.text, doc.spans, out_ids, pool,
+                                        rng=random.Random(1000 * di + 7))
+            hit, total = verbatim_leak_rate(res.text, secrets)
+            row["leaks"][0] += hit
+            row["leaks"][1] += total
+            row["tokens"] += res.generated_tokens
+            row["seconds"] += res.seconds
+    return {"rows": [_summarise(m, e, r) for (m, e), r in rows.items()]}
+
+
+def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, Any]:
+    from dpinfer.eval.metrics import wilson_interval
+
+    wins = sum(g.win for g in r["games"])
+    n = len(r["games"])
+    lo, hi = wilson_interval(wins, n)
+    ppls = [p for p in r["ppl"] if math.isfinite(p)]
+    return {
+        "method": method, "target_epsilon": eps,
+        "guarantee_epsilon": None if r["epsilon"] is None or math.isinf(r["epsilon"]) else round(r["epsilon"], 3),
+        "ppl_mean": round(statistics.fmean(ppls), 3) if ppls else None,
+        "ppl_median": round(statistics.median(ppls), 3) if ppls else None,
+        "asr": round(wins / n, 3) if n else None, "asr_ci95": [round(lo, 3), round(hi, 3)], "games": n,
+        "leak_rate": round(r["leaks"][0] / r["leaks"][1], 3) if r["leaks"][1] else None,
+        "tokens_per_s": round(r["tokens"] / r["seconds"], 2) if r["seconds"] else None,
+    }
+
+
+def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
+             progress: Any = None) -> dict[str, Any]:
+    """DP-Fusion with m = 1 and m = 4 groups vs ``original`` on one document, interleaved, median of repeats."""
+    from dpinfer.pipelines.sanitize import sanitize
+
+    labels = sorted({s.label for s in doc.spans})
+    four: dict[str, list[str]] = {f"G{i + 1}": labels[i::4] for i in range(min(4, len(labels)))}
+    configs = [("original", None), ("dp-fusion m=1", {"ALL": labels}), ("dp-fusion m=4", four)]
+    times: dict[str, list[float]] = {c[0]: [] for c in configs}
+    info: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, groups in configs:
+            if progress:
+                progress(name)
+            res = sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion", spans=doc.spans,
+                           groups=groups, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed,
+                           epsilon=40.0)
+            assert res.generated_tokens == max_new_tokens
+            times[name].append(res.seconds)
+            info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens}
+    base = statistics.median(times["original"])
+    rows = []
+    for name, _ in configs:
+        t = statistics.median(times[name])
+        rows.append({"config": name, "groups": info[name]["groups"], "seconds": round(t, 3),
+                     "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3)})
+    return {"settings": {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
+                         "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name}, "rows": rows}
+
+
+def format_quality(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lines = [
+        f"Sanitisation quality: {s['model']}, {s['docs']} TAB-ECHR documents (≤ {s['max_chars']} chars), "
+        f"T_max = {s['max_new_tokens']}, δ = {s['delta']}, α = 2, seed {s['seed']}; ASR chance = 0.20",
+        "",
+        "| method | target ε | guarantee ε (worst group) | PPL mean | PPL median | ASR [95% CI] | games | leak rate "
+        "| tokens/s |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        eps = "" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
+        geps = "∞" if r["guarantee_epsilon"] is None else f"{r['guarantee_epsilon']:g}"
+        ci = r["asr_ci95"]
+        lines.append(f"| {r['method']} | {eps} | {geps} | {r['ppl_mean']} | {r['ppl_median']} | {r['asr']} "
+                     f"[{ci[0]}, {ci[1]}] | {r['games']} | {r['leak_rate']} | {r['tokens_per_s']} |")
+    return "\n".join(lines)
+
+
+def format_perf(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lines = [f"DP-Fusion throughput: {s['model']}, TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
+             f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}",
+             "", "| config | groups | seconds | tokens/s | ratio vs original |", "|---|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['config']} | {r['groups']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} "
+                     f"| {r['ratio_vs_original']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
+    """Privacy–utility plot (PPL vs ASR, one series per method, ε annotated); needs matplotlib (``[eval]``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 5))
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for r in res["rows"]:
+        if r["ppl_mean"] is not None and r["asr"] is not None:
+            by_method.setdefault(r["method"], []).append(r)
+    for method, rs in by_method.items():
+        xs = [r["ppl_mean"] for r in rs]
+        ys = [r["asr"] for r in rs]
+        ax.plot(xs, ys, marker="o", linestyle="-" if len(rs) > 1 else "none", label=method)
+        for r in rs:
+            if r["target_epsilon"] is not None:
+                ax.annotate(f"ε={r['target_epsilon']:g}", (r["ppl_mean"], r["asr"]), fontsize=7,
+                            xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0.2, color="grey", linestyle=":", linewidth=1, label="chance (1/5)")
+    ax.set_xscale("log")
+    ax.set_xlabel("perplexity of the release (log scale, lower is better)")
+    ax.set_ylabel("LOSS-attack success rate (lower is more private)")
+    ax.set_title("Privacy–utility on TAB-ECHR")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help="TAB jsonl (default ../shared/data/tab/tab_echr_docs.jsonl)")
+    p.add_argument("--n", type=int, default=4, help="documents (default 4)")
+    p.add_argument("--skip", type=int, default=0, help="skip the first documents (default 0)")
+    p.add_argument("--max-chars", type=int, default=2000, help="cut documents to this many characters (default 2000)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="T_max of every release (default 128)")
+    p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
+                   help="ε sweep, comma-separated (default 12,20,40,100)")
+    p.add_argument("--methods", default=",".join(BASE_METHODS + SWEEP_METHODS), help="methods, comma-separated")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", default="bench-out", help="folder for the markdown table, JSON and PNG plot")
+    p.add_argument("--perf", action="store_true", help="throughput run (m = 1 and m = 4 vs original) instead")
+    p.add_argument("--repeats", type=int, default=1, help="--perf: interleaved rounds, median reported")
+
+
+def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import load_model
+
+    lm = load_model(args.model)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.perf:
+        doc = load_tab(args.data, 1, args.max_chars if args.max_chars != 2000 else 2600, skip=args.skip)[0]
+        res = run_perf(lm, doc, max_new_tokens=args.max_new_tokens if args.max_new_tokens != 128 else 256,
+                       seed=args.seed, repeats=args.repeats, progress=progress)
+        res["markdown"] = format_perf(res)
+        (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")
+        return res
+    try:
+        epsilons = tuple(float(x) for x in args.epsilons.split(",") if x.strip())
+    except ValueError:
+        raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = set(methods) - set(BASE_METHODS + SWEEP_METHODS)
+    if unknown:
+        raise ConfigurationError(f"unknown method(s) {sorted(unknown)}")
+    docs = load_tab(args.data, args.n, args.max_chars, skip=args.skip)
+    pool_docs = load_tab(args.data, 10_000, 10**9)
+    t0 = time.perf_counter()
+    res = run_quality(lm, docs, pool_docs, epsilons=epsilons, methods=methods, max_new_tokens=args.max_new_tokens,
+                      seed=args.seed, progress=progress)
+    res["settings"] = {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
+                       "max_chars": args.max_chars, "max_new_tokens": args.max_new_tokens, "delta": 1e-5,
+                       "seed": args.seed, "epsilons": list(epsilons), "seconds": round(time.perf_counter() - t0, 1)}
+    res["markdown"] = format_quality(res)
+    (out / "sanitize_quality.md").write_text(res["markdown"] + "\n")
+    (out / "sanitize_quality.json").write_text(json.dumps(res, indent=2))
+    png = plot_quality(res, out / "sanitize_privacy_utility.png")
+    res["plot"] = str(png) if png else None
+    return res

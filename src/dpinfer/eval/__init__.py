@@ -1,0 +1,1 @@
+"""Evaluation: metrics for released text (perplexity, LOSS attack, leaks)."""
