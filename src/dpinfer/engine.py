@@ -161,6 +161,7 @@ class Engine:
         seed: int | None = None,
         generator: torch.Generator | None = None,
         stop_on_eos: bool = True,
+        processors: Sequence[Any] = (),
         result: list[EngineOutput] | None = None,
     ) -> Iterator[StepEvent]:
         """Generate step by step, yielding a :class:`StepEvent` per token; the final :class:`EngineOutput` is
@@ -173,6 +174,9 @@ class Engine:
             min_new_tokens: EOS is masked out (for every row alike) before this many tokens (benchmarks).
             seed / generator: source of all randomness.
             stop_on_eos: stop at EOS (else always run ``max_new_tokens`` steps; EOS is then an ordinary token).
+            processors: callables ``(generated, logits) -> logits`` applied before the mechanism, where
+                ``generated`` holds the tokens generated so far (one list in joint mode, applied to every row alike;
+                one list per row in independent mode). They see released tokens only, never a prompt.
         """
         rows = [list(map(int, c)) for c in contexts]
         if not rows:
@@ -211,6 +215,8 @@ class Engine:
                 scores = logits.to(torch.float64)
                 if t < min_new_tokens and eos.numel():
                     scores[:, eos] = -torch.inf
+                for proc in processors:
+                    scores = proc(sequences[:1] if joint else sequences, scores)
                 info = StepInfo(step=t, max_new_tokens=max_new_tokens, num_contexts=k,
                                 finished=None if joint else finished.clone())
                 res = mechanism.step(scores, info, generator)

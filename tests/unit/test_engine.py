@@ -154,3 +154,17 @@ def test_bad_inputs(tiny_lm):
         eng.generate([[1, 2]], Sampler(), max_new_tokens=0)
     with pytest.raises(ContextTooLongError, match="context window"):
         eng.generate([[5] * 500], Sampler(), max_new_tokens=100)
+
+
+def test_no_repeat_ngram_processor_applies_to_every_row(tiny_lm):
+    from dpinfer.mechanisms.transforms import NoRepeatNGram
+
+    ids = tiny_lm.encode(PROMPTS[2])
+    rec = Recorder()
+    out = Engine(tiny_lm).generate([ids, ids], rec, max_new_tokens=40, min_new_tokens=40,
+                                   processors=[NoRepeatNGram(2)])
+    seq = out.sequences[0]
+    bigrams = list(zip(seq, seq[1:], strict=False))
+    assert len(bigrams) == len(set(bigrams))
+    for logits in rec.logits:  # the same tokens are banned in every row
+        assert torch.equal(logits[0].isfinite(), logits[1].isfinite())

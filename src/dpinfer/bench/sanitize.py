@@ -82,13 +82,15 @@ def mention_pool(docs: list[Doc], exclude: str) -> dict[str, list[str]]:
 
 
 def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tuple[float, ...],
-                methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Any = None) -> dict[str, Any]:
+                methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Any = None,
+                decoding: dict[str, Any] | None = None) -> dict[str, Any]:
     from dpinfer.eval.metrics import loss_attack, perplexity, verbatim_leak_rate
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
 
     def context(text: str) -> list[int]:
         return lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0])
 
+    decoding = decoding or {}
     runs = [(m, None) for m in methods if m in BASE_METHODS]
     runs += [(m, e) for m in methods if m in SWEEP_METHODS for e in epsilons]
     rows: dict[tuple[str, float | None], dict[str, Any]] = {
@@ -101,8 +103,8 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
             if progress:
                 progress(f"doc {di + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
             res = sanitize(doc.text, lm=lm, method=method, epsilon=eps, spans=doc.spans,
-                           max_new_tokens=max_new_tokens, seed=seed + di)
-            out_ids = lm.encode(res.text)
+                           max_new_tokens=max_new_tokens, seed=seed + di, **decoding)
+            out_ids = res.token_ids
             row = rows[(method, eps)]
             row["epsilon"] = res.guarantee.epsilon
             row["ppl"].append(perplexity(lm, original_ctx, out_ids))
@@ -168,7 +170,8 @@ def format_quality(res: dict[str, Any]) -> str:
     s = res["settings"]
     lines = [
         f"Sanitisation quality: {s['model']}, {s['docs']} TAB-ECHR documents (≤ {s['max_chars']} chars), "
-        f"T_max = {s['max_new_tokens']}, δ = {s['delta']}, α = 2, seed {s['seed']}; ASR chance = 0.20",
+        f"T_max = {s['max_new_tokens']}, δ = {s['delta']}, α = 2, seed {s['seed']}, decoding {s['decoding']}; "
+        "ASR chance = 0.20",
         "",
         "| method | target ε | guarantee ε (worst group) | PPL mean | PPL median | ASR [95% CI] | games | leak rate "
         "| tokens/s |",
@@ -240,6 +243,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None)
     p.add_argument("--out", default="bench-out", help="folder for the markdown table, JSON and PNG plot")
+    p.add_argument("--temperature", type=float, default=None, help="decoding temperature (default: sanitize's)")
+    p.add_argument("--top-k", type=int, default=None, help="public top-k support (default: sanitize's; 0 = full)")
+    p.add_argument("--no-repeat-ngram", type=int, default=None,
+                   help="ban repeated n-grams of the output (default: sanitize's; 0 = off)")
     p.add_argument("--perf", action="store_true", help="throughput run (m = 1 and m = 4 vs original) instead")
     p.add_argument("--repeats", type=int, default=1, help="--perf: interleaved rounds, median reported")
 
@@ -269,11 +276,19 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     docs = load_tab(args.data, args.n, args.max_chars, skip=args.skip)
     pool_docs = load_tab(args.data, 10_000, 10**9)
     t0 = time.perf_counter()
+    decoding: dict[str, Any] = {}
+    if args.temperature is not None:
+        decoding["temperature"] = args.temperature
+    if args.top_k is not None:
+        decoding["top_k"] = None if args.top_k == 0 else args.top_k
+    if args.no_repeat_ngram is not None:
+        decoding["no_repeat_ngram"] = args.no_repeat_ngram or None
     res = run_quality(lm, docs, pool_docs, epsilons=epsilons, methods=methods, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, progress=progress)
+                      seed=args.seed, progress=progress, decoding=decoding)
     res["settings"] = {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
                        "max_chars": args.max_chars, "max_new_tokens": args.max_new_tokens, "delta": 1e-5,
-                       "seed": args.seed, "epsilons": list(epsilons), "seconds": round(time.perf_counter() - t0, 1)}
+                       "seed": args.seed, "epsilons": list(epsilons), "seconds": round(time.perf_counter() - t0, 1),
+                       "decoding": decoding or "sanitize defaults"}
     res["markdown"] = format_quality(res)
     (out / "sanitize_quality.md").write_text(res["markdown"] + "\n")
     (out / "sanitize_quality.json").write_text(json.dumps(res, indent=2))

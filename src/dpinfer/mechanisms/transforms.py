@@ -134,6 +134,40 @@ class PublicSupport:
         return logits.masked_fill(~keep, -torch.inf)
 
 
+class NoRepeatNGram:
+    """Ban every token that would repeat an n-gram of the tokens generated so far (all rows alike).
+
+    It reads only the released tokens, never a prompt, so in joint mode it is a public transform: applying it to
+    every context before a mechanism leaves the mechanism's guarantee intact (the bound is checked on the
+    transformed distributions). Counters the loops small models fall into on long rewrites.
+
+    >>> import torch
+    >>> z = torch.zeros(1, 5, dtype=torch.float64)
+    >>> NoRepeatNGram(2)([[1, 2, 3, 1]], z)[0].isfinite().tolist()
+    [True, True, False, True, True]
+    """
+
+    def __init__(self, n: int) -> None:
+        if not (isinstance(n, int) and n >= 1):
+            raise ConfigurationError(f"no_repeat_ngram_size must be an integer ≥ 1, got {n!r}")
+        self.n = n
+
+    def __call__(self, generated: Sequence[Sequence[int]], logits: torch.Tensor) -> torch.Tensor:
+        n = self.n
+        out = logits
+        for row, seq in enumerate(generated):
+            if len(seq) < n - 1:
+                continue
+            prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+            banned = {seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i:i + n - 1]) == prefix}
+            if banned:
+                if out is logits:
+                    out = logits.clone()
+                rows = slice(None) if len(generated) == 1 else slice(row, row + 1)
+                out[rows, list(banned)] = -torch.inf
+        return out
+
+
 def apply(transforms: Sequence[LogitsTransform], logits: torch.Tensor) -> torch.Tensor:
     """Apply ``transforms`` in order."""
     for tr in transforms:

@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "temperature": 0.7,
     "top_k": 40,
     "support_margin": 0.0,
+    "no_repeat_ngram": None,
 }
 """Decoding defaults for the embedded 135M model (see docs/sanitize.md for the sweep that chose them). The top-k
 support is computed from the PUBLIC context only and applied to every context, which keeps the guarantee."""
@@ -80,6 +81,7 @@ class SanitizeResult:
     text: str
     guarantee: Guarantee
     spans: list[Span]
+    token_ids: list[int]
     groups: dict[str, list[str]]
     method: str
     finish_reason: str
@@ -274,6 +276,7 @@ def sanitize(
     accounting: str = "dpinfer",
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
+    no_repeat_ngram: int | str | None = "default",
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -296,11 +299,14 @@ def sanitize(
         seed: random seed (the same seed reproduces the output).
         accounting: ``"dpinfer"`` or ``"as_published"`` (the authors' 4·β per step, DP-Fusion only).
         label_map: translation of span labels to TAB types, for spans files with other labels.
+        no_repeat_ngram: ban repeating any n-gram of the generated tokens (a public transform applied to every
+            context alike: it reads released tokens only); ``None`` disables it.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
             transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
+    from dpinfer.mechanisms.transforms import NoRepeatNGram
 
     if method not in METHODS:
         raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -334,8 +340,11 @@ def sanitize(
     contexts, mech = _mechanism(method, model, prep, group_map, epsilon, group_epsilon, delta, t_max, alpha, temp, k,
                                 accounting, settings)
     t0 = time.perf_counter()
+    ngram = DEFAULTS["no_repeat_ngram"] if no_repeat_ngram == "default" else no_repeat_ngram
+    settings["no_repeat_ngram"] = ngram
+    processors = [NoRepeatNGram(int(ngram))] if ngram else []
     out = Engine(model).generate(contexts, mech, max_new_tokens=t_max, min_new_tokens=min(min_new_tokens, t_max),
-                                 seed=seed)
+                                 seed=seed, processors=processors)
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
     if method == "ner-scrub" or (method == "dp-fusion" and not prep.group_names):
@@ -343,7 +352,7 @@ def sanitize(
     else:
         guarantee = mech.guarantee(t_max)
     return SanitizeResult(
-        text=model.decode(ids).strip(), guarantee=guarantee,
+        text=model.decode(ids).strip(), guarantee=guarantee, token_ids=list(ids),
         spans=used_spans, groups=group_map, method=method, finish_reason=out.finish_reasons[0],
         prompt_tokens=len(prep.original), generated_tokens=len(ids), max_new_tokens=t_max, seconds=seconds,
         settings=settings, data_dependent=_summarise_steps(out.steps, prep.group_names) if method == "dp-fusion"
