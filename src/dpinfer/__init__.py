@@ -22,6 +22,8 @@ _LAZY = {
     "GenerationResult": "dpinfer.generation",
     "Engine": "dpinfer.engine",
     "Guarantee": "dpinfer.accounting",
+    "sanitize": "dpinfer.pipelines.sanitize",
+    "SanitizeResult": "dpinfer.pipelines.sanitize",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -168,12 +168,27 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
         if not value > 0:
             raise InvalidInputError(f"--group-epsilon {name} must be > 0, got {value:g}")
     lm = load_model(args.model, device=args.device)
-    res = sanitize(
-        text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-        spans=args.spans, tagger=args.tagger, groups=_parse_groups(args.group), max_new_tokens=args.max_new_tokens,
-        alpha=args.alpha, temperature=args.temperature, seed=args.seed, accounting=args.accounting,
-        **({} if args.top_k is None else {"top_k": None if args.top_k == 0 else args.top_k}),
-    )
+    extra: dict[str, Any] = {}
+    if args.top_k is not None:
+        extra["top_k"] = None if args.top_k == 0 else args.top_k
+    if args.no_repeat_ngram is not None:
+        extra["no_repeat_ngram"] = args.no_repeat_ngram or None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = _console(stderr=True)
+    with Progress(TextColumn("sanitizing"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as prog:
+        task = prog.add_task("sanitize", total=None)
+
+        def progress(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        res = sanitize(
+            text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
+            spans=args.spans, tagger=args.tagger, groups=_parse_groups(args.group),
+            max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
+            accounting=args.accounting, progress=progress, **extra,
+        )
     if args.out:
         Path(args.out).write_text(res.text + "\n", encoding="utf-8")
     if args.json:
@@ -220,8 +235,9 @@ def _guarantee_sentence(res: Any) -> str:
 def _progress_runner(label: str) -> tuple[Any, Callable[[str], None]]:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                    console=_console(stderr=True), transient=True)
+    err = _console(stderr=True)
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                    transient=True, disable=not err.is_terminal)
     task = prog.add_task(label)
 
     def update(what: str) -> None:
@@ -317,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
     sz.add_argument("--top-k", type=int, default=None,
                     help="public top-k support (default 40; 0 = full vocabulary)")
+    sz.add_argument("--no-repeat-ngram", type=int, default=None,
+                    help="ban repeating any n-gram of the rewrite (public transform; 0 = off)")
     sz.add_argument("--accounting", default="dpinfer", choices=["dpinfer", "as_published"],
                     help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
     sz.add_argument("--seed", type=int, default=None)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -277,6 +277,7 @@ def sanitize(
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
+    progress: Callable[[int, int], None] | None = None,
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -301,6 +302,7 @@ def sanitize(
         label_map: translation of span labels to TAB types, for spans files with other labels.
         no_repeat_ngram: ban repeating any n-gram of the generated tokens (a public transform applied to every
             context alike: it reads released tokens only); ``None`` disables it.
+        progress: called as ``progress(tokens_done, T_max)`` after every generated token.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
             transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
     """
@@ -343,8 +345,12 @@ def sanitize(
     ngram = DEFAULTS["no_repeat_ngram"] if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
     processors = [NoRepeatNGram(int(ngram))] if ngram else []
-    out = Engine(model).generate(contexts, mech, max_new_tokens=t_max, min_new_tokens=min(min_new_tokens, t_max),
-                                 seed=seed, processors=processors)
+    box: list[Any] = []
+    for event in Engine(model).stream(contexts, mech, max_new_tokens=t_max, seed=seed, processors=processors,
+                                      min_new_tokens=min(min_new_tokens, t_max), result=box):
+        if progress is not None:
+            progress(event.step + 1, t_max)
+    out = box[0]
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
     if method == "ner-scrub" or (method == "dp-fusion" and not prep.group_names):
