@@ -61,9 +61,10 @@ def load_tab(path: str | Path | None, n: int, max_chars: int, skip: int = 0) -> 
             rec = json.loads(line)
             text = rec["text"]
             cut = len(text)
-            if cut > max_chars:
+            if cut > max_chars:  # at the last paragraph break, or failing that the last space, before max_chars
                 cut = text.rfind("\n\n", 0, max_chars)
-                cut = cut if cut > 0 else max_chars
+                if cut < max_chars // 2:
+                    cut = max(text.rfind(" ", 0, max_chars), max_chars // 2)
             spans = [Span(m["start_offset"], m["end_offset"], m["entity_type"]) for m in rec["entity_mentions"]
                      if m["end_offset"] <= cut]
             docs.append(Doc(rec["doc_id"], text[:cut], spans))
