@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -164,7 +166,7 @@ def test_no_repeat_ngram_processor_applies_to_every_row(tiny_lm):
     out = Engine(tiny_lm).generate([ids, ids], rec, max_new_tokens=40, min_new_tokens=40,
                                    processors=[NoRepeatNGram(2)])
     seq = out.sequences[0]
-    bigrams = list(zip(seq, seq[1:], strict=False))
+    bigrams = list(itertools.pairwise(seq))
     assert len(bigrams) == len(set(bigrams))
     for logits in rec.logits:  # the same tokens are banned in every row
         assert torch.equal(logits[0].isfinite(), logits[1].isfinite())
