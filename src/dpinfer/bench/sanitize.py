@@ -7,6 +7,7 @@ Quality run (default), for each document and each method (``original``, ``ner-sc
 * LOSS-attack ASR (ALGORITHMS §6) on CODE, PERSON and DATETIME with |C| = 5 candidates (chance 0.20), with a 95%
   Wilson interval over all games;
 * verbatim leak rate: share of distinct gold private strings (≥ 3 characters) found verbatim in the release;
+* repeated 4-grams: share of the release's token 4-grams seen earlier in it (loops of a small model);
 * tokens/s of generation (prefill included).
 
 Documents are cut at a paragraph boundary to at most ``--max-chars`` characters (spans beyond the cut dropped) to
@@ -85,7 +86,7 @@ def mention_pool(docs: list[Doc], exclude: str) -> dict[str, list[str]]:
 def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tuple[float, ...],
                 methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Any = None,
                 decoding: dict[str, Any] | None = None) -> dict[str, Any]:
-    from dpinfer.eval.metrics import loss_attack, perplexity, verbatim_leak_rate
+    from dpinfer.eval.metrics import loss_attack, perplexity, repeated_ngram_share, verbatim_leak_rate
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
 
     def context(text: str) -> list[int]:
@@ -95,7 +96,8 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
     runs = [(m, None) for m in methods if m in BASE_METHODS]
     runs += [(m, e) for m in methods if m in SWEEP_METHODS for e in epsilons]
     rows: dict[tuple[str, float | None], dict[str, Any]] = {
-        r: {"ppl": [], "games": [], "leaks": [0, 0], "tokens": 0, "seconds": 0.0, "epsilon": None} for r in runs}
+        r: {"ppl": [], "games": [], "leaks": [0, 0], "tokens": 0, "seconds": 0.0, "epsilon": None, "rep": []}
+        for r in runs}
     for di, doc in enumerate(docs):
         pool = mention_pool(pool_docs, doc.doc_id)
         original_ctx = context(doc.text)
@@ -109,6 +111,7 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
             row = rows[(method, eps)]
             row["epsilon"] = res.guarantee.epsilon
             row["ppl"].append(perplexity(lm, original_ctx, out_ids))
+            row["rep"].append(repeated_ngram_share(out_ids))
             row["games"] += loss_attack(lm, context, doc.text, doc.spans, out_ids, pool,
                                         rng=random.Random(1000 * di + 7))
             hit, total = verbatim_leak_rate(res.text, secrets)
@@ -133,6 +136,7 @@ def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, A
         "ppl_median": round(statistics.median(ppls), 3) if ppls else None,
         "asr": round(wins / n, 3) if n else None, "asr_ci95": [round(lo, 3), round(hi, 3)], "games": n,
         "leak_rate": round(r["leaks"][0] / r["leaks"][1], 3) if r["leaks"][1] else None,
+        "repeated_4grams": round(statistics.fmean(r["rep"]), 3) if r["rep"] else None,
         "tokens_per_s": round(r["tokens"] / r["seconds"], 2) if r["seconds"] else None,
     }
 
@@ -175,15 +179,16 @@ def format_quality(res: dict[str, Any]) -> str:
         "ASR chance = 0.20",
         "",
         "| method | target ε | guarantee ε (worst group) | PPL mean | PPL median | ASR [95% CI] | games | leak rate "
-        "| tokens/s |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| repeated 4-grams | tokens/s |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in res["rows"]:
         eps = "" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
         geps = "∞" if r["guarantee_epsilon"] is None else f"{r['guarantee_epsilon']:g}"
         ci = r["asr_ci95"]
         lines.append(f"| {r['method']} | {eps} | {geps} | {r['ppl_mean']} | {r['ppl_median']} | {r['asr']} "
-                     f"[{ci[0]}, {ci[1]}] | {r['games']} | {r['leak_rate']} | {r['tokens_per_s']} |")
+                     f"[{ci[0]}, {ci[1]}] | {r['games']} | {r['leak_rate']} | {r['repeated_4grams']} "
+                     f"| {r['tokens_per_s']} |")
     return "\n".join(lines)
 
 

@@ -58,6 +58,18 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def repeated_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
+    """Share of the output's token n-grams that already occurred earlier in it (0 = no loops; degenerate text → 1).
+
+    >>> repeated_ngram_share([1, 2, 3, 1, 2, 3, 1, 2, 3], n=3)
+    0.5714285714285714
+    """
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if not grams:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
 def verbatim_leak_rate(text: str, secrets: Sequence[str], min_chars: int = 3) -> tuple[int, int]:
     """(how many distinct gold private strings appear verbatim in ``text``, how many were checked)."""
     distinct = sorted({s.strip() for s in secrets if len(s.strip()) >= min_chars})
