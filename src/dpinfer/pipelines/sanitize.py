@@ -53,7 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "temperature": 0.7,
     "top_k": 40,
     "support_margin": 0.0,
-    "no_repeat_ngram": None,
+    "no_repeat_ngram": 3,
 }
 """Decoding defaults for the embedded 135M model (see docs/sanitize.md for the sweep that chose them). The top-k
 support is computed from the PUBLIC context only and applied to every context, which keeps the guarantee."""
