@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--top-k", type=int, default=None,
                     help="public top-k support (default 40; 0 = full vocabulary)")
     sz.add_argument("--no-repeat-ngram", type=int, default=None,
-                    help="ban repeating any n-gram of the rewrite (public transform; 0 = off)")
+                    help="ban repeating any n-gram of the rewrite (public transform; default 3; 0 = off)")
     sz.add_argument("--accounting", default="dpinfer", choices=["dpinfer", "as_published"],
                     help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
     sz.add_argument("--seed", type=int, default=None)
