@@ -36,6 +36,7 @@ import torch
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, epsilon_from_rdp
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
+from dpinfer.mechanisms._checks import positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import sample_rows
 
@@ -67,17 +68,6 @@ def _check_lambda(lam: object) -> float:
         )
     return float(lam)
 
-
-def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}") from None
-    if n < 1:
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {n}")
-    return n
 
 
 def epsilon_per_token(lam: float, vocab_size: int) -> float:
@@ -130,7 +120,7 @@ def mixture_log_probs(logits: torch.Tensor, lam: float, temperature: float = 1.0
 
 def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLoss:
     """The ex-ante loss of ``num_tokens`` DP-Decoding tokens: ``PureDp(ε_tok).times(num_tokens)``."""
-    return PureDp(epsilon_per_token(lam, vocab_size)).times(_check_count(num_tokens, "the number of tokens"))
+    return PureDp(epsilon_per_token(lam, vocab_size)).times(positive_int(num_tokens, "the number of tokens"))
 
 
 def composition_route(loss: PrivacyLoss, delta: float) -> str:
@@ -202,7 +192,7 @@ class DPDecoding(Mechanism):
             raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
         self.temperature = float(temperature)
         self.row = row
-        self.num_sequences = _check_count(num_sequences, "num_sequences")
+        self.num_sequences = positive_int(num_sequences, "num_sequences")
         self.delta = float(delta)
         self.mode = mode  # type: ignore[misc]  # instance override of the class default
 
@@ -237,7 +227,7 @@ class DPDecoding(Mechanism):
         (True, '1.01e-05')
         """
         v = _check_vocab_size(vocab_size)
-        n = _check_count(max_new_tokens, "max_new_tokens") * _check_count(num_sequences, "num_sequences")
+        n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_sequences, "num_sequences")
         if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
             raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
         if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0.0 < epsilon < math.inf):
@@ -284,7 +274,7 @@ class DPDecoding(Mechanism):
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""
-        n = _check_count(max_new_tokens, "max_new_tokens") * self.num_sequences
+        n = positive_int(max_new_tokens, "max_new_tokens") * self.num_sequences
         return dp_decoding_loss(self.lam, self.vocab_size, n)
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:

@@ -49,7 +49,6 @@ never a privacy guarantee.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +58,7 @@ from dpinfer.accounting import GroupGuarantee, Guarantee, PrivacyLoss, SingleOrd
 from dpinfer.accounting._format import format_up
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError, InvalidInputError
 from dpinfer.mechanisms import register
+from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.transforms import PublicSupport
 
@@ -88,28 +88,14 @@ def _check_alpha(alpha: object) -> float:
     return float(alpha)
 
 
-def _check_groups(value: object) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"the number of privacy groups m must be an integer ≥ 1, got {value!r}")
-    try:
-        m = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"the number of privacy groups m must be an integer ≥ 1, got {value!r}") from None
-    if m < 1:
-        raise ConfigurationError(f"the number of privacy groups m must be an integer ≥ 1, got {m}")
-    return m
 
 
-def _check_tokens(value: object) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"max_new_tokens (T_max) must be an integer ≥ 1, got {value!r}")
-    try:
-        t = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"max_new_tokens (T_max) must be an integer ≥ 1, got {value!r}") from None
-    if t < 1:
-        raise ConfigurationError(f"max_new_tokens (T_max) must be an integer ≥ 1, got {t}")
-    return t
+def _groups(value: object) -> int:
+    return positive_int(value, "the number of privacy groups m")
+
+
+def _tokens(value: object) -> int:
+    return positive_int(value, "max_new_tokens (T_max)")
 
 
 def _check_bound(b: object, what: str = "a bound b") -> float:
@@ -126,11 +112,6 @@ def _check_accounting(accounting: object) -> str:
         )
     return str(accounting)
 
-
-def _check_delta(delta: object) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
-        raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
-    return float(delta)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -604,7 +585,7 @@ def step_epsilon(bound: float, num_groups: int, alpha: float) -> float:
     >>> round(step_epsilon(0.05, 3, 2.0), 10) == round(math.log((2 + math.exp(0.05)) / 3), 10)
     True
     """
-    b, m, a = _check_bound(bound), _check_groups(num_groups), _check_alpha(alpha)
+    b, m, a = _check_bound(bound), _groups(num_groups), _check_alpha(alpha)
     if m == 1:
         return b
     x = (a - 1.0) * b
@@ -622,7 +603,7 @@ def bound_for_step_epsilon(step_eps: float, num_groups: int, alpha: float) -> fl
     >>> round(step_epsilon(b, 4, 2.0), 12)
     0.02
     """
-    e, m, a = _check_bound(step_eps, "a per-step ε"), _check_groups(num_groups), _check_alpha(alpha)
+    e, m, a = _check_bound(step_eps, "a per-step ε"), _groups(num_groups), _check_alpha(alpha)
     if m == 1:
         return e
     x = (a - 1.0) * e
@@ -639,7 +620,7 @@ def per_step_rdp(bound: float, num_groups: int, alpha: float, accounting: str = 
     0.1
     """
     if _check_accounting(accounting) == "as_published":
-        _check_groups(num_groups)
+        _groups(num_groups)
         return 4.0 * _check_bound(bound) / _check_alpha(alpha)
     return step_epsilon(bound, num_groups, alpha)
 
@@ -648,7 +629,7 @@ def group_loss(
     bound: float, num_groups: int, alpha: float, max_new_tokens: int, accounting: str = "dpinfer"
 ) -> SingleOrderRdp:
     """The ex-ante loss of one group over at most ``T_max`` tokens: ``SingleOrderRdp(α, T_max·ε_step)``."""
-    t = _check_tokens(max_new_tokens)
+    t = _tokens(max_new_tokens)
     return SingleOrderRdp(_check_alpha(alpha), t * per_step_rdp(bound, num_groups, alpha, accounting))
 
 
@@ -669,8 +650,8 @@ def group_guarantees(
     """
     if len(bounds) != len(group_names):
         raise ConfigurationError(f"one bound per group is needed: {len(group_names)} names, {len(bounds)} bounds")
-    m = _check_groups(len(bounds))
-    delta = _check_delta(delta)
+    m = _groups(len(bounds))
+    delta = check_delta(delta)
     out = []
     for name, b in zip(group_names, bounds, strict=True):
         loss = group_loss(b, m, alpha, max_new_tokens, accounting)
@@ -703,8 +684,8 @@ def calibrate_bound(
     >>> round(b, 4), group_loss(b, 3, 2.0, 100).to_epsilon(1e-5) <= 20.0
     (0.271, True)
     """
-    m, t = _check_groups(num_groups), _check_tokens(max_new_tokens)
-    alpha, delta, accounting = _check_alpha(alpha), _check_delta(delta), _check_accounting(accounting)
+    m, t = _groups(num_groups), _tokens(max_new_tokens)
+    alpha, delta, accounting = _check_alpha(alpha), check_delta(delta), _check_accounting(accounting)
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0.0 < epsilon < math.inf:
         raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
     name = f"bound b of group {group}" if group else "bound b"
@@ -731,7 +712,7 @@ def conversion_cost(alpha: float, delta: float) -> float:
     >>> round(conversion_cost(2.0, 1e-5), 4), round(conversion_cost(8.0, 1e-5), 4)
     (10.1266, 1.2141)
     """
-    alpha, delta = _check_alpha(alpha), _check_delta(delta)
+    alpha, delta = _check_alpha(alpha), check_delta(delta)
     return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
 
 
@@ -860,7 +841,7 @@ class DPFusion(Mechanism):
                 f"support_margin={support_margin!r} widens a top-k support; set top_k as well (or leave the margin 0)"
             )
         self.support = PublicSupport(top_k=top_k, top_p=top_p, margin=support_margin)
-        self.delta = _check_delta(delta)
+        self.delta = check_delta(delta)
         self.accounting = _check_accounting(accounting)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 1e-12 <= tol <= 0.1:
             raise ConfigurationError(f"tol must lie in [1e-12, 0.1], got {tol!r}")
@@ -997,7 +978,7 @@ class DPFusion(Mechanism):
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """(ε, δ) per group at order α from b_i, m, α, δ and T_max only; the headline is the worst group."""
-        t = _check_tokens(max_new_tokens)
+        t = _tokens(max_new_tokens)
         groups = self.group_guarantees(t)
         worst_loss = max(
             (group_loss(b, self.num_groups, self.alpha, t, self.accounting) for b in self.bounds),

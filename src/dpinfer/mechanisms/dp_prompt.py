@@ -30,7 +30,6 @@ in ``dpinfer/data/public_corpus.txt``, written for this purpose: generic, non-pe
 from __future__ import annotations
 
 import math
-import operator
 import re
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ import torch
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, epsilon_from_rdp
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
+from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import Sampler, sample_rows
 
@@ -60,22 +60,6 @@ def _check_number(value: object, name: str) -> float:
     return float(value)
 
 
-def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {value!r}") from None
-    if n < 1:
-        raise ConfigurationError(f"{name} must be an integer ≥ 1, got {n}")
-    return n
-
-
-def _check_delta(delta: object) -> float:
-    if isinstance(delta, bool) or not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-        raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
-    return float(delta)
 
 
 def _check_clip(clip_min: object, clip_max: object) -> tuple[float, float]:
@@ -125,7 +109,7 @@ def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, te
 
 def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
     """The ex-ante loss of ``num_tokens`` DP-Prompt tokens: ``PureDp(ε_tok, bounded_range=True).times(num_tokens)``."""
-    return PureDp(epsilon_tok, bounded_range=True).times(_check_count(num_tokens, "the number of tokens"))
+    return PureDp(epsilon_tok, bounded_range=True).times(positive_int(num_tokens, "the number of tokens"))
 
 
 @register("dp-prompt")
@@ -193,8 +177,8 @@ class DPPrompt(Mechanism):
         if isinstance(row, bool) or not isinstance(row, int) or row < 0:
             raise ConfigurationError(f"row must be an integer ≥ 0 (the row holding the private prompt), got {row!r}")
         self.row = row
-        self.num_rewrites = _check_count(num_rewrites, "num_rewrites")
-        self.delta = _check_delta(delta)
+        self.num_rewrites = positive_int(num_rewrites, "num_rewrites")
+        self.delta = check_delta(delta)
         self.mode = mode  # type: ignore[misc]  # instance override of the class default
 
     @property
@@ -228,8 +212,8 @@ class DPPrompt(Mechanism):
         (True, 15.584, 1.2834)
         """
         lo_clip, hi_clip = _check_clip(clip_min, clip_max)
-        n = _check_count(max_new_tokens, "max_new_tokens") * _check_count(num_rewrites, "num_rewrites")
-        delta = _check_delta(delta)
+        n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_rewrites, "num_rewrites")
+        delta = check_delta(delta)
         if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0.0 < epsilon < math.inf):
             raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
         width = hi_clip - lo_clip
@@ -267,7 +251,7 @@ class DPPrompt(Mechanism):
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""
-        n = _check_count(max_new_tokens, "max_new_tokens") * self.num_rewrites
+        n = positive_int(max_new_tokens, "max_new_tokens") * self.num_rewrites
         return dp_prompt_loss(self.epsilon_per_token, n)
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
@@ -337,8 +321,8 @@ def public_clip_bounds(
 
     >>> # lo, hi = public_clip_bounds(dpinfer.load_model())   # SmolLM2-135M: (4.15, 28.93), about 5 CPU-seconds
     """
-    n_texts = _check_count(n_texts, "n_texts")
-    max_new_tokens = _check_count(max_new_tokens, "max_new_tokens")
+    n_texts = positive_int(n_texts, "n_texts")
+    max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
     sigmas = _check_number(sigmas, "sigmas")
     if sigmas <= 0:
         raise ConfigurationError(f"sigmas must be > 0 (DP-GTR uses 4), got {sigmas!r}")
