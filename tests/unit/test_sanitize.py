@@ -151,3 +151,14 @@ def test_cli_sanitize_json_and_errors(tiny_model_dir, tmp_path, capsys):
     spans.write_text(json.dumps([{"start": 0, "end": 2, "label": "NAME"}]))
     assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)]) == 2
     assert "unknown label" in capsys.readouterr().err
+
+
+def test_guarantee_is_ex_ante(tiny_lm):
+    """Same groups, targets and T_max: the same guarantee whatever the document says and whatever was generated."""
+    other = "Ms Brown, a judge sitting in Oslo, heard case no. 11111/01 on 1 June 2001 and closed it the same day."
+    other_spans = [Span(3, 8, "PERSON"), Span(29, 33, "LOC"), Span(50, 58, "CODE"), Span(62, 73, "DATETIME")]
+    assert [other[s.start:s.end] for s in other_spans] == ["Brown", "Oslo", "11111/01", "1 June 2001"]
+    a = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=10, seed=1, epsilon=25.0)
+    b = sanitize(other, lm=tiny_lm, spans=other_spans, max_new_tokens=10, seed=2, epsilon=25.0)
+    assert a.guarantee.to_dict() == b.guarantee.to_dict()
+    assert "before" in str(a.guarantee)
