@@ -23,6 +23,7 @@ from dpinfer.accounting.losses import (
     Zcdp,
     compose,
     compose_parallel,
+    conversion_route,
     delta_from_rdp,
     epsilon_from_rdp,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "calibrate",
     "compose",
     "compose_parallel",
+    "conversion_route",
     "delta_from_rdp",
     "epsilon_from_rdp",
     "zcdp_rho_for_target",

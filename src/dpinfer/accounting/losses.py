@@ -419,3 +419,14 @@ def compose_parallel(*losses: PrivacyLoss) -> PrivacyLoss:
     Zcdp(rho=0.5)
     """
     return _fold(losses, parallel=True)
+
+
+def conversion_route(loss: PrivacyLoss, delta: float) -> str:
+    """Which conversion gives ``loss``'s ε at ``delta``: ``"basic (sum of per-token ε)"`` when the pure-DP order ∞
+    wins, else ``"rdp (α = …)"`` with the optimal order.
+
+    >>> conversion_route(PureDp(0.1).times(3), 1e-5)
+    'basic (sum of per-token ε)'
+    """
+    _, order = epsilon_from_rdp(loss.orders, [loss.rdp(alpha) for alpha in loss.orders], delta)
+    return "basic (sum of per-token ε)" if math.isinf(order) else f"rdp (α = {order:.4g})"

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, epsilon_from_rdp
+from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import positive_int
@@ -121,12 +121,6 @@ def mixture_log_probs(logits: torch.Tensor, lam: float, temperature: float = 1.0
 def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLoss:
     """The ex-ante loss of ``num_tokens`` DP-Decoding tokens: ``PureDp(ε_tok).times(num_tokens)``."""
     return PureDp(epsilon_per_token(lam, vocab_size)).times(positive_int(num_tokens, "the number of tokens"))
-
-
-def composition_route(loss: PrivacyLoss, delta: float) -> str:
-    """Which conversion gives a pure-DP composition's ε at ``delta``: ``"basic"`` (order ∞) or ``"rdp (α = …)"``."""
-    _, order = epsilon_from_rdp(loss.orders, [loss.rdp(alpha) for alpha in loss.orders], delta)
-    return "basic (sum of per-token ε)" if math.isinf(order) else f"rdp (α = {order:.4g})"
 
 
 @register("dp-decoding")
@@ -293,6 +287,6 @@ class DPDecoding(Mechanism):
                 "epsilon_per_token": self.epsilon_per_token,
                 "num_sequences": self.num_sequences,
                 "T_max": max_new_tokens,
-                "composition": composition_route(loss, self.delta),
+                "composition": conversion_route(loss, self.delta),
             },
         )

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, epsilon_from_rdp
+from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
@@ -257,8 +257,6 @@ class DPPrompt(Mechanism):
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """(ε, δ) of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens, from b_min, b_max, τ only."""
         loss = self.loss(max_new_tokens)
-        _, order = epsilon_from_rdp(loss.orders, [loss.rdp(alpha) for alpha in loss.orders], self.delta)
-        route = "basic (sum of per-token ε)" if math.isinf(order) else f"rdp, bounded range (α = {order:.4g})"
         return Guarantee.from_loss(
             loss,
             delta=self.delta,
@@ -272,7 +270,7 @@ class DPPrompt(Mechanism):
                 "epsilon_per_token": self.epsilon_per_token,
                 "num_rewrites": self.num_rewrites,
                 "T_max": max_new_tokens,
-                "composition": route,
+                "composition": conversion_route(loss, self.delta),
             },
         )
 
