@@ -162,3 +162,13 @@ def test_guarantee_is_ex_ante(tiny_lm):
     b = sanitize(other, lm=tiny_lm, spans=other_spans, max_new_tokens=10, seed=2, epsilon=25.0)
     assert a.guarantee.to_dict() == b.guarantee.to_dict()
     assert "before" in str(a.guarantee)
+
+
+@pytest.mark.parametrize(("content", "needle"), [(b"", "is empty"), (b"  \n\t", "is empty"),
+                                                 (b"\x00\x01binary", "binary"), (b"\xff\xfe\xfa", "UTF-8")])
+def test_cli_sanitize_rejects_bad_files(content, needle, tiny_model_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    rc = main(["sanitize", str(bad), "--tagger", "regex", "--model", str(tiny_model_dir)])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
