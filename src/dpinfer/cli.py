@@ -26,14 +26,12 @@ def _console(stderr: bool = False) -> Any:
 
 
 def _print_json(obj: Any) -> None:
-    def default(o: Any) -> Any:
-        if hasattr(o, "to_dict"):
-            return o.to_dict()
-        if isinstance(o, float) and not math.isfinite(o):
-            return str(o)
-        return str(o)
+    from dpinfer._json import plain
 
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=default) + "\n")
+    def default(o: Any) -> Any:
+        return plain(o.to_dict()) if hasattr(o, "to_dict") else str(o)
+
+    sys.stdout.write(json.dumps(plain(obj), indent=2, ensure_ascii=False, default=default) + "\n")
 
 
 def read_text_arg(source: str) -> str:

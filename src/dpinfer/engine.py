@@ -199,7 +199,10 @@ class Engine:
         device = self.lm.device
         if generator is None:
             generator = torch.Generator(device=device)
-            generator.manual_seed(int(seed) if seed is not None else int(torch.seed()))
+            if seed is None:
+                generator.seed()  # a fresh non-deterministic seed for this run only (global RNG untouched)
+            else:
+                generator.manual_seed(int(seed))
         eos = torch.as_tensor(sorted(self.lm.eos_token_ids), dtype=torch.long, device=device)
         pad = self.lm.pad_token_id
 

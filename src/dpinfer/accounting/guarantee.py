@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from dpinfer._json import plain
 from dpinfer.accounting._format import format_up
 from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, _check_epsilon
 from dpinfer.errors import ConfigurationError
@@ -43,16 +44,6 @@ def _freeze(value: Any, where: str) -> Any:
     )
 
 
-def _plain(value: Any) -> Any:
-    """The JSON form of a frozen value: infinities and NaN as the strings "inf", "-inf", "nan"."""
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
 
 @dataclass(frozen=True)
 class GroupGuarantee:
@@ -84,7 +75,7 @@ class GroupGuarantee:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (infinities as "inf")."""
-        return _plain({"name": self.name, "epsilon": self.epsilon, "delta": self.delta, "parameters": self.parameters})
+        return plain({"name": self.name, "epsilon": self.epsilon, "delta": self.delta, "parameters": self.parameters})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GroupGuarantee:
@@ -221,7 +212,7 @@ class Guarantee:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (infinities as "inf"), with the plain-English ``statement``; ``loss`` is left out."""
-        return _plain(
+        return plain(
             {
                 "epsilon": self.epsilon,
                 "delta": self.delta,
@@ -294,6 +285,6 @@ class DataDependentSpend:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (infinities as "inf") carrying the data-dependent ``label``."""
-        return _plain(
+        return plain(
             {"label": self.label, "mechanism": self.mechanism, "quantity": self.quantity, "value": self.value}
         )

@@ -248,11 +248,11 @@ def _get_spans(text: str, spans: Any, tagger: Any, label_map: Mapping[str, str |
         if isinstance(spans, Sequence) and spans and all(isinstance(s, Span) for s in spans):
             loaded = list(spans)
         else:
-            loaded = load_spans(spans, label_map=label_map) if label_map else load_spans(spans)
+            loaded = load_spans(spans, label_map=label_map)
         return validate_spans(loaded, len(text))
     if tagger is None:
         raise ConfigurationError("give spans= or a tagger (e.g. tagger='presidio' or 'regex')")
-    tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger)
+    tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **({"label_map": label_map} if label_map else {}))
     return tg.tag(text)
 
 
