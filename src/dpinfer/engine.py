@@ -31,6 +31,10 @@ from dpinfer.models import LM
 MIN_SHARED_PREFIX = 8
 """Shortest common prefix worth a separate prefill (below it, batching everything is as fast)."""
 
+PER_ROW_PREFILL = 0.7
+"""With the static cache, rows are prefilled one at a time when their real tokens fill less than this share of the
+left-padded batch (e.g. references of very different lengths): the padding would cost more than the lost batching."""
+
 
 @dataclass
 class StepEvent:
@@ -51,7 +55,7 @@ class EngineOutput:
 
     Attributes:
         sequences: generated ids per row (joint mode: K identical lists), EOS excluded.
-        finish_reasons: per row, ``"eos"`` or ``"length"``.
+        finish_reasons: per row, ``"eos"``, ``"length"`` or ``"budget"`` (the mechanism stopped the run).
         steps: per-step data-dependent statistics from the mechanism (``[]`` when it reports none).
         prompt_lengths: prompt tokens per row (before padding).
         shared_prefix: tokens prefilled once for all rows.
@@ -132,23 +136,68 @@ class Engine:
         static = self.static_cache and k > 1
         cache = (StaticCache(config=config, max_cache_len=shared + width + max_new_tokens) if static
                  else DynamicCache(config=config))
+        suffixes = [r[shared:] for r in rows]
+        per_row = static and sum(map(len, suffixes)) < PER_ROW_PREFILL * k * width
+        prefix_cache = None
         if shared:
             prefix = torch.as_tensor([rows[0][:shared]], dtype=torch.long, device=device)
             prefix_cache = DynamicCache(config=config)
             self._forward(input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=prefix_cache)
-            if static:  # copy the one prefix into every row of the pre-allocated cache
+            if per_row:
+                pass  # _prefill_rows writes prefix and suffixes at once
+            elif static:  # copy the one prefix into every row of the pre-allocated cache
                 for i, layer in enumerate(prefix_cache.layers):
                     cache.update(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1), i)
             else:
                 prefix_cache.batch_repeat_interleave(k)
                 cache = prefix_cache
-        suffixes = [r[shared:] for r in rows]
         ids, mask = _left_pad(suffixes, pad, device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
         full_mask = torch.cat([torch.ones((k, shared), dtype=mask.dtype, device=device), mask], dim=1)
-        out = self._forward(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache)
         next_pos = torch.as_tensor([len(r) for r in rows], dtype=torch.long, device=device)
+        if per_row:
+            logits = self._prefill_rows(suffixes, shared, width, prefix_cache, cache)
+            return logits, cache, full_mask, next_pos, shared
+        positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
+        out = self._forward(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache)
         return out.logits[:, -1, :], out.past_key_values, full_mask, next_pos, shared
+
+    def _prefill_rows(self, suffixes: Sequence[Sequence[int]], shared: int, width: int, prefix_cache: Any,
+                      cache: Any) -> torch.Tensor:
+        """Prefill rows of very different lengths one at a time (no compute on padding), then write their keys and
+        values, left-aligned as the batched layout expects, into the pre-allocated cache. Exact: each row's keys are
+        computed at its own positions, and the padding slots stay masked."""
+        from transformers import DynamicCache
+
+        device, config = self.lm.device, self.lm.model.config
+        k = len(suffixes)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        last: list[torch.Tensor] = []
+        for i, row in enumerate(suffixes):
+            row_cache = DynamicCache(config=config)
+            if prefix_cache is not None:
+                for j, layer in enumerate(prefix_cache.layers):
+                    row_cache.update(layer.keys, layer.values, j)
+            ids = torch.as_tensor([row], dtype=torch.long, device=device)
+            positions = torch.arange(shared, shared + len(row), device=device).unsqueeze(0)
+            out = self._forward(input_ids=ids, attention_mask=torch.ones((1, shared + len(row)), dtype=torch.long,
+                                                                         device=device),
+                                position_ids=positions, past_key_values=row_cache)
+            last.append(out.logits[0, -1, :])
+            for j, layer in enumerate(row_cache.layers):
+                if i == 0:
+                    shape = (k, layer.keys.shape[1], shared + width, layer.keys.shape[-1])
+                    keys.append(layer.keys.new_zeros(shape))
+                    values.append(layer.values.new_zeros((*shape[:3], layer.values.shape[-1])))
+                    if shared:
+                        keys[j][:, :, :shared] = layer.keys[0, :, :shared]
+                        values[j][:, :, :shared] = layer.values[0, :, :shared]
+                start = shared + width - len(row)
+                keys[j][i, :, start:] = layer.keys[0, :, shared:]
+                values[j][i, :, start:] = layer.values[0, :, shared:]
+        for j in range(len(keys)):
+            cache.update(keys[j], values[j], j)
+        return torch.stack(last)
 
     # ------------------------------------------------------------------ run
     def stream(
@@ -226,6 +275,9 @@ class Engine:
                 if res.stats is not None:
                     steps.append(dict(res.stats))
                 if joint:
+                    if res.stop:
+                        reasons = ["budget"] * k
+                        break
                     tok = int(res.tokens)
                     if stop_on_eos and tok in self.lm.eos_token_ids:
                         reasons = ["eos"] * k

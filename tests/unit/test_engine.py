@@ -170,3 +170,22 @@ def test_no_repeat_ngram_processor_applies_to_every_row(tiny_lm):
     assert len(bigrams) == len(set(bigrams))
     for logits in rec.logits:  # the same tokens are banned in every row
         assert torch.equal(logits[0].isfinite(), logits[1].isfinite())
+
+
+@pytest.mark.parametrize("with_prefix", [False, True])
+def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.MonkeyPatch, with_prefix: bool):
+    """Rows of very different lengths are prefilled one at a time into the static cache; the logits of every step
+    equal the batched, left-padded run."""
+    import dpinfer.engine as engine_module
+
+    head = tiny_lm.encode(PROMPTS[1]) if with_prefix else []
+    rows = [head + tiny_lm.encode(PROMPTS[2]), head + tiny_lm.encode(PROMPTS[0] * 3), head + tiny_lm.encode("The")]
+    assert sum(map(len, rows)) < engine_module.PER_ROW_PREFILL * 3 * max(map(len, rows))
+    per_row, batched = Recorder(), Recorder()
+    o1 = Engine(tiny_lm).generate(rows, per_row, max_new_tokens=8, min_new_tokens=8)
+    monkeypatch.setattr(engine_module, "PER_ROW_PREFILL", 0.0)  # never per row: one left-padded batch
+    o2 = Engine(tiny_lm).generate(rows, batched, max_new_tokens=8, min_new_tokens=8)
+    assert o1.shared_prefix == o2.shared_prefix and (o1.shared_prefix > 0) == with_prefix
+    assert o1.sequences == o2.sequences
+    for a, b in zip(per_row.logits, batched.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

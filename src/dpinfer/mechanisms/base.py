@@ -46,11 +46,14 @@ class StepResult:
 
     ``tokens`` is a 0-d (joint) or ``(K,)`` (independent) ``torch.long`` tensor.
     ``stats`` maps a name to a float or a 1-d array (e.g. one λ per group): DATA-DEPENDENT figures, kept for
-    diagnostics; they are not a privacy guarantee.
+    diagnostics; they are not a privacy guarantee. ``stop`` ends a joint generation without releasing a token.
     """
 
     tokens: torch.Tensor
     stats: Mapping[str, float | list[float]] | None = field(default=None)
+    stop: bool = False
+    """Joint mode: end the generation before this step's token (e.g. a baseline's fixed private-token budget is
+    spent). ``tokens`` is then ignored and the finish reason is ``"budget"``."""
 
 
 class Mechanism(ABC):
