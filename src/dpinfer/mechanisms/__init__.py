@@ -30,7 +30,15 @@ def register(name: str) -> Callable[[type[Mechanism]], type[Mechanism]]:
 
 def _load_builtin() -> None:
     # Importing the modules registers their classes.
-    from dpinfer.mechanisms import dp_decoding, dp_fusion, dp_prompt, sampler  # noqa: F401
+    from dpinfer.mechanisms import (  # noqa: F401
+        adapmixed,
+        amin,
+        dp_decoding,
+        dp_fusion,
+        dp_prompt,
+        invisibleink,
+        sampler,
+    )
 
 
 def available_mechanisms() -> list[str]:

@@ -1,0 +1,266 @@
+"""InvisibleInk (Vinod et al. 2025): DP synthetic long-form text from a batch of B private references.
+
+ALGORITHMS §2. The engine steps B + 1 contexts together: row 0 is the public prompt (the instruction alone), row i
+(1 ≤ i ≤ B) the instruction with reference i. Per token, from the raw logits ``ℓ_pub = ℓ_0`` and ``ℓ_i``:
+
+1. **DClip**: ``ℓ̃_i = ℓ_pub + clip(ℓ_i − ℓ_pub, −C, C)`` coordinate-wise, and ``ℓ̄ = (1/B)·Σ_i ℓ̃_i``.
+2. **Top-k⁺**: ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C/B}``, from the public logits only (free). It contains
+   the top-k tokens of every standalone contribution ``ℓ_pub + clip(ℓ_i − ℓ_pub, −C, C)/B``.
+3. Sample from ``softmax(ℓ̄[V⁺]/τ)``.
+
+Privacy (replace-by-null adjacency: one reference replaced by the null reference ⊥, whose context is the public
+prompt, so its logits are ``ℓ_pub`` and its clipped difference is 0). Replacing reference i by ⊥ moves one clipped
+difference from ``[−C, C]`` to 0, so ``ℓ̄`` moves by at most ``C/B`` in every coordinate. Sampling from
+``softmax(ℓ̄/τ)`` is then an exponential mechanism with utility sensitivity ``C/(Bτ)``: it is ``ε₀ = 2C/(Bτ)``
+bounded-range and so ``ρ₀ = ε₀²/8 = ½·(C/(Bτ))²``-zCDP (Cesar & Rogers 2021; InvisibleInk Theorem 2). Restricting
+to ``V⁺`` is post-processing of public data. Over at most ``T_max`` tokens (adaptive composition):
+
+    ρ = T_max · C² / (2·B²·τ²)
+
+and many texts from disjoint, data-independent batches keep the same ρ (parallel composition). Calibration solves
+``C = B·τ·sqrt(2ρ/T_max)`` with ρ the largest zCDP value whose (ε, δ) conversion meets the target.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dpinfer.accounting import Guarantee, Zcdp, zcdp_rho_for_target
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms import register
+from dpinfer.mechanisms._checks import check_delta, positive_int
+from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.dp_fusion import _sample
+
+ADJACENCY = (
+    "replace-by-null of one reference (one reference replaced by the empty reference, whose context is the public "
+    "prompt)"
+)
+
+
+def _positive(value: object, name: str, hint: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}{hint}")
+    return float(value)
+
+
+def _top_k(value: object) -> int | None:
+    if value is None:
+        return None
+    return positive_int(value, "top_k (None for the full vocabulary)")
+
+
+def dclip_aggregate(logits: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``ℓ̄ = ℓ_pub + (1/B)·Σ_i clip(ℓ_i − ℓ_pub, −C, C)`` for ``(B + 1, V)`` logits (row 0 public).
+
+    A coordinate the public row forbids (``−inf``) stays forbidden; a private ``−inf`` clips to ``−C``.
+
+    >>> z = torch.tensor([[0.0, 1.0, 2.0], [5.0, 1.0, -5.0], [0.0, 0.0, 2.5]], dtype=torch.float64)
+    >>> dclip_aggregate(z, 1.0).tolist()
+    [0.5, 0.5, 1.75]
+    """
+    pub, priv = logits[0], logits[1:]
+    diff = (priv - pub).clamp(-clip_norm, clip_norm)
+    diff = torch.nan_to_num(diff, nan=0.0)  # −inf − (−inf): the public row forbids it anyway
+    return pub + diff.mean(dim=0)
+
+
+def topk_plus_mask(public_logits: torch.Tensor, top_k: int | None, clip_norm: float, batch_size: int) -> torch.Tensor:
+    """Boolean mask of ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C/B}`` (all True for ``top_k=None``).
+
+    >>> m = topk_plus_mask(torch.tensor([3.0, 2.9, 2.0, 0.0]), top_k=1, clip_norm=0.2, batch_size=2)
+    >>> m.tolist()
+    [True, True, False, False]
+    """
+    finite = torch.isfinite(public_logits)
+    if top_k is None or top_k >= int(finite.sum()):
+        return finite
+    kth = torch.topk(public_logits, top_k).values[-1]
+    return public_logits >= kth - 2.0 * clip_norm / batch_size
+
+
+def clip_norm_for_rho(rho: float, *, batch_size: int, temperature: float, max_new_tokens: int) -> float:
+    """``C = B·τ·sqrt(2ρ/T_max)``: the clip norm whose generation of ``T_max`` tokens is ρ-zCDP.
+
+    >>> round(clip_norm_for_rho(1.539, batch_size=7, temperature=1.1, max_new_tokens=500), 3)
+    0.604
+    """
+    return batch_size * temperature * math.sqrt(2.0 * rho / max_new_tokens)
+
+
+def rho_for_clip_norm(clip_norm: float, *, batch_size: int, temperature: float, max_new_tokens: int) -> float:
+    """``ρ = T_max·C²/(2·B²·τ²)`` (ALGORITHMS §2)."""
+    return max_new_tokens * clip_norm**2 / (2.0 * batch_size**2 * temperature**2)
+
+
+@register("invisibleink")
+class InvisibleInk(Mechanism):
+    """InvisibleInk: DClip + Top-k⁺ + exponential-mechanism sampling over B references (ALGORITHMS §2).
+
+    Row 0 of the logits is the public context (no reference), rows 1..B the private contexts (one reference each).
+
+    Args:
+        clip_norm: C > 0, the DClip bound on ``ℓ_i − ℓ_pub`` (use :meth:`calibrated` to derive it from (ε, δ)).
+        batch_size: B, the number of references (the engine steps B + 1 contexts).
+        temperature: τ > 0 (the paper finds 1.0–1.2 best).
+        top_k: k of Top-k⁺ (``None``: the full vocabulary; 50–100 suits open-ended text).
+        delta: δ of the reported (ε, δ) guarantee.
+
+    ``StepResult.stats`` holds ``support`` (|V⁺|, public), ``clipped`` (share of clipped coordinates on V⁺) and
+    ``expanded`` (1.0 when the token lies outside the public top-k): the last two are DATA-DEPENDENT diagnostics.
+
+    >>> from dpinfer.mechanisms.base import StepInfo
+    >>> mech = InvisibleInk.calibrated(epsilon=10.0, delta=1e-6, batch_size=7, temperature=1.1, max_new_tokens=500)
+    >>> round(mech.clip_norm, 3), round(mech.rho(500), 3)
+    (0.604, 1.539)
+    >>> mech.start(num_contexts=8, vocab_size=5)
+    >>> z = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> out = mech.step(z, StepInfo(step=0, max_new_tokens=500, num_contexts=8), torch.Generator().manual_seed(0))
+    >>> 0 <= int(out.tokens) < 5
+    True
+    >>> round(mech.guarantee(500).epsilon, 2)
+    10.0
+    """
+
+    name = "invisibleink"
+    mode = "joint"
+
+    def __init__(
+        self,
+        *,
+        clip_norm: float,
+        batch_size: int,
+        temperature: float = 1.0,
+        top_k: int | None = 50,
+        delta: float = 1e-6,
+    ) -> None:
+        self.clip_norm = _positive(
+            clip_norm, "clip_norm C", " (use InvisibleInk.calibrated(epsilon=..., ...) to derive it from a target ε)"
+        )
+        self.batch_size = positive_int(batch_size, "batch_size B (references per generated text)")
+        self.temperature = _positive(
+            temperature, "temperature τ", "; InvisibleInk samples (the exponential mechanism), τ = 1.0 is the default"
+        )
+        self.top_k = _top_k(top_k)
+        self.delta = check_delta(delta)
+
+    @classmethod
+    def calibrated(
+        cls,
+        *,
+        epsilon: float,
+        delta: float = 1e-6,
+        batch_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        **kw: Any,
+    ) -> InvisibleInk:
+        """The mechanism whose generation of at most ``max_new_tokens`` tokens is (ε, δ)-DP per reference.
+
+        ``ρ = zcdp_rho_for_target(ε, δ)`` then ``C = B·τ·sqrt(2ρ/T_max)``.
+        """
+        eps = _positive(epsilon, "the target ε", "; smaller ε is stronger privacy (e.g. 10)")
+        t = positive_int(max_new_tokens, "max_new_tokens")
+        b = positive_int(batch_size, "batch_size B")
+        tau = _positive(temperature, "temperature τ")
+        rho = zcdp_rho_for_target(eps, check_delta(delta))
+        clip = clip_norm_for_rho(rho, batch_size=b, temperature=tau, max_new_tokens=t)
+        return cls(clip_norm=clip, batch_size=b, temperature=tau, delta=delta, **kw)
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:
+        if num_contexts != self.batch_size + 1:
+            raise ConfigurationError(
+                f"InvisibleInk with B = {self.batch_size} references steps B + 1 = {self.batch_size + 1} contexts "
+                f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
+            )
+
+    def _check(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
+            raise InvalidInputError(
+                f"InvisibleInk with B = {self.batch_size} needs logits of shape (B + 1, V), got {tuple(logits.shape)}"
+            )
+        z = logits.to(torch.float64)
+        total = float(z.sum())  # NaN, or +inf (alone or next to −inf), anywhere shows in the sum
+        if math.isnan(total) or total == math.inf:
+            raise InvalidInputError("the logits contain NaN or +inf; nothing is sampled")
+        return z
+
+    def _released(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+        """``softmax(ℓ̄[V⁺]/τ)`` on the ids of V⁺ (None: the full vocabulary) and the public k-th largest logit.
+
+        Only the columns of V⁺ are aggregated: V⁺ comes from the public row alone, so this is the same distribution
+        as aggregating everything and masking, at the cost of |V⁺| columns instead of V.
+        """
+        pub = z[0]
+        finite = torch.isfinite(pub)
+        n_finite = int(finite.sum())
+        if n_finite == 0:
+            raise InvalidInputError("the public row has no finite logit; nothing can be sampled")
+        idx, kth = None, None
+        if self.top_k is not None and self.top_k < n_finite:
+            kth = float(torch.topk(pub, self.top_k).values[-1])
+            idx = (pub >= kth - 2.0 * self.clip_norm / self.batch_size).nonzero().squeeze(-1)
+            z = z.index_select(1, idx)
+        elif n_finite < pub.numel():
+            idx = finite.nonzero().squeeze(-1)
+            z = z.index_select(1, idx)
+        agg = dclip_aggregate(z, self.clip_norm) / self.temperature
+        return torch.softmax(agg, dim=-1), idx, kth
+
+    def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
+        z = self._check(logits)
+        probs, idx, _ = self._released(z)
+        support = torch.ones(z.shape[1], dtype=torch.bool, device=z.device)
+        if idx is not None:
+            full = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
+            probs = full.index_copy_(0, idx, probs)
+            support = torch.zeros_like(support).index_fill_(0, idx, True)
+        return probs, support
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+        """Sample one token from ``softmax(ℓ̄[V⁺]/τ)``."""
+        z = self._check(logits)
+        probs, idx, kth = self._released(z)
+        j = _sample(probs, generator)
+        token = idx[j] if idx is not None else j
+        cols = z if idx is None else z.index_select(1, idx)
+        stats: dict[str, float] = {
+            "support": float(probs.numel()),
+            "clipped": float(((cols[1:] - cols[0]).abs() > self.clip_norm).double().mean()),
+        }
+        if kth is not None:
+            stats["expanded"] = float(float(z[0, token]) < kth)
+        return StepResult(tokens=token.to(torch.long), stats=stats)
+
+    def rho(self, max_new_tokens: int) -> float:
+        """``ρ = T_max·C²/(2B²τ²)``."""
+        return rho_for_clip_norm(
+            self.clip_norm,
+            batch_size=self.batch_size,
+            temperature=self.temperature,
+            max_new_tokens=positive_int(max_new_tokens, "max_new_tokens"),
+        )
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """ρ-zCDP per reference over at most ``T_max`` tokens, converted to (ε, δ); from parameters only."""
+        t = positive_int(max_new_tokens, "max_new_tokens")
+        rho = self.rho(t)
+        return Guarantee.from_loss(
+            Zcdp(rho),
+            delta=self.delta,
+            mechanism=self.name,
+            adjacency=ADJACENCY,
+            parameters={
+                "clip_norm": self.clip_norm,
+                "batch_size": self.batch_size,
+                "temperature": self.temperature,
+                "top_k": self.top_k,
+                "rho": rho,
+                "T_max": t,
+            },
+            max_new_tokens=t,
+        )
