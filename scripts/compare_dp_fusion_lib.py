@@ -10,15 +10,20 @@ Same document (the first TAB-ECHR test case, cut to ~550 prompt tokens), same mo
 float32), same contexts (dpinfer's token-level public and per-group private contexts, built once), same bound b per
 group, τ = 1 and the full vocabulary (the library has no truncation), exactly N new tokens for everyone (EOS ignored),
 prefill included. Rows are interleaved over --repeats rounds; medians are reported.
+
+--quantize int8 adds dpinfer rows with decode-step int8 Linear layers (dpinfer.load_model(quantize="int8")) next to
+the float32 ones, in the same run; the library always runs the float32 model (the reference of the issue).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
 import types
+from collections.abc import Callable
 
 
 def main() -> int:
@@ -27,6 +32,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--max-chars", type=int, default=2600)
     ap.add_argument("--bound", type=float, default=0.5, help="b = α·β per group for both implementations")
+    ap.add_argument("--quantize", default=None, choices=["int8"],
+                    help="also time dpinfer with this quantisation (the library stays float32)")
     args = ap.parse_args()
     try:
         from dp_fusion_lib.utils import dp_fusion_groups_incremental
@@ -43,6 +50,9 @@ def main() -> int:
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, prepare_contexts
 
     lm = load_model(device="cpu")
+    lms = {"float32": lm}
+    if args.quantize:
+        lms[args.quantize] = load_model(device="cpu", quantize=args.quantize)
     doc = load_tab(None, 1, args.max_chars)[0]
     labels = sorted({s.label for s in doc.spans})
     layouts = {1: {"ALL": labels}, 4: {f"G{i + 1}": labels[i::4] for i in range(4)}}
@@ -51,11 +61,11 @@ def main() -> int:
     # the library stops at tokenizer.eos_token_id: hide it so every run makes exactly n tokens
     tok = types.SimpleNamespace(eos_token_id=-1, pad_token_id=lm.pad_token_id, decode=lm.tokenizer.decode)
 
-    def ours(m: int) -> float:
+    def ours(m: int, which: str = "float32") -> float:
         p = preps[m]
         mech = DPFusion(bounds=[args.bound] * m, group_names=p.group_names, temperature=1.0)
         t0 = time.perf_counter()
-        out = Engine(lm).generate([p.public, *p.private], mech, max_new_tokens=n, min_new_tokens=n, seed=0)
+        out = Engine(lms[which]).generate([p.public, *p.private], mech, max_new_tokens=n, min_new_tokens=n, seed=0)
         assert len(out.sequences[0]) == n
         return time.perf_counter() - t0
 
@@ -74,26 +84,31 @@ def main() -> int:
                                      temperature=1.0, max_new_tokens=n)
         return time.perf_counter() - t0
 
-    runs = {"original (dpinfer engine, plain)": original, "dpinfer DP-Fusion m=1": lambda: ours(1),
-            "dp-fusion-lib 0.1.0 m=1": lambda: lib(1), "dpinfer DP-Fusion m=4": lambda: ours(4),
-            "dp-fusion-lib 0.1.0 m=4": lambda: lib(4)}
+    runs: dict[str, Callable[[], float]] = {"original (dpinfer engine, plain, float32)": original}
+    for m in (1, 4):
+        for which in lms:
+            runs[f"dpinfer DP-Fusion m={m} ({which})"] = functools.partial(ours, m, which)
+        runs[f"dp-fusion-lib 0.1.0 m={m} (float32)"] = functools.partial(lib, m)
     times: dict[str, list[float]] = {k: [] for k in runs}
-    ours(1)  # warm-up
+    for which in lms:
+        ours(1, which)  # warm-up
     for _ in range(args.repeats):
         for name, fn in runs.items():
             times[name].append(fn())
-    base = statistics.median(times["original (dpinfer engine, plain)"])
-    print(f"DP-Fusion vs dp-fusion-lib: {lm.name} float32 CPU, TAB doc {doc.doc_id} "
+    base = statistics.median(times["original (dpinfer engine, plain, float32)"])
+    print(f"DP-Fusion vs dp-fusion-lib: {lm.name} CPU ({torch.get_num_threads()} threads), TAB doc {doc.doc_id} "
           f"({len(preps[1].original)}-token prompt), {n} new tokens, b = {args.bound}, τ = 1, full vocabulary, "
           f"median of {args.repeats}\n")
     print("| run | seconds | tokens/s | ratio vs plain |\n|---|---:|---:|---:|")
     for name in runs:
         t = statistics.median(times[name])
         print(f"| {name} | {t:.2f} | {n / t:.2f} | {base / t:.2f} |")
+    print()
     for m in (1, 4):
-        a = statistics.median(times[f"dpinfer DP-Fusion m={m}"])
-        b = statistics.median(times[f"dp-fusion-lib 0.1.0 m={m}"])
-        print(f"\nm = {m}: dpinfer / dp-fusion-lib tokens/s = {b / a:.2f}x")
+        b = statistics.median(times[f"dp-fusion-lib 0.1.0 m={m} (float32)"])
+        for which in lms:
+            a = statistics.median(times[f"dpinfer DP-Fusion m={m} ({which})"])
+            print(f"m = {m}: dpinfer ({which}) / dp-fusion-lib (float32) tokens/s = {b / a:.2f}x")
     return 0
 
 

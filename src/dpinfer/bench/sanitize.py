@@ -171,10 +171,16 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                          "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name}, "rows": rows}
 
 
+def _quant_note(settings: dict[str, Any]) -> str:
+    q = settings.get("quantize")
+    return f" ({q} decode steps, float32 prompt processing and scoring)" if q else ""
+
+
 def format_quality(res: dict[str, Any]) -> str:
     s = res["settings"]
     lines = [
-        f"Sanitisation quality: {s['model']}, {s['docs']} TAB-ECHR documents (≤ {s['max_chars']} chars), "
+        f"Sanitisation quality: {s['model']}{_quant_note(s)}, {s['docs']} TAB-ECHR documents "
+        f"(≤ {s['max_chars']} chars), "
         f"T_max = {s['max_new_tokens']}, δ = {s['delta']}, α = 2, seed {s['seed']}, decoding {s['decoding']}; "
         "ASR chance = 0.20",
         "",
@@ -194,7 +200,8 @@ def format_quality(res: dict[str, Any]) -> str:
 
 def format_perf(res: dict[str, Any]) -> str:
     s = res["settings"]
-    lines = [f"DP-Fusion throughput: {s['model']}, TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
+    lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)}, TAB document {s['doc_id']} "
+             f"({s['prompt_tokens']}-token prompt), "
              f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}",
              "", "| config | groups | seconds | tokens/s | ratio vs original |", "|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
@@ -248,6 +255,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(BASE_METHODS + SWEEP_METHODS), help="methods, comma-separated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None)
+    p.add_argument("--quantize", default=None, choices=["int8"],
+                   help="generate with decode-step int8 Linear layers (CPU only; see dpinfer sanitize --help); PPL "
+                        "and the LOSS attack score whole sequences at once, which always runs the float32 layers, "
+                        "so the scorer is the float32 model either way")
     p.add_argument("--out", default="bench-out", help="folder for the markdown table, JSON and PNG plot")
     p.add_argument("--temperature", type=float, default=None, help="decoding temperature (default: sanitize's)")
     p.add_argument("--top-k", type=int, default=None, help="public top-k support (default: sanitize's; 0 = full)")
@@ -261,13 +272,15 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.errors import ConfigurationError
     from dpinfer.models import load_model
 
-    lm = load_model(args.model)
+    quantize = getattr(args, "quantize", None)
+    lm = load_model(args.model, quantize=quantize)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.perf:
         doc = load_tab(args.data, 1, args.max_chars if args.max_chars != 2000 else 2600, skip=args.skip)[0]
         res = run_perf(lm, doc, max_new_tokens=args.max_new_tokens if args.max_new_tokens != 128 else 256,
                        seed=args.seed, repeats=args.repeats, progress=progress)
+        res["settings"]["quantize"] = quantize
         res["markdown"] = format_perf(res)
         (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")
         return res
@@ -294,7 +307,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     res["settings"] = {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
                        "max_chars": args.max_chars, "max_new_tokens": args.max_new_tokens, "delta": 1e-5,
                        "seed": args.seed, "epsilons": list(epsilons), "seconds": round(time.perf_counter() - t0, 1),
-                       "decoding": decoding or "sanitize defaults"}
+                       "decoding": decoding or "sanitize defaults", "quantize": quantize,
+                       "scorer": "float32 (whole-sequence passes)"}
     res["markdown"] = format_quality(res)
     (out / "sanitize_quality.md").write_text(res["markdown"] + "\n")
     (out / "sanitize_quality.json").write_text(json.dumps(res, indent=2))

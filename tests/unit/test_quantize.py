@@ -1,0 +1,122 @@
+"""``load_model(quantize="int8")``: decode-step dynamic int8 Linear layers on the tiny random-weight model."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from dpinfer import models
+from dpinfer.errors import ConfigurationError
+
+
+@pytest.fixture(scope="module")
+def int8_lm(tiny_model_dir):
+    return models.load_model(str(tiny_model_dir), device="cpu", quantize="int8")
+
+
+def _linears(model, cls):
+    return [n for n, m in model.named_modules() if type(m) is cls]
+
+
+def test_int8_replaces_every_linear(int8_lm, tiny_lm):
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    assert int8_lm.quantize == "int8" and tiny_lm.quantize is None
+    n_float = len(_linears(tiny_lm.model, torch.nn.Linear))  # 2 layers x 7 projections + lm_head
+    assert n_float == 15
+    assert len(_linears(int8_lm.model, DynamicInt8Linear)) == n_float
+    wrapped = [m for m in int8_lm.model.modules() if type(m).__name__ == "DecodeInt8Linear"]
+    assert len(wrapped) == n_float
+    # the float32 layers stay (prompt processing) and the model still looks like an ordinary HF model
+    assert int8_lm.vocab_size == tiny_lm.vocab_size and int8_lm.dtype == torch.float32
+
+
+def _decode_logits(lm, ids, n_decode):
+    """Prompt in one pass, then the last ``n_decode`` tokens one at a time (the engine's decode shape)."""
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids[:, :-n_decode], use_cache=True)
+        cache, rows = out.past_key_values, [out.logits[:, -1]]
+        for t in range(ids.shape[1] - n_decode, ids.shape[1]):
+            out = lm.model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            rows.append(out.logits[:, -1])
+    return torch.stack(rows, 1).double()
+
+
+def test_int8_logits_close_to_float32(int8_lm, tiny_lm):
+    ids = torch.tensor([tiny_lm.encode("The applicant was born in 1970 and lives in Izmir. On 20 May 1998 the")] * 2)
+    ref = _decode_logits(tiny_lm, ids, 8)
+    got = _decode_logits(int8_lm, ids, 8)
+    # the prompt pass has many positions per row: float32 layers, bit-identical logits
+    assert torch.equal(got[:, 0], ref[:, 0])
+    # decode steps: int8 weights (per output channel) and 8-bit activations give ~0.5-1% relative error per layer;
+    # over 2 layers and lm_head this measures max |Δ| ≈ 1.5% of max |logit| and KL ≈ 3e-4 nats. The bounds leave a
+    # 3x / 15x margin for other CPUs' kernels, while a wrong scale or layout would move the logits by O(1) of it.
+    decode_ref, decode_got = ref[:, 1:], got[:, 1:]
+    assert not torch.equal(decode_got, decode_ref)  # the int8 kernels really ran
+    assert (decode_got - decode_ref).abs().max() <= 0.05 * decode_ref.abs().max()
+    p = decode_ref.log_softmax(-1)
+    kl = (p.exp() * (p - decode_got.log_softmax(-1))).sum(-1)
+    assert kl.max() < 5e-3
+
+
+def test_multi_position_passes_are_exactly_float32(int8_lm, tiny_lm):
+    """Scoring (PPL, LOSS attack) and prefill run whole sequences: identical to the float32 model."""
+    from dpinfer.eval.metrics import continuation_nll
+
+    ctx = [tiny_lm.encode("The applicant was born in 1970."), tiny_lm.encode("Mr Smith")]
+    out = tiny_lm.encode(" and lives in Izmir.")
+    assert continuation_nll(int8_lm, ctx, out) == continuation_nll(tiny_lm, ctx, out)
+
+
+def test_int8_engine_generates(int8_lm):
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.sampler import Sampler
+
+    out = Engine(int8_lm).generate([int8_lm.encode("The applicant")] * 3, Sampler(temperature=1.0),
+                                   max_new_tokens=6, min_new_tokens=6, seed=0)
+    assert all(len(s) == 6 for s in out.sequences)
+
+
+def test_no_quantisation_warnings(tiny_model_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        models.load_model(str(tiny_model_dir), device="cpu", quantize="int8")
+
+
+def test_bad_quantize_values(tiny_model_dir, monkeypatch):
+    with pytest.raises(ConfigurationError, match="accepted values: int8"):
+        models.load_model(str(tiny_model_dir), device="cpu", quantize="int4")
+    with pytest.raises(ConfigurationError, match="float32"):
+        models.load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16", quantize="int8")
+    # on a GPU: refused before anything is loaded
+    monkeypatch.setattr(models, "_pick_device", lambda device: torch.device("cuda"))
+    with pytest.raises(ConfigurationError, match="CPU-only"):
+        models.load_model(str(tiny_model_dir), device="cuda", dtype="float32", quantize="int8")
+
+
+def test_cli_quantize_flag_parses():
+    from dpinfer.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["sanitize", "doc.txt", "--quantize", "int8"]).quantize == "int8"
+    assert parser.parse_args(["sanitize", "doc.txt"]).quantize is None
+    assert parser.parse_args(["generate", "hi", "--quantize", "int8"]).quantize == "int8"
+    assert parser.parse_args(["bench", "sanitize", "--perf", "--quantize", "int8"]).quantize == "int8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sanitize", "doc.txt", "--quantize", "int4"])
+
+
+def test_bench_sanitize_perf_records_quantize(tiny_model_dir, shared_data, tmp_path):
+    from dpinfer.bench import sanitize as bench
+    from dpinfer.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "sanitize", "--perf", "--quantize", "int8", "--model",
+                                      str(tiny_model_dir), "--max-new-tokens", "4", "--max-chars", "600",
+                                      "--out", str(tmp_path)])
+    res = bench.main(args)
+    assert res["settings"]["quantize"] == "int8"
+    assert "int8 decode steps" in res["markdown"]
+    assert [r["config"] for r in res["rows"]] == ["original", "dp-fusion m=1", "dp-fusion m=4"]
