@@ -24,6 +24,10 @@ _LAZY = {
     "Guarantee": "dpinfer.accounting",
     "sanitize": "dpinfer.pipelines.sanitize",
     "SanitizeResult": "dpinfer.pipelines.sanitize",
+    "synthesize": "dpinfer.pipelines.synthesize",
+    "SynthesisResult": "dpinfer.pipelines.synthesize",
+    "Reference": "dpinfer.pipelines.synthesize",
+    "PromptTemplate": "dpinfer.pipelines.synthesize",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

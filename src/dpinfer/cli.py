@@ -66,7 +66,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_text_arg(args.prompt) if args.file else (sys.stdin.read() if args.prompt == "-" else args.prompt)
     if not prompt:
         raise InvalidInputError("the prompt is empty")
-    lm = load_model(args.model, device=args.device)
+    lm = load_model(args.model, device=args.device, quantize=args.quantize)
     kw: dict[str, Any] = {"lm": lm, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                           "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
     if args.chat:
@@ -165,7 +165,7 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
     for name, value in (group_eps or {}).items():
         if not value > 0:
             raise InvalidInputError(f"--group-epsilon {name} must be > 0, got {value:g}")
-    lm = load_model(args.model, device=args.device)
+    lm = load_model(args.model, device=args.device, quantize=args.quantize)
     extra: dict[str, Any] = {}
     if args.top_k is not None:
         extra["top_k"] = None if args.top_k == 0 else args.top_k
@@ -210,6 +210,93 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
     con.print(_guarantee_sentence(res))
     if args.out:
         con.print(f"[dim]rewrite written to {args.out}[/dim]")
+    return 0
+
+
+def _label_fields(items: Sequence[str] | None) -> list[str]:
+    fields: list[str] = []
+    for item in items or ():
+        fields.extend(f.strip() for f in item.split(",") if f.strip())
+    return fields
+
+
+def _template_arg(args: argparse.Namespace) -> Any:
+    from pathlib import Path
+
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.pipelines.synthesize import PromptTemplate
+
+    if not args.template_file:
+        return args.template
+    p = Path(args.template_file)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInputError(f"no such file: {p}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidInputError(f"{p} is not a JSON file") from None
+    if not (isinstance(data, dict) and isinstance(data.get("private"), str) and isinstance(data.get("public"), str)):
+        raise ConfigurationError(f'{p} must hold {{"private": "... {{reference}} ...", "public": "..."}}')
+    prefix = data.get("response_prefix", "")
+    if not isinstance(prefix, str):
+        raise ConfigurationError(f"{p}: response_prefix must be a string")
+    return PromptTemplate(private=data["private"], public=data["public"], response_prefix=prefix)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.synthesize import load_references, synthesize
+
+    if args.method != "public" and args.epsilon is None:
+        raise InvalidInputError("--epsilon is required (the target ε per reference), except with --method public")
+    if args.epsilon is not None and not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        raise InvalidInputError(f"--epsilon must be a finite number > 0, got {args.epsilon:g}")
+    refs = load_references(args.file, text_field=args.text_field, label_fields=_label_fields(args.label_fields),
+                           limit=args.limit)
+    template = _template_arg(args)
+    if args.batch_size < 1:
+        raise InvalidInputError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.method != "public" and len(refs) < args.batch_size:
+        raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {args.batch_size}; lower "
+                                "--batch-size or add references")
+    lm = load_model(args.model, device=args.device)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = _console(stderr=True)
+    with Progress(TextColumn(f"synthesizing ({args.method})"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("batches"), TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as prog:
+        task = prog.add_task("synth", total=None)
+
+        def progress(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        res = synthesize(refs, lm=lm, method=args.method, epsilon=args.epsilon, delta=args.delta,
+                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                         top_k=None if args.top_k == 0 else args.top_k, temperature=args.temperature,
+                         prompt_template=template, seed=args.seed, max_texts=args.max_texts,
+                         max_reference_tokens=args.max_reference_tokens or None, progress=progress)
+    res.write_jsonl(args.out)
+    if args.json:
+        _print_json({**res.header()["dpinfer"], "out": args.out})
+        return 0
+    con = _console()
+    g = res.guarantee
+    con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, "
+              f"{res.lm_calls_per_token} LM calls per token) written to {args.out}")
+    if res.references_left_out and args.method != "public":
+        con.print(f"[dim]{res.references_left_out} references were left out (label groups not filling a batch of "
+                  f"{args.batch_size}, or --max-texts)[/dim]")
+    if args.method == "adapmixed":
+        con.print("Guarantee: none ex ante. AdaPMixED's privacy loss depends on the references; each text records its "
+                  "realised (data-dependent) figure, which is not a differential-privacy guarantee.")
+    elif args.method == "public":
+        con.print("Guarantee: the texts were generated from the public prompt only; they reveal nothing about the "
+                  "references (ε = 0).")
+    else:
+        con.print(f"Guarantee: {g}")
+        con.print("It holds for every reference at once: the batches are disjoint and chosen without reading the "
+                  "texts, so the file as a whole has the guarantee of one text.")
     return 0
 
 
@@ -275,6 +362,21 @@ def cmd_bench_sanitize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_synth(args: argparse.Namespace) -> int:
+    from dpinfer.bench import synth as bench
+
+    prog, update = _progress_runner("bench synth")
+    with prog:
+        res = bench.main(args, progress=update)
+    if args.json:
+        _print_json(res)
+    else:
+        print(res["markdown"])
+        if res.get("plot"):
+            print(f"\nplot: {res['plot']}")
+    return 0
+
+
 def _bench_tagger(args: argparse.Namespace) -> int:
     from dpinfer.bench import tagger
 
@@ -282,6 +384,14 @@ def _bench_tagger(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- parser
+QUANTIZE_HELP = ("int8: CPU only; decode steps use dynamic int8 Linear layers (prompt processing stays float32): "
+                 "faster decoding, slightly different sampling distribution (default: off)")
+
+
+def _add_quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantize", default=None, choices=["int8"], help=QUANTIZE_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
@@ -302,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     g.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    _add_quantize(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
     g.add_argument("--top-k", type=int, default=None)
@@ -338,8 +449,43 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--seed", type=int, default=None)
     sz.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     sz.add_argument("--device", default=None)
+    _add_quantize(sz)
     sz.add_argument("--out", default=None, help="also write the rewrite to this file")
     sz.set_defaults(func=cmd_sanitize)
+
+    sy = sub.add_parser("synth", parents=[common], help="synthetic texts from a private corpus, (ε, δ) per reference",
+                        description="Generate synthetic texts that resemble a private corpus (InvisibleInk by "
+                                    "default), one text per disjoint batch of B references. The (ε, δ) guarantee per "
+                                    "reference is computed before the corpus is read and written into the output "
+                                    "file's first line, with the settings.")
+    sy.add_argument("file", help="the private corpus: a .jsonl or .csv file")
+    sy.add_argument("--text-field", required=True, help="the field holding each reference's text")
+    sy.add_argument("--label-fields", action="append", metavar="F1,F2",
+                    help="public label fields shown in the prompts (e.g. label1,label2 for Yelp); references are "
+                         "batched within equal labels")
+    sy.add_argument("--epsilon", type=float, default=None, help="target ε per reference (required but for public)")
+    sy.add_argument("--delta", type=float, default=1e-6, help="δ (default 1e-6)")
+    sy.add_argument("--batch-size", type=int, default=8, help="B references per text (compute ≈ B + 1 LM calls per "
+                                                              "token; default 8)")
+    sy.add_argument("--max-new-tokens", type=int, default=200, help="T_max per text (default 200)")
+    sy.add_argument("--method", default="invisibleink", choices=["invisibleink", "amin", "adapmixed", "public"],
+                    help="invisibleink (default) | amin | adapmixed (data-dependent, no guarantee) | public")
+    sy.add_argument("--top-k", type=int, default=50, help="k of Top-k+ (default 50; 0 = full vocabulary)")
+    sy.add_argument("--temperature", type=float, default=1.0, help="τ (default 1.0)")
+    sy.add_argument("--template", default="generic", choices=["generic", "yelp", "tab"],
+                    help="built-in prompt pair (default generic; yelp uses {label1} and {label2})")
+    sy.add_argument("--template-file", default=None,
+                    help='JSON {"private": "... {reference} ...", "public": "...", "response_prefix": "..."} '
+                         "(the prefix is optional); {field} names a label field")
+    sy.add_argument("--max-texts", type=int, default=None, help="stop after this many texts")
+    sy.add_argument("--max-reference-tokens", type=int, default=512,
+                    help="cut each reference to this many tokens (default 512; 0 = no cut)")
+    sy.add_argument("--limit", type=int, default=None, help="read only the first N records")
+    sy.add_argument("--seed", type=int, default=None, help="seeds the batching and the sampling")
+    sy.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
+    sy.add_argument("--device", default=None)
+    sy.add_argument("--out", required=True, help="output .jsonl (first line: guarantee and settings)")
+    sy.set_defaults(func=cmd_synth)
 
     m = sub.add_parser("models", parents=[common], help="list installed and cached models",
                        description="List the embedded model and the converted models in the cache.")
@@ -361,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description=bench_sanitize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_sanitize.add_arguments(bs)
     bs.set_defaults(func=cmd_bench_sanitize)
+    from dpinfer.bench import synth as bench_synth
+
+    bsy = bsub.add_parser("synth", parents=[common], help="synthetic-text MAUVE vs compute (B) at fixed ε, or --perf",
+                          description=bench_synth.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_synth.add_arguments(bsy)
+    bsy.set_defaults(func=cmd_bench_synth)
     try:
         from dpinfer.bench import tagger as bench_tagger
     except ImportError:  # pragma: no cover - module always ships; its heavy imports are lazy

@@ -1,0 +1,309 @@
+"""``dpinfer bench synth``: quality of DP synthetic text against compute (B) at fixed ε, and throughput.
+
+Quality run (default). The corpus (Yelp reviews by default; TAB texts with ``--data`` and ``--text-field text``) is
+split by record order into a *private* part (the references, the first ``--n-private`` records) and a *held-out* part
+(the next ``--n-real`` records, never shown to any method). For each method and each batch size B of ``--batch-sizes``,
+``--n-texts`` synthetic texts are generated at the target ε (``public`` once: it reads no reference), then:
+
+* MAUVE (Pillutla et al. 2021; mauve-text, optional GPL extra) between the synthetic texts and the held-out texts, on
+  all-MiniLM-L6-v2 sentence embeddings (the offline stand-in for the paper's all-mpnet-base-v2). The held-out texts
+  are cut to ``--max-new-tokens`` tokens, like the synthetic ones. The interval is a 95% t-interval over
+  ``--mauve-repeats`` repeats, each on a random 80% of both sets with its own k-means seed: it covers quantisation
+  and part of the sampling variability, not a new draw of texts.
+* PPL of synthetic and held-out texts under the LM, each given its label's public prompt, and ΔPPL = synthetic − real;
+* mean length (tokens), LM calls per token (B + 1; 1 for ``public``), tokens/s (prefill included), and for the
+  baselines the share of private tokens (Amin et al.) or of texts stopped by the data-dependent budget (AdaPMixED).
+
+``--perf``: InvisibleInk tokens/s with B = 8 against plain generation (``public``) of the same length on the same
+labels, EOS masked so that every run makes exactly ``--max-new-tokens`` tokens, in one run.
+
+Amin et al. runs with ``as_published`` sensitivity (C/B, the advantage the InvisibleInk paper grants it) unless
+``--amin-sound``; its sparse-vector cost is dpinfer's sound accounting either way (see dpinfer.mechanisms.amin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_METHODS = ("public", "invisibleink", "amin")
+DEFAULT_BATCH_SIZES = (2, 4, 8)
+
+
+def _t_interval(values: list[float]) -> tuple[float, float, float]:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    from scipy.stats import t
+
+    half = t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def mauve_with_interval(p: Any, q: Any, repeats: int, seed: int = 0) -> dict[str, float]:
+    """MAUVE mean and 95% interval over ``repeats`` random 80% subsets of both sets (own k-means seed each)."""
+    import numpy as np
+
+    from dpinfer.eval.mauve import mauve_score
+
+    rng = np.random.default_rng(seed)
+    scores = []
+    for r in range(repeats):
+        ip = rng.choice(len(p), size=max(2, int(0.8 * len(p))), replace=False)
+        iq = rng.choice(len(q), size=max(2, int(0.8 * len(q))), replace=False)
+        scores.append(mauve_score(p[ip], q[iq], seed=seed + r, threads=1).score)
+    mean, lo, hi = _t_interval(scores)
+    return {"mauve": mean, "mauve_low": lo, "mauve_high": hi, "mauve_scores": scores}
+
+
+def _ppl(lm: Any, context: list[int], text: str, max_tokens: int) -> tuple[float, int]:
+    from dpinfer.eval.metrics import perplexity
+
+    ids = lm.encode(text)[:max_tokens]
+    return (perplexity(lm, context, ids) if ids else math.nan), len(ids)
+
+
+def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str, ...],
+                batch_sizes: tuple[int, ...], epsilon: float, delta: float, n_texts: int, max_new_tokens: int,
+                top_k: int | None, temperature: float, template: str, seed: int, mauve_repeats: int,
+                amin_sound: bool, progress: Any = None) -> dict[str, Any]:
+    from dpinfer.eval.embeddings import load_embedder
+    from dpinfer.pipelines.synthesize import TEMPLATES, synthesize
+
+    emb = load_embedder()
+    tpl = TEMPLATES[template]
+
+    def public_ctx(labels: Any) -> list[int]:
+        return lm.encode(lm.instruction_prompt(tpl.render_public(labels)) + tpl.render_prefix(labels))
+
+    real_texts = [lm.decode(lm.encode(r.text)[:max_new_tokens]) for r in real]
+    real_ppl = [_ppl(lm, public_ctx(r.labels), r.text, max_new_tokens)[0] for r in real]
+    q = emb.encode(real_texts)
+    rows: list[dict[str, Any]] = []
+    for method in methods:
+        for b in (batch_sizes[-1:] if method == "public" else batch_sizes):
+            if progress:
+                progress(f"{method} B={b}")
+            options: dict[str, Any] = {}
+            if method == "amin" and not amin_sound:
+                options["as_published"] = True
+            res = synthesize(refs, lm=lm, method=method, epsilon=epsilon, delta=delta, batch_size=b,
+                             max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature,
+                             prompt_template=template, seed=seed, max_texts=n_texts, options=options)
+            texts = [t.text for t in res.texts]
+            ppl = [_ppl(lm, public_ctx(t.labels), t.text, max_new_tokens)[0] for t in res.texts]
+            ppl = [x for x in ppl if math.isfinite(x)]
+            p = emb.encode([t if t.strip() else "." for t in texts])
+            row: dict[str, Any] = {
+                "method": method, "B": b if method != "public" else 0,
+                "epsilon": None if method == "public" else epsilon,
+                "texts": len(texts), "mean_tokens": statistics.fmean(t.tokens for t in res.texts),
+                "ppl": statistics.median(ppl) if ppl else math.nan,
+                "lm_calls_per_token": res.lm_calls_per_token, "tokens_per_second": res.tokens_per_second,
+                "guarantee": res.guarantee.to_dict(),
+                **mauve_with_interval(p, q, mauve_repeats, seed),
+            }
+            row["delta_ppl"] = row["ppl"] - statistics.median(real_ppl)
+            if method == "amin":
+                priv = [t.private_tokens or 0 for t in res.texts]
+                row["private_token_share"] = sum(priv) / max(1, sum(t.tokens for t in res.texts))
+            if method == "adapmixed":
+                row["stopped_by_budget"] = sum(t.finish_reason == "budget" for t in res.texts) / len(res.texts)
+            row["examples"] = texts[:2]
+            rows.append(row)
+    return {"rows": rows, "real": {"n": len(real), "ppl": statistics.median(real_ppl),
+                                   "mean_tokens": statistics.fmean(len(lm.encode(t)) for t in real_texts)}}
+
+
+def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, template: str, seed: int,
+             repeats: int, epsilon: float, top_k: int | None) -> dict[str, Any]:
+    from dpinfer.engine import Engine
+    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, build_mechanism, partition
+
+    batches, _ = partition(refs, batch_size, seed)
+    public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]])
+    engine = Engine(lm)
+    out: dict[str, list[float]] = {"public": [], "invisibleink": []}
+    for r in range(repeats):
+        for method in ("public", "invisibleink"):
+            mech = build_mechanism(method, lm=lm, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
+                                   max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0)
+            contexts = [public] if method == "public" else [public, *private]
+            t0 = time.perf_counter()
+            res = engine.generate(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  seed=seed + r)
+            out[method].append(res.num_generated / (time.perf_counter() - t0))
+    plain = statistics.median(out["public"])
+    ink = statistics.median(out["invisibleink"])
+    return {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "prompt_tokens": [len(public), *[len(p) for p in private]],
+            "plain_tokens_per_second": plain, "invisibleink_tokens_per_second": ink, "ratio": ink / plain,
+            "runs": out}
+
+
+def format_quality(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lines = [
+        f"MAUVE vs {res['real']['n']} held-out texts (MiniLM embeddings), ε = {s['epsilon']:g}, δ = {s['delta']:g}, "
+        f"T_max = {s['max_new_tokens']}, {s['n_texts']} texts per row, model {s['model']}; real texts: median PPL "
+        f"{res['real']['ppl']:.1f}, {res['real']['mean_tokens']:.0f} tokens",
+        "",
+        "| method | B | LM calls/token | MAUVE (95% interval) | median PPL | ΔPPL | mean tokens | tokens/s | notes |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in res["rows"]:
+        note = ""
+        if "private_token_share" in r:
+            note = f"private tokens {r['private_token_share']:.0%}"
+        if "stopped_by_budget" in r:
+            note = f"stopped by its data-dependent budget: {r['stopped_by_budget']:.0%} of texts"
+        lines.append(
+            f"| {r['method']} | {r['B'] or '–'} | {r['lm_calls_per_token']} | {r['mauve']:.3f} "
+            f"({r['mauve_low']:.3f}–{r['mauve_high']:.3f}) | {r['ppl']:.1f} | {r['delta_ppl']:+.1f} | "
+            f"{r['mean_tokens']:.0f} | {r['tokens_per_second']:.1f} | {note} |"
+        )
+    return "\n".join(lines)
+
+
+def format_perf(res: dict[str, Any]) -> str:
+    return (
+        f"InvisibleInk B = {res['batch_size']} ({res['batch_size'] + 1} contexts): "
+        f"{res['invisibleink_tokens_per_second']:.2f} tokens/s vs plain generation "
+        f"{res['plain_tokens_per_second']:.2f} tokens/s: {res['ratio']:.2f}× "
+        f"({res['max_new_tokens']} tokens, prefill included, median of {res['repeats']})"
+    )
+
+
+def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in res["rows"]):
+        rows = [r for r in res["rows"] if r["method"] == method]
+        if method == "public":
+            r = rows[0]
+            ax.axhspan(r["mauve_low"], r["mauve_high"], color="grey", alpha=0.2)
+            ax.axhline(r["mauve"], color="grey", linestyle="--", label="public (no references)")
+            continue
+        xs = [r["lm_calls_per_token"] for r in rows]
+        ys = [r["mauve"] for r in rows]
+        err = [[y - r["mauve_low"] for y, r in zip(ys, rows, strict=True)],
+               [r["mauve_high"] - y for y, r in zip(ys, rows, strict=True)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("LM calls per token (B + 1)")
+    ax.set_ylabel("MAUVE vs held-out texts")
+    ax.set_title(f"ε = {res['settings']['epsilon']:g}, T_max = {res['settings']['max_new_tokens']}")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help="corpus .csv/.jsonl (default ../shared/data/yelp/yelp_reviews.csv)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--label-fields", default="label1,label2", help="public label fields ('' for none)")
+    p.add_argument("--template", default="yelp", choices=["generic", "yelp", "tab"])
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma-separated: public, invisibleink, amin, adapmixed")
+    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), help="B values, e.g. 2,4,8")
+    p.add_argument("--epsilon", type=float, default=10.0)
+    p.add_argument("--delta", type=float, default=1e-6)
+    p.add_argument("--n-texts", type=int, default=24, help="synthetic texts per (method, B)")
+    p.add_argument("--n-private", type=int, default=2000, help="records used as references")
+    p.add_argument("--n-real", type=int, default=200, help="held-out records MAUVE compares with")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=50, help="0 = full vocabulary")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--mauve-repeats", type=int, default=5)
+    p.add_argument("--amin-sound", action="store_true", help="Amin et al. with the sound 2C/B sensitivity")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None)
+    p.add_argument("--perf", action="store_true", help="throughput of InvisibleInk (B = 8) vs plain generation")
+    p.add_argument("--perf-batch-size", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=1, help="--perf repeats (median)")
+    p.add_argument("--out-dir", default="bench-out", help="where the JSON, markdown and PNG go")
+    p.add_argument("--append", action="store_true",
+                   help="add the rows to bench_synth.json of an earlier run with the same settings (to split a long "
+                        "sweep into several runs); the table and plot then show all rows")
+
+
+def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+    import json
+
+    from dpinfer._json import plain
+    from dpinfer.errors import ConfigurationError, DataNotFoundError
+    from dpinfer.models import load_model
+    from dpinfer.paths import data_file
+    from dpinfer.pipelines.synthesize import METHODS, load_references
+
+    path = Path(args.data) if args.data else data_file("yelp", "yelp_reviews.csv")
+    if not path.is_file():
+        raise DataNotFoundError(f"benchmark data not found: {path} (expected ../shared/data beside the repo, or "
+                                "$DPINFER_DATA, or --data)")
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    for m in methods:
+        if m not in METHODS:
+            raise ConfigurationError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    try:
+        sizes = tuple(int(x) for x in args.batch_sizes.split(",") if x.strip())
+    except ValueError:
+        raise ConfigurationError(f"--batch-sizes must be integers, got {args.batch_sizes!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ConfigurationError("--batch-sizes needs integers ≥ 1")
+    labels = [f.strip() for f in args.label_fields.split(",") if f.strip()]
+    records = load_references(path, text_field=args.text_field, label_fields=labels,
+                              limit=args.n_private + args.n_real)
+    if len(records) < args.n_private + args.n_real:
+        raise ConfigurationError(f"{path.name} has {len(records)} records, fewer than --n-private + --n-real")
+    refs, real = records[:args.n_private], records[args.n_private:]
+    if progress:
+        progress("loading the model")
+    lm = load_model(args.model)
+    top_k = None if args.top_k == 0 else args.top_k
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.perf:
+        res = run_perf(lm, refs, batch_size=args.perf_batch_size, max_new_tokens=args.max_new_tokens,
+                       template=args.template, seed=args.seed, repeats=args.repeats, epsilon=args.epsilon, top_k=top_k)
+        res["markdown"] = format_perf(res)
+        res["settings"] = {"model": lm.name, "data": str(path)}
+        (out_dir / "bench_synth_perf.json").write_text(json.dumps(plain(res), indent=2), encoding="utf-8")
+        return res
+    res = run_quality(lm, refs, real, methods=methods, batch_sizes=sizes, epsilon=args.epsilon, delta=args.delta,
+                      n_texts=args.n_texts, max_new_tokens=args.max_new_tokens, top_k=top_k,
+                      temperature=args.temperature, template=args.template, seed=args.seed,
+                      mauve_repeats=args.mauve_repeats, amin_sound=args.amin_sound, progress=progress)
+    res["settings"] = {"epsilon": args.epsilon, "delta": args.delta, "max_new_tokens": args.max_new_tokens,
+                       "n_texts": args.n_texts, "top_k": top_k, "temperature": args.temperature,
+                       "template": args.template, "model": lm.name, "data": str(path), "seed": args.seed,
+                       "amin_sensitivity": "2C/B (sound)" if args.amin_sound else "C/B (as published)"}
+    previous = out_dir / "bench_synth.json"
+    if args.append and previous.is_file():
+        old = json.loads(previous.read_text(encoding="utf-8"))
+        same = {k: v for k, v in old.get("settings", {}).items() if k != "seed"} == {
+            k: v for k, v in plain(res["settings"]).items() if k != "seed"}
+        if not same:
+            raise ConfigurationError(f"--append: {previous} was measured with other settings; use another --out-dir")
+        keys = {(r["method"], r["B"]) for r in res["rows"]}
+        res["rows"] = [r for r in old["rows"] if (r["method"], r["B"]) not in keys] + res["rows"]
+        if not math.isclose(old.get("real", {}).get("ppl", math.nan), res["real"]["ppl"], rel_tol=1e-4):
+            raise ConfigurationError("--append: the held-out texts differ from the earlier run's")
+    res["markdown"] = format_quality(res)
+    plot = plot_quality(res, out_dir / "bench_synth_mauve.png")
+    res["plot"] = str(plot) if plot else None
+    (out_dir / "bench_synth.json").write_text(json.dumps(plain(res), indent=2, ensure_ascii=False), encoding="utf-8")
+    (out_dir / "bench_synth.md").write_text(res["markdown"] + "\n", encoding="utf-8")
+    return res

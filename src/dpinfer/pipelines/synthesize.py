@@ -1,0 +1,461 @@
+"""Synthetic long-form text from a private corpus, with a per-reference guarantee (InvisibleInk, ALGORITHMS §2).
+
+Steps of :func:`synthesize`:
+
+1. **Partition** the references into disjoint batches of B, data-independently: references are grouped by their
+   public labels (e.g. Yelp's business category and stars, which the prompts show), each group is shuffled with the
+   seed and cut into batches of B; a remainder smaller than B is not used (it would need its own, larger ρ). The
+   partition depends on the seed, the labels and the order of the records only, never on their text, so the texts of
+   different batches compose in parallel: the whole output has the guarantee of one text.
+2. **Prompts** from a :class:`PromptTemplate`: the *public* prompt (instruction and labels, no reference) and one
+   *private* prompt per reference (``{reference}`` filled in). An empty reference is the null reference ⊥ of the
+   adjacency: its row is the public prompt. A reference longer than ``max_reference_tokens`` is cut to that many
+   tokens (a function of that reference alone).
+3. **Decode** each batch with the chosen method on the engine: B + 1 contexts, one KV cache, left padding.
+
+Methods: ``invisibleink`` (default), ``amin`` (Amin et al. 2024, sparse-vector test, fixed private-token cap),
+``adapmixed`` (Flemings et al. 2024; data-dependent: no guarantee ex ante, the realised figure is reported as such)
+and ``public`` (the public prompt only: no reference is read, the zero-privacy floor of utility, 1 LM call per token).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+    from dpinfer.models import LM
+
+METHODS = ("invisibleink", "amin", "adapmixed", "public")
+BATCH_METHODS = ("invisibleink", "amin", "adapmixed")
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The private and public prompts. ``{reference}`` marks the reference (private prompt only); ``{field}`` any
+    public label field of the record (e.g. ``{label1}``).
+
+    >>> t = PromptTemplate(private="Here is a review ({stars}).\\nText: \\"{reference}\\"\\nWrite another one.",
+    ...                    public="Write a review ({stars}).")
+    >>> t.render_private("Great food.", {"stars": "5.0"})
+    'Here is a review (5.0).\\nText: "Great food."\\nWrite another one.'
+    >>> t.render_public({"stars": "5.0"})
+    'Write a review (5.0).'
+    """
+
+    private: str
+    public: str
+    response_prefix: str = ""
+    """Public text that opens the model's answer in every context (e.g. ``"Review:\n"``): it steers a small model into
+    writing the text itself rather than a reply about it. It is part of the prompt, not of the released text."""
+
+    def __post_init__(self) -> None:
+        if "{reference}" not in self.private:
+            raise ConfigurationError("the private prompt template must contain {reference}")
+        if "{reference}" in self.public or "{reference}" in self.response_prefix:
+            raise ConfigurationError("the public prompt template and the response prefix must not contain {reference} "
+                                     "(they read no reference)")
+
+    def fields(self) -> set[str]:
+        """The label fields the templates use."""
+        import string
+
+        names = set()
+        for text in (self.private, self.public, self.response_prefix):
+            for _, name, _, _ in string.Formatter().parse(text):
+                if name:
+                    names.add(name)
+        names.discard("reference")
+        return names
+
+    def render_public(self, labels: Mapping[str, str]) -> str:
+        return self._format(self.public, labels)
+
+    def render_prefix(self, labels: Mapping[str, str]) -> str:
+        return self._format(self.response_prefix, labels)
+
+    def render_private(self, reference: str, labels: Mapping[str, str]) -> str:
+        return self._format(self.private, {**labels, "reference": reference})
+
+    @staticmethod
+    def _format(template: str, values: Mapping[str, str]) -> str:
+        try:
+            return template.format_map(dict(values))
+        except KeyError as exc:
+            raise ConfigurationError(
+                f"the prompt template uses {{{exc.args[0]}}}, which is not a label field of the records; pass it with "
+                "--label-fields / label_fields"
+            ) from None
+        except (ValueError, IndexError):
+            raise ConfigurationError(
+                "the prompt template is not a valid format string (escape literal braces as {{ }})"
+            ) from None
+
+
+TEMPLATES: dict[str, PromptTemplate] = {
+    "generic": PromptTemplate(
+        private='Here is a text.\nText: "{reference}"\nPlease write one more text of the same kind, style and length, '
+        "about a fictional subject.",
+        public="Please write a text.",
+    ),
+    "yelp": PromptTemplate(
+        private='Here is a text with {label1} and {label2} out of 5.0.\nText: "{reference}"\nPlease output one more '
+        "similar review of a fictional place with the same score and of the same category of business. Poor reviews "
+        "have lower scores and good reviews have higher scores.",
+        public="Please give me a fake Yelp customer review of a fictional business with {label1} and {label2} out of "
+        "5.0. Poor reviews have lower scores and good reviews have higher scores.",
+        response_prefix="Review:\n",
+    ),
+    "tab": PromptTemplate(
+        private="Here is the text of a case transcript set before the European Court for Human Rights.\n"
+        'Text: "{reference}"\nPlease output a similar transcript of a fictional case under the European Court for '
+        'Human Rights. Begin with the phrase: "PROCEDURE: The case originated in an application".',
+        public="Please output a transcript of a fictional case under the European Court for Human Rights. Begin with "
+        'the phrase: "PROCEDURE: The case originated in an application".',
+        response_prefix="PROCEDURE: The case originated in an application",
+    ),
+}
+"""Prompt templates after the InvisibleInk paper's Table 5 (Yelp's labels are ``label1`` = "Business Category: …" and
+``label2`` = "Review Stars: …" in ../shared/data/yelp). The response prefixes keep the 135M model writing the text
+itself: without one it mostly answers "Sure, I'd be happy to help…" to the private prompts (docs/synthesize.md)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One private record: its ``text`` (private) and public ``labels``."""
+
+    text: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_references(path: str | Path, *, text_field: str, label_fields: Sequence[str] = (),
+                    limit: int | None = None) -> list[Reference]:
+    """Records of a ``.jsonl`` or ``.csv`` file. Errors name the file, row and field, never the content."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataNotFoundError(f"no such file: {p}")
+    suffix = p.suffix.lower()
+    if suffix not in (".jsonl", ".csv"):
+        raise InvalidInputError(f"{p.name}: give a .jsonl or .csv file (got {suffix or 'no suffix'})")
+    try:
+        raw = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{p.name} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    if "\x00" in raw:
+        raise InvalidInputError(f"{p.name} looks binary (it contains NUL bytes)")
+    rows: list[tuple[int, Mapping[str, Any]]] = []
+    if suffix == ".jsonl":
+        for i, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InvalidInputError(f"{p.name}, line {i}: not valid JSON") from None
+            if not isinstance(obj, dict):
+                raise InvalidInputError(f"{p.name}, line {i}: each line must be a JSON object")
+            rows.append((i, obj))
+    else:
+        csv.field_size_limit(1 << 28)
+        reader = csv.DictReader(raw.splitlines())
+        if reader.fieldnames is None:
+            raise InvalidInputError(f"{p.name} is empty")
+        rows = [(i, row) for i, row in enumerate(reader, start=2)]
+    if not rows:
+        raise InvalidInputError(f"{p.name} holds no records")
+    refs = []
+    for where, row in rows:
+        for name in (text_field, *label_fields):
+            if name not in row:
+                present = ", ".join(sorted(map(str, row)))[:200]
+                raise InvalidInputError(f"{p.name}, record at line {where}: no field {name!r} (fields: {present})")
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise InvalidInputError(f"{p.name}, record at line {where}: field {text_field!r} is not a string")
+        labels = {name: str(row[name]) for name in label_fields}
+        refs.append(Reference(text=text, labels=labels))
+        if limit is not None and len(refs) >= limit:
+            break
+    return refs
+
+
+def partition(references: Sequence[Reference], batch_size: int, seed: int | None) -> tuple[list[list[int]], int]:
+    """Disjoint batches of ``batch_size`` record indices, and the number of records left out.
+
+    Records are grouped by their public labels (groups in order of first appearance), each group is shuffled with
+    ``random.Random(seed)`` and cut into batches; a group's remainder (< B) is left out. Data-independent: the text of a
+    record plays no part.
+
+    >>> refs = [Reference("a", {"s": "1"}), Reference("b", {"s": "2"}), Reference("c", {"s": "1"})]
+    >>> partition(refs, 2, seed=0)
+    ([[2, 0]], 1)
+    """
+    groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+    for i, ref in enumerate(references):
+        groups.setdefault(tuple(sorted(ref.labels.items())), []).append(i)
+    rng = random.Random(0 if seed is None else seed)
+    batches, left = [], 0
+    for members in groups.values():
+        members = list(members)
+        rng.shuffle(members)
+        full = len(members) // batch_size * batch_size
+        batches.extend(members[j:j + batch_size] for j in range(0, full, batch_size))
+        left += len(members) - full
+    return batches, left
+
+
+@dataclass
+class SyntheticText:
+    """One synthetic text (from one batch)."""
+
+    text: str
+    labels: Mapping[str, str]
+    batch: int
+    tokens: int
+    finish_reason: str
+    private_tokens: int | None = None
+    data_dependent: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"text": self.text, "labels": dict(self.labels), "batch": self.batch, "tokens": self.tokens,
+               "finish_reason": self.finish_reason}
+        if self.private_tokens is not None:
+            out["private_tokens"] = self.private_tokens
+        if self.data_dependent:
+            out["data_dependent"] = dict(self.data_dependent)
+        return out
+
+
+@dataclass
+class SynthesisResult:
+    """Output of :func:`synthesize`: the texts, the ex-ante guarantee (per reference), settings and timing."""
+
+    texts: list[SyntheticText]
+    guarantee: Guarantee
+    method: str
+    settings: dict[str, Any]
+    references_used: int
+    references_left_out: int
+    seconds: float
+    lm_calls_per_token: int
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(t.tokens for t in self.texts)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def header(self) -> dict[str, Any]:
+        """The record written first in an output file: guarantee, settings and counts (no private text)."""
+        return {"dpinfer": {"kind": "synthesis", "method": self.method, "guarantee": self.guarantee.to_dict(),
+                            "settings": self.settings, "references_used": self.references_used,
+                            "references_left_out": self.references_left_out, "texts": len(self.texts),
+                            "lm_calls_per_token": self.lm_calls_per_token,
+                            "tokens_per_second": round(self.tokens_per_second, 3)}}
+
+    def write_jsonl(self, path: str | Path) -> None:
+        """Write the header line then one JSON object per text; written aside and renamed (no partial file)."""
+        from dpinfer._json import plain
+
+        p = Path(path)
+        tmp = p.with_name(p.name + ".part")
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(plain(self.header()), ensure_ascii=False) + "\n")
+            for t in self.texts:
+                f.write(json.dumps(plain(t.to_dict()), ensure_ascii=False) + "\n")
+        tmp.replace(p)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.header()["dpinfer"], "texts": [t.to_dict() for t in self.texts]}
+
+
+def _check_positive(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _encode_reference(lm: LM, text: str, max_tokens: int | None) -> str:
+    if max_tokens is None:
+        return text
+    ids = lm.encode(text)
+    return text if len(ids) <= max_tokens else lm.decode(ids[:max_tokens], skip_special_tokens=False)
+
+
+def batch_contexts(lm: LM, template: PromptTemplate, batch: Sequence[Reference],
+                   max_reference_tokens: int | None = 512) -> list[list[int]]:
+    """Token ids of the public prompt (row 0) and of one private prompt per reference (rows 1..B).
+
+    The labels of the batch's first reference fill the templates (a batch shares its labels). An empty reference is
+    the null reference ⊥ of the adjacency: its row is the public prompt. References are cut to
+    ``max_reference_tokens`` tokens.
+    """
+    labels = batch[0].labels
+    prefix = template.render_prefix(labels)
+    public = lm.encode(lm.instruction_prompt(template.render_public(labels)) + prefix)
+    rows = [public]
+    for ref in batch:
+        if not ref.text.strip():
+            rows.append(public)
+            continue
+        body = _encode_reference(lm, ref.text, max_reference_tokens)
+        rows.append(lm.encode(lm.instruction_prompt(template.render_private(body, labels)) + prefix))
+    return rows
+
+
+def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
+                    top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> Any:
+    """The calibrated mechanism of ``method`` (``public``: the plain sampler)."""
+    from dpinfer.mechanisms import get_mechanism
+    from dpinfer.mechanisms.adapmixed import AdaPMixED
+    from dpinfer.mechanisms.amin import AminSVT
+    from dpinfer.mechanisms.invisibleink import InvisibleInk
+
+    opts = dict(options or {})
+    if method == "public":
+        return get_mechanism("sampler", temperature=temperature, top_k=top_k, mode="joint")
+    eps = _check_positive(epsilon, "epsilon")
+    if method == "invisibleink":
+        return InvisibleInk.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_k=top_k, **opts)
+    if method == "amin":
+        return AminSVT.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                  temperature=temperature, **opts)
+    if method == "adapmixed":
+        return AdaPMixED(batch_size=batch_size, epsilon=eps, delta=delta, temperature=temperature, top_k=top_k, **opts)
+    raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _public_guarantee(delta: float, t_max: int) -> Guarantee:
+    from dpinfer.accounting import Guarantee
+
+    return Guarantee(epsilon=0.0, delta=delta, mechanism="public",
+                     adjacency="any change to the references (the public prompt reads none)",
+                     parameters={"T_max": t_max}, max_new_tokens=t_max)
+
+
+def synthesize(
+    references: Sequence[Reference | str],
+    *,
+    lm: LM | str | None = None,
+    method: str = "invisibleink",
+    epsilon: float | None = None,
+    delta: float = 1e-6,
+    batch_size: int = 8,
+    max_new_tokens: int = 200,
+    top_k: int | None = 50,
+    temperature: float = 1.0,
+    prompt_template: PromptTemplate | str | None = None,
+    seed: int | None = None,
+    max_texts: int | None = None,
+    max_reference_tokens: int | None = 512,
+    options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SynthesisResult:
+    """Generate one synthetic text per disjoint batch of ``batch_size`` references (see the module docstring).
+
+    Args:
+        references: the private records (:class:`Reference`, or plain strings without labels).
+        lm: model (default: the embedded SmolLM2-135M-Instruct).
+        method: ``invisibleink`` | ``amin`` | ``adapmixed`` | ``public``.
+        epsilon: target ε per reference (for ``adapmixed``: the budget of its data-dependent accounting).
+        delta: δ.
+        batch_size: B references per text (the engine steps B + 1 contexts; compute ≈ B + 1 LM calls per token).
+        max_new_tokens: ``T_max`` per text (the guarantee is computed for it).
+        top_k: Top-k⁺ parameter (InvisibleInk), public support (AdaPMixED) or plain top-k (public); None = full
+            vocabulary.
+        temperature: τ.
+        prompt_template: a :class:`PromptTemplate` or the name of one in :data:`TEMPLATES` (default ``"generic"``).
+        seed: seeds the partition and the sampling.
+        max_texts: stop after this many batches (the guarantee is unchanged: it holds per reference).
+        max_reference_tokens: cut each reference to this many tokens (None: no cut).
+        options: extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``).
+        progress: called as ``progress(batches_done, batches_total)``.
+    """
+    from dpinfer.engine import Engine
+    from dpinfer.generation import resolve_lm
+
+    if method not in METHODS:
+        raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigurationError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
+    if method != "public":
+        _check_positive(epsilon, "epsilon")
+    if not 0 < delta < 1:
+        raise ConfigurationError(f"delta must lie in (0, 1), got {delta!r}")
+    _check_positive(temperature, "temperature")
+    refs = [r if isinstance(r, Reference) else Reference(str(r)) for r in references]
+    if not refs:
+        raise InvalidInputError("the reference corpus is empty")
+    if method in BATCH_METHODS and len(refs) < batch_size:
+        raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {batch_size}; lower "
+                                "--batch-size or add references")
+    if isinstance(prompt_template, str):
+        if prompt_template not in TEMPLATES:
+            raise ConfigurationError(f"unknown prompt template {prompt_template!r}; choose one of "
+                                     f"{', '.join(TEMPLATES)} or pass a PromptTemplate")
+        template = TEMPLATES[prompt_template]
+    else:
+        template = prompt_template or TEMPLATES["generic"]
+    missing = template.fields() - set(refs[0].labels)
+    if missing:
+        raise ConfigurationError(f"the prompt template uses label field(s) {sorted(missing)} that the records do not "
+                                 "carry; pass them with --label-fields / label_fields")
+    model = resolve_lm(lm)
+    # ``public`` reads no reference but writes one text per would-be batch, for a like-for-like number of texts
+    batches, _ = partition(refs, batch_size, seed)
+    if not batches:
+        raise InvalidInputError(f"no label group holds B = {batch_size} references; lower --batch-size")
+    if max_texts is not None:
+        batches = batches[:max_texts]
+    mech = build_mechanism(method, lm=model, epsilon=epsilon, delta=delta, batch_size=batch_size,
+                           max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
+    guarantee = _public_guarantee(delta, max_new_tokens) if method == "public" else mech.guarantee(max_new_tokens)
+    engine = Engine(model)
+    texts: list[SyntheticText] = []
+    t0 = time.perf_counter()
+    base_seed = 0 if seed is None else int(seed)
+    for b, members in enumerate(batches):
+        labels = refs[members[0]].labels
+        contexts = batch_contexts(model, template, [refs[i] for i in members], max_reference_tokens)
+        if method == "public":
+            contexts = contexts[:1]
+        out = engine.generate(contexts, mech, max_new_tokens=max_new_tokens,
+                              seed=None if seed is None else base_seed * 1_000_003 + b)
+        ids = out.sequences[0]
+        private = None
+        dd: dict[str, Any] = {}
+        if out.steps and "private" in out.steps[0]:
+            private = int(sum(s.get("private", 0.0) for s in out.steps))
+        if method == "adapmixed":
+            dd["spent"] = mech.spend().to_dict()
+        if method == "invisibleink" and out.steps and "expanded" in out.steps[0]:
+            dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
+        texts.append(SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
+                                   finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd))
+        if progress is not None:
+            progress(b + 1, len(batches))
+    seconds = time.perf_counter() - t0
+    settings = {"epsilon": epsilon, "delta": delta, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                "top_k": top_k, "temperature": temperature, "seed": seed, "model": model.name,
+                "max_reference_tokens": max_reference_tokens,
+                "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
+                "options": dict(options or {})}
+    used = 0 if method == "public" else sum(len(m) for m in batches)
+    return SynthesisResult(texts=texts, guarantee=guarantee, method=method, settings=settings, references_used=used,
+                           references_left_out=len(refs) - used,
+                           seconds=seconds, lm_calls_per_token=1 if method == "public" else batch_size + 1)

@@ -1,0 +1,239 @@
+"""The synthesis pipeline (dpinfer.synthesize) and ``dpinfer synth`` on the tiny random-weight model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dpinfer.cli import main as cli_main
+from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
+from dpinfer.pipelines.synthesize import (
+    TEMPLATES,
+    PromptTemplate,
+    Reference,
+    load_references,
+    partition,
+    synthesize,
+)
+
+REVIEWS = [
+    ("The pasta was fresh and the staff were kind.", "Restaurants", "5.0"),
+    ("Slow service, cold fries, never again.", "Restaurants", "1.0"),
+    ("Great haircut, friendly barber.", "Beauty", "5.0"),
+    ("Lovely pizza and a quiet room.", "Restaurants", "5.0"),
+    ("They lost my booking twice.", "Hotels", "2.0"),
+    ("Best tacos in town.", "Restaurants", "5.0"),
+    ("Clean rooms and a good breakfast.", "Hotels", "4.0"),
+    ("The soup was salty but the bread was great.", "Restaurants", "5.0"),
+    ("", "Restaurants", "5.0"),
+]
+TEMPLATE = PromptTemplate(private='Review ({cat}, {stars}): "{reference}". Write another.',
+                          public="Write a review ({cat}, {stars}).")
+
+
+def _refs() -> list[Reference]:
+    return [Reference(t, {"cat": c, "stars": s}) for t, c, s in REVIEWS]
+
+
+def test_partition_is_disjoint_label_pure_seeded_and_text_independent() -> None:
+    refs = _refs()
+    batches, left = partition(refs, 2, seed=3)
+    flat = [i for b in batches for i in b]
+    assert len(flat) == len(set(flat)) and len(flat) + left == len(refs)
+    for b in batches:
+        assert len(b) == 2 and len({tuple(sorted(refs[i].labels.items())) for i in b}) == 1
+    assert partition(refs, 2, seed=3) == (batches, left)
+    other_text = [Reference("x" * (i + 1), r.labels) for i, r in enumerate(refs)]
+    assert partition(other_text, 2, seed=3) == (batches, left)  # the texts play no part
+
+
+def test_templates_render_and_validate() -> None:
+    assert "{reference}" in TEMPLATES["yelp"].private and "{reference}" not in TEMPLATES["yelp"].public
+    assert TEMPLATES["yelp"].fields() == {"label1", "label2"}
+    with pytest.raises(ConfigurationError, match="reference"):
+        PromptTemplate(private="no slot", public="p")
+    with pytest.raises(ConfigurationError, match="must not"):
+        PromptTemplate(private="{reference}", public="{reference}")
+    with pytest.raises(ConfigurationError, match="label field"):
+        PromptTemplate(private="{reference} {x}", public="p").render_private("r", {})
+
+
+def test_load_references_jsonl_and_csv(tmp_path: Path) -> None:
+    j = tmp_path / "c.jsonl"
+    j.write_text("\n".join(json.dumps({"body": t, "cat": c}) for t, c, _ in REVIEWS[:3]) + "\n", encoding="utf-8")
+    refs = load_references(j, text_field="body", label_fields=["cat"])
+    assert [r.text for r in refs] == [t for t, _, _ in REVIEWS[:3]] and refs[0].labels == {"cat": "Restaurants"}
+    c = tmp_path / "c.csv"
+    c.write_text('text,stars\n"a, b",5\nc,4\n', encoding="utf-8")
+    assert [r.text for r in load_references(c, text_field="text", label_fields=["stars"])] == ["a, b", "c"]
+    assert len(load_references(c, text_field="text", limit=1)) == 1
+
+
+@pytest.mark.parametrize(
+    "content,suffix,field,error,match",
+    [
+        ("", ".csv", "text", InvalidInputError, "empty"),
+        ("\n\n", ".jsonl", "text", InvalidInputError, "no records"),
+        ('{"body": "secret words"}\n', ".jsonl", "text", InvalidInputError, "no field 'text'"),
+        ("not json\n", ".jsonl", "text", InvalidInputError, "line 1: not valid JSON"),
+        ('{"text": 3}\n', ".jsonl", "text", InvalidInputError, "not a string"),
+        ("x", ".txt", "text", InvalidInputError, ".jsonl or .csv"),
+    ],
+)
+def test_load_references_errors_name_the_place_not_the_content(tmp_path: Path, content: str, suffix: str,
+                                                               field: str, error: type, match: str) -> None:
+    p = tmp_path / f"c{suffix}"
+    p.write_text(content, encoding="utf-8")
+    with pytest.raises(error, match=match) as exc:
+        load_references(p, text_field=field)
+    assert "secret" not in str(exc.value)
+
+
+def test_load_references_missing_file() -> None:
+    with pytest.raises(DataNotFoundError):
+        load_references("/nonexistent/c.csv", text_field="text")
+
+
+@pytest.mark.parametrize("method", ["invisibleink", "amin", "adapmixed", "public"])
+def test_synthesize_runs_every_method(tiny_lm, method: str, tmp_path: Path) -> None:
+    res = synthesize(_refs(), lm=tiny_lm, method=method, epsilon=8.0, batch_size=2, max_new_tokens=6,
+                     prompt_template=TEMPLATE, seed=1, max_reference_tokens=8)
+    assert len(res.texts) == 2  # Restaurants 5.0 has 5 records (one empty): 2 batches of 2; the others none
+    assert all(t.tokens <= 6 and t.labels == {"cat": "Restaurants", "stars": "5.0"} for t in res.texts)
+    assert res.lm_calls_per_token == (1 if method == "public" else 3)
+    g = res.guarantee
+    if method in ("invisibleink", "amin"):
+        assert g.epsilon <= 8.0 + 1e-9 and g.ex_ante and g.max_new_tokens == 6
+    elif method == "public":
+        assert g.epsilon == 0.0 and res.references_used == 0
+    else:
+        assert math.isinf(g.epsilon) and all("spent" in t.data_dependent for t in res.texts)
+    out = tmp_path / "o.jsonl"
+    res.write_jsonl(out)
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert lines[0]["dpinfer"]["guarantee"]["mechanism"] == method
+    assert lines[0]["dpinfer"]["settings"]["batch_size"] == 2 and len(lines) == 3
+    assert all("text" in x for x in lines[1:])
+
+
+def test_synthesize_is_reproducible_with_a_seed(tiny_lm) -> None:
+    kw = {"lm": tiny_lm, "epsilon": 5.0, "batch_size": 2, "max_new_tokens": 8, "prompt_template": TEMPLATE,
+          "seed": 4}
+    assert [t.text for t in synthesize(_refs(), **kw).texts] == [t.text for t in synthesize(_refs(), **kw).texts]
+
+
+def test_the_null_reference_uses_the_public_prompt(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replace-by-null: an empty reference's context IS the public prompt, so its clipped difference is 0 and a batch
+    of null references releases the public distribution."""
+    import torch
+
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.invisibleink import InvisibleInk
+
+    seen: list[list[list[int]]] = []
+    real_generate = Engine.generate
+
+    def spy(self, contexts, mechanism, **kw):
+        seen.append([list(c) for c in contexts])
+        return real_generate(self, contexts, mechanism, **kw)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    refs = [Reference("", {"cat": "R", "stars": "5"}), Reference("Tasty soup.", {"cat": "R", "stars": "5"})]
+    synthesize(refs, lm=tiny_lm, epsilon=5.0, batch_size=2, max_new_tokens=3, prompt_template=TEMPLATE, seed=2)
+    (contexts,) = seen
+    assert len(contexts) == 3
+    assert contexts.count(contexts[0]) == 2  # the public row and the null reference's row
+    mech = InvisibleInk.calibrated(epsilon=5.0, delta=1e-6, batch_size=2, max_new_tokens=6, top_k=None)
+    z = torch.randn(1, 7, dtype=torch.float64).expand(3, 7)
+    p, _ = mech.distribution(z)
+    assert torch.allclose(p, torch.softmax(z[0], -1))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"references": []}, InvalidInputError, "empty"),
+        ({"batch_size": 20}, InvalidInputError, "fewer than one batch"),
+        ({"epsilon": 0.0}, ConfigurationError, "epsilon"),
+        ({"epsilon": -1.0}, ConfigurationError, "epsilon"),
+        ({"method": "nope"}, ConfigurationError, "unknown method"),
+        ({"prompt_template": "nope"}, ConfigurationError, "unknown prompt template"),
+        ({"prompt_template": "yelp"}, ConfigurationError, "label field"),
+        ({"max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
+    ],
+)
+def test_synthesize_rejects_bad_input(tiny_lm, kwargs: dict, error: type, match: str) -> None:
+    args = {"references": _refs(), "lm": tiny_lm, "epsilon": 5.0, "batch_size": 2, "max_new_tokens": 4,
+            "prompt_template": TEMPLATE, **kwargs}
+    refs = args.pop("references")
+    with pytest.raises(error, match=match):
+        synthesize(refs, **args)
+
+
+def _write_corpus(tmp_path: Path) -> Path:
+    p = tmp_path / "corpus.csv"
+    rows = ["text,cat,stars"] + [f'"{t}",{c},{s}' for t, c, s in REVIEWS]
+    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return p
+
+
+def test_cli_synth_writes_the_guarantee_and_texts(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    corpus = _write_corpus(tmp_path)
+    tpl = tmp_path / "tpl.json"
+    tpl.write_text(json.dumps({"private": TEMPLATE.private, "public": TEMPLATE.public}), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    rc = cli_main(["synth", str(corpus), "--text-field", "text", "--label-fields", "cat,stars", "--epsilon", "6",
+                   "--batch-size", "2", "--max-new-tokens", "5", "--template-file", str(tpl), "--out", str(out),
+                   "--model", str(tiny_model_dir), "--seed", "0", "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["guarantee"]["epsilon"] <= 6.0 and summary["texts"] == 2
+    header = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
+    assert header["dpinfer"]["settings"]["epsilon"] == 6.0
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--epsilon", "0"], "--epsilon must be"),
+        (["--epsilon", "-2"], "--epsilon must be"),
+        (["--epsilon", "5", "--batch-size", "50"], "fewer than one batch"),
+        (["--epsilon", "5", "--text-field", "body"], "no field 'body'"),
+        ([], "--epsilon is required"),
+    ],
+)
+def test_cli_synth_bad_input_is_one_line(tiny_model_dir: Path, tmp_path: Path, capsys, extra: list[str],
+                                         match: str) -> None:
+    corpus = _write_corpus(tmp_path)
+    args = ["synth", str(corpus), "--text-field", "text", "--out", str(tmp_path / "o.jsonl"),
+            "--model", str(tiny_model_dir), *extra]
+    if "--text-field" in extra:
+        args.remove("--text-field")
+        args.remove("text")
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_cli_synth_empty_corpus(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    p = tmp_path / "e.jsonl"
+    p.write_text("", encoding="utf-8")
+    assert cli_main(["synth", str(p), "--text-field", "text", "--epsilon", "3", "--out", str(tmp_path / "o.jsonl"),
+                     "--model", str(tiny_model_dir)]) == 2
+    assert "no records" in capsys.readouterr().err
+
+
+def test_response_prefix_opens_every_context(tiny_lm) -> None:
+    from dpinfer.pipelines.synthesize import batch_contexts
+
+    tpl = PromptTemplate(private=TEMPLATE.private, public=TEMPLATE.public, response_prefix="Review ({stars}):\n")
+    rows = batch_contexts(tiny_lm, tpl, _refs()[:2])
+    tail = tiny_lm.encode("Review (5.0):\n")
+    assert len(rows) == 3 and all(r[-len(tail):] == tail for r in rows)
+    assert tpl.fields() == {"cat", "stars"}
+    with pytest.raises(ConfigurationError, match="response prefix"):
+        PromptTemplate(private="{reference}", public="p", response_prefix="{reference}")
