@@ -128,13 +128,13 @@ class AdaPMixED(Mechanism):
         lp, lq = logp[0], logp[1:]
         lq = torch.where(torch.isnan(lq[:, :1]), lp.expand_as(lq), lq)
         b = self.bound
-        bounds = torch.full((self.batch_size,), b, dtype=torch.float64)
+        bounds = torch.full((self.batch_size,), b, dtype=torch.float64, device=lp.device)
         lam, div = mollify_with_divergence(lp, lq, bounds, self.alpha, self.tol)
         q = mix(lp, lq, lam).exp()  # (B, S)
         p_hat = q.mean(dim=0)
         # noisy screening (a Gaussian mechanism: sensitivity b/B, std σ_s·b/B)
         screen_rdp = self._orders / (2.0 * self.screening_noise**2)
-        noise = torch.randn(1, dtype=torch.float64, generator=generator).item()
+        noise = torch.randn(1, dtype=torch.float64, generator=generator, device=generator.device).item()
         noise *= self.screening_noise * b / self.batch_size
         private = float(div.mean()) + noise > self.screening_threshold * b
         cost = screen_rdp
@@ -146,7 +146,7 @@ class AdaPMixED(Mechanism):
             step = torch.stack([
                 torch.maximum(renyi_divergence(log_hat, log_nb, a), renyi_divergence(log_nb, log_hat, a)).max()
                 for a in ORDERS
-            ])
+            ]).cpu()
             cost = cost + step
         if self._converted(self._spent + cost) > self.epsilon:
             self._spent += screen_rdp  # the screening ran; its loss is spent even though nothing is released

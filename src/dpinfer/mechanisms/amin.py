@@ -217,7 +217,7 @@ class AminSVT(Mechanism):
         self._noisy_threshold = None
 
     def _laplace(self, scale: float, generator: torch.Generator) -> float:
-        u = torch.rand(1, dtype=torch.float64, generator=generator).item() - 0.5
+        u = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).item() - 0.5
         return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
