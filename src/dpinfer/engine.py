@@ -31,6 +31,10 @@ from dpinfer.models import LM
 MIN_SHARED_PREFIX = 8
 """Shortest common prefix worth a separate prefill (below it, batching everything is as fast)."""
 
+SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"})
+"""Architectures whose logits are exactly ``lm_head(final hidden state)``: the engine may then compute the private rows'
+logits on a public subset of columns only (:meth:`Mechanism.private_columns`)."""
+
 PER_ROW_PREFILL = 0.7
 """With the static cache, rows are prefilled one at a time when their real tokens fill less than this share of the
 left-padded batch (e.g. references of very different lengths): the padding would cost more than the lost batching."""
@@ -111,10 +115,55 @@ class Engine:
             the dynamic cache, exactly as Hugging Face ``generate`` does.
     """
 
-    def __init__(self, lm: LM, *, prefix_sharing: bool = True, static_cache: bool = True) -> None:
+    def __init__(self, lm: LM, *, prefix_sharing: bool = True, static_cache: bool = True,
+                 split_head: bool = True) -> None:
         self.lm = lm
         self.prefix_sharing = prefix_sharing
         self.static_cache = static_cache
+        self.split_head = split_head
+
+    # ------------------------------------------------------------------ split output head
+    def _head_splits(self) -> bool:
+        """Whether the logits are exactly ``lm_head(last hidden state)`` (no soft-capping or scaling), so that the
+        head may be applied to some columns only."""
+        model = self.lm.model
+        config = model.config
+        if getattr(config, "model_type", None) not in SPLIT_HEAD_MODEL_TYPES:
+            return False
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+            return False
+        head = model.get_output_embeddings()
+        return isinstance(head, torch.nn.Linear) or hasattr(head, "float_linear")
+
+    def _split_step(self, next_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+                    mechanism: Mechanism, generated: list[list[int]], processors: Sequence[Any],
+                    eos: torch.Tensor | None) -> torch.Tensor:
+        """One decode step whose output head runs on the public row in full and on the private rows only for the
+        columns the mechanism asks for (:meth:`Mechanism.private_columns`, decided from the public row after the same
+        public processors); the other private entries are ``-inf``."""
+        model = self.lm.model
+        out = model.get_decoder()(input_ids=next_ids, attention_mask=mask, position_ids=pos.unsqueeze(1),
+                                  past_key_values=cache, use_cache=True)
+        hidden = out.last_hidden_state[:, -1, :]
+        head = model.get_output_embeddings()
+        public = head(hidden[:1])
+        probe = public.to(torch.float64)
+        if eos is not None and eos.numel():
+            probe[:, eos] = -torch.inf
+        for proc in processors:
+            probe = proc(generated, probe)
+        cols = mechanism.private_columns(probe[0])
+        if cols is None:
+            return torch.cat([public, head(hidden[1:])])
+        weight = getattr(head, "float_linear", head).weight
+        private = hidden[1:] @ weight.index_select(0, cols).T
+        bias = getattr(getattr(head, "float_linear", head), "bias", None)
+        if bias is not None:
+            private = private + bias.index_select(0, cols)
+        logits = public.new_full((hidden.shape[0], public.shape[-1]), -torch.inf)
+        logits[:1] = public
+        logits[1:, cols] = private
+        return logits
 
     # ------------------------------------------------------------------ prefill
     def _forward(self, **kwargs: Any) -> Any:
@@ -255,6 +304,8 @@ class Engine:
         eos = torch.as_tensor(sorted(self.lm.eos_token_ids), dtype=torch.long, device=device)
         pad = self.lm.pad_token_id
 
+        split = joint and k > 1 and self.split_head and self._head_splits() and \
+            type(mechanism).private_columns is not Mechanism.private_columns
         sequences: list[list[int]] = [[] for _ in range(k)]
         reasons = ["length"] * k
         steps: list[dict[str, Any]] = []
@@ -310,10 +361,14 @@ class Engine:
                 if t == max_new_tokens - 1:
                     break
                 mask = torch.cat([mask, mask.new_ones((k, 1))], dim=1)
-                out = self._forward(input_ids=next_ids, attention_mask=mask, position_ids=pos.unsqueeze(1),
-                                    past_key_values=cache)
+                if split:
+                    logits = self._split_step(next_ids, mask, pos, cache, mechanism, sequences[:1], processors,
+                                              eos if t + 1 < min_new_tokens else None)
+                else:
+                    out = self._forward(input_ids=next_ids, attention_mask=mask, position_ids=pos.unsqueeze(1),
+                                        past_key_values=cache)
+                    logits = out.logits[:, -1, :]
                 pos = pos + 1
-                logits = out.logits[:, -1, :]
         total = time.perf_counter() - t0
         if result is not None:
             result.append(EngineOutput(

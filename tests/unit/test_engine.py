@@ -189,3 +189,38 @@ def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.Mo
     assert o1.sequences == o2.sequences
     for a, b in zip(per_row.logits, batched.logits, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+class _Columns(Recorder):
+    """Records the logits and asks for the public top-5 columns of the private rows."""
+
+    def private_columns(self, public_scores):
+        return torch.topk(public_scores, 5).indices.sort().values
+
+
+def test_split_head_computes_the_requested_private_columns_exactly(tiny_lm):
+    rows = [tiny_lm.encode(p) for p in PROMPTS]
+    split, full = _Columns(), _Columns()
+    o1 = Engine(tiny_lm, split_head=True).generate(rows, split, max_new_tokens=8, min_new_tokens=8)
+    o2 = Engine(tiny_lm, split_head=False).generate(rows, full, max_new_tokens=8, min_new_tokens=8)
+    assert o1.sequences == o2.sequences
+    torch.testing.assert_close(split.logits[0], full.logits[0])  # prefill: every column
+    for a, b in zip(split.logits[1:], full.logits[1:], strict=True):
+        torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
+        cols = torch.topk(a[0], 5).indices
+        torch.testing.assert_close(a[1:, cols], b[1:, cols], atol=1e-5, rtol=1e-5)
+        outside = torch.ones(a.shape[1], dtype=torch.bool)
+        outside[cols] = False
+        assert bool(torch.isinf(a[1:, outside]).all())
+
+
+def test_invisibleink_is_the_same_with_and_without_the_split_head(tiny_lm):
+    from dpinfer.mechanisms.invisibleink import InvisibleInk
+
+    rows = [tiny_lm.encode(p) for p in PROMPTS]
+    outs = []
+    for split in (True, False):
+        mech = InvisibleInk(clip_norm=2.0, batch_size=2, top_k=5)
+        outs.append(Engine(tiny_lm, split_head=split).generate(rows, mech, max_new_tokens=12, min_new_tokens=12,
+                                                               seed=3).sequences[0])
+    assert outs[0] == outs[1]

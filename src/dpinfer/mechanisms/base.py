@@ -79,6 +79,15 @@ class Mechanism(ABC):
             generator: the per-call random generator (all randomness must come from it, for reproducibility).
         """
 
+    def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
+        """Joint mode, rows 1..K−1: the token ids whose logits :meth:`step` reads, decided from the public row 0
+        (``(V,)`` float64, after the public processors) alone; ``None`` (the default) means every column.
+
+        A mechanism that reads the private rows on a public support only (InvisibleInk's Top-k⁺) returns it, and the
+        engine then runs the output head of the private rows on those columns only; the other entries are ``-inf``.
+        """
+        return None
+
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
         from dpinfer.accounting import Guarantee

@@ -210,6 +210,15 @@ class InvisibleInk(Mechanism):
         agg = dclip_aggregate(z, self.clip_norm) / self.temperature
         return torch.softmax(agg, dim=-1), idx, kth
 
+    def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
+        """The ids of V⁺ (from the public row only): the private rows are read there and nowhere else."""
+        finite = torch.isfinite(public_scores)
+        n_finite = int(finite.sum())
+        if self.top_k is None or self.top_k >= n_finite or n_finite == 0:
+            return None
+        kth = torch.topk(public_scores, self.top_k).values[-1]
+        return (public_scores >= kth - 2.0 * self.clip_norm / self.batch_size).nonzero().squeeze(-1)
+
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
         z = self._check(logits)

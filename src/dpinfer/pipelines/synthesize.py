@@ -198,7 +198,7 @@ def partition(references: Sequence[Reference], batch_size: int, seed: int | None
 
     >>> refs = [Reference("a", {"s": "1"}), Reference("b", {"s": "2"}), Reference("c", {"s": "1"})]
     >>> partition(refs, 2, seed=0)
-    ([[2, 0]], 1)
+    ([[0, 2]], 1)
     """
     groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
     for i, ref in enumerate(references):
