@@ -347,10 +347,12 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_sanitize(args: argparse.Namespace) -> int:
-    from dpinfer.bench import sanitize as bench
+def _run_bench_module(name: str, args: argparse.Namespace) -> int:
+    """Run ``dpinfer.bench.<name>.main`` with a progress spinner; print its markdown (and plot path) or its JSON."""
+    import importlib
 
-    prog, update = _progress_runner("bench sanitize")
+    bench = importlib.import_module(f"dpinfer.bench.{name}")
+    prog, update = _progress_runner(f"bench {name}")
     with prog:
         res = bench.main(args, progress=update)
     if args.json:
@@ -360,21 +362,14 @@ def cmd_bench_sanitize(args: argparse.Namespace) -> int:
         if res.get("plot"):
             print(f"\nplot: {res['plot']}")
     return 0
+
+
+def cmd_bench_sanitize(args: argparse.Namespace) -> int:
+    return _run_bench_module("sanitize", args)
 
 
 def cmd_bench_synth(args: argparse.Namespace) -> int:
-    from dpinfer.bench import synth as bench
-
-    prog, update = _progress_runner("bench synth")
-    with prog:
-        res = bench.main(args, progress=update)
-    if args.json:
-        _print_json(res)
-    else:
-        print(res["markdown"])
-        if res.get("plot"):
-            print(f"\nplot: {res['plot']}")
-    return 0
+    return _run_bench_module("synth", args)
 
 
 def _bench_tagger(args: argparse.Namespace) -> int:

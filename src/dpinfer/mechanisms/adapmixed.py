@@ -29,7 +29,7 @@ from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import _check_alpha, _sample, mix, mollify_with_divergence, renyi_divergence
-from dpinfer.mechanisms.invisibleink import _positive
+from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
 from dpinfer.mechanisms.transforms import PublicSupport
 
 ORDERS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
@@ -100,11 +100,7 @@ class AdaPMixED(Mechanism):
         self._private = 0
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
-        if num_contexts != self.batch_size + 1:
-            raise ConfigurationError(
-                f"AdaPMixED with B = {self.batch_size} references steps B + 1 = {self.batch_size + 1} contexts "
-                f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
-            )
+        check_batch_layout("AdaPMixED", self.batch_size, num_contexts)
         self._spent.zero_()
         self._private = 0
 

@@ -39,7 +39,7 @@ from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import _sample
-from dpinfer.mechanisms.invisibleink import _positive
+from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
 
 ADJACENCY = "replace-by-null of one reference (one reference replaced by the empty reference)"
 ADJACENCY_PUBLISHED = (
@@ -208,11 +208,7 @@ class AminSVT(Mechanism):
 
     # ------------------------------------------------------------------ decoding
     def start(self, num_contexts: int, vocab_size: int) -> None:
-        if num_contexts != self.batch_size + 1:
-            raise ConfigurationError(
-                f"Amin et al. with B = {self.batch_size} references steps B + 1 = {self.batch_size + 1} contexts "
-                f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
-            )
+        check_batch_layout("Amin et al.", self.batch_size, num_contexts)
         self._count = 0
         self._noisy_threshold = None
 

@@ -53,6 +53,15 @@ def _top_k(value: object) -> int | None:
     return positive_int(value, "top_k (None for the full vocabulary)")
 
 
+def check_batch_layout(mechanism: str, batch_size: int, num_contexts: int) -> None:
+    """The layout of the batch mechanisms: row 0 public, rows 1..B one reference each (K = B + 1)."""
+    if num_contexts != batch_size + 1:
+        raise ConfigurationError(
+            f"{mechanism} with B = {batch_size} references steps B + 1 = {batch_size + 1} contexts "
+            f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
+        )
+
+
 def dclip_aggregate(logits: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """``ℓ̄ = ℓ_pub + (1/B)·Σ_i clip(ℓ_i − ℓ_pub, −C, C)`` for ``(B + 1, V)`` logits (row 0 public).
 
@@ -171,11 +180,7 @@ class InvisibleInk(Mechanism):
         return cls(clip_norm=clip, batch_size=b, temperature=tau, delta=delta, **kw)
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
-        if num_contexts != self.batch_size + 1:
-            raise ConfigurationError(
-                f"InvisibleInk with B = {self.batch_size} references steps B + 1 = {self.batch_size + 1} contexts "
-                f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
-            )
+        check_batch_layout("InvisibleInk", self.batch_size, num_contexts)
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
