@@ -146,6 +146,7 @@ class Engine:
                                   past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state[:, -1, :]
         head = model.get_output_embeddings()
+        head = getattr(head, "float_linear", head)  # an int8 decode twin: both row kinds use the float32 weights
         public = head(hidden[:1])
         probe = public.to(torch.float64)
         if eos is not None and eos.numel():
@@ -155,11 +156,8 @@ class Engine:
         cols = mechanism.private_columns(probe[0])
         if cols is None:
             return torch.cat([public, head(hidden[1:])])
-        weight = getattr(head, "float_linear", head).weight
-        private = hidden[1:] @ weight.index_select(0, cols).T
-        bias = getattr(getattr(head, "float_linear", head), "bias", None)
-        if bias is not None:
-            private = private + bias.index_select(0, cols)
+        bias = head.bias.index_select(0, cols) if head.bias is not None else None
+        private = torch.nn.functional.linear(hidden[1:], head.weight.index_select(0, cols), bias)
         logits = public.new_full((hidden.shape[0], public.shape[-1]), -torch.inf)
         logits[:1] = public
         logits[1:, cols] = private

@@ -34,30 +34,12 @@ DEFAULT_METHODS = ("public", "invisibleink", "amin")
 DEFAULT_BATCH_SIZES = (2, 4, 8)
 
 
-def _t_interval(values: list[float]) -> tuple[float, float, float]:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    from scipy.stats import t
-
-    half = t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
-
-
-def mauve_with_interval(p: Any, q: Any, repeats: int, seed: int = 0) -> dict[str, float]:
+def mauve_with_interval(p: Any, q: Any, repeats: int, seed: int = 0) -> dict[str, Any]:
     """MAUVE mean and 95% interval over ``repeats`` random 80% subsets of both sets (own k-means seed each)."""
-    import numpy as np
+    from dpinfer.eval.mauve import mauve_interval
 
-    from dpinfer.eval.mauve import mauve_score
-
-    rng = np.random.default_rng(seed)
-    scores = []
-    for r in range(repeats):
-        ip = rng.choice(len(p), size=max(2, int(0.8 * len(p))), replace=False)
-        iq = rng.choice(len(q), size=max(2, int(0.8 * len(q))), replace=False)
-        scores.append(mauve_score(p[ip], q[iq], seed=seed + r, threads=1).score)
-    mean, lo, hi = _t_interval(scores)
-    return {"mauve": mean, "mauve_low": lo, "mauve_high": hi, "mauve_scores": scores}
+    res = mauve_interval(p, q, seeds=range(seed, seed + max(2, repeats)), subsample=0.8, threads=1)
+    return {"mauve": res.mean, "mauve_low": res.low, "mauve_high": res.high, "mauve_scores": list(res.scores)}
 
 
 def _ppl(lm: Any, context: list[int], text: str, max_tokens: int) -> tuple[float, int]:

@@ -232,6 +232,7 @@ def mauve_interval(
     *,
     seeds: int | Sequence[int] = 5,
     confidence: float = 0.95,
+    subsample: float | None = None,
     **options: Any,
 ) -> MauveInterval:
     """MAUVE over several k-means seeds: mean, standard deviation and a ``confidence`` interval of the mean.
@@ -240,6 +241,10 @@ def mauve_interval(
     passed to :func:`mauve_score` (``num_buckets``, ``scaling_factor``, ...). The interval is
     ``mean ± t_{(1+confidence)/2, k-1} · std / sqrt(k)``, clipped to [0, 1]: it covers the quantisation randomness only,
     not the sampling variability of the texts (see :class:`MauveInterval`). Costs k MAUVE computations.
+
+    ``subsample`` (a fraction in (0, 1]) scores each repeat on a random share of both sets, drawn without replacement
+    with that repeat's seed: the interval then also reflects part of the sampling variability (not a fresh draw of
+    texts). Duplicated rows would bias MAUVE, so there is no bootstrap with replacement.
     """
     if "seed" in options:
         raise ConfigurationError("pass seeds=..., not seed=..., to mauve_interval")
@@ -253,7 +258,18 @@ def mauve_interval(
     _import_mauve()  # fail fast, before any work
     from scipy.stats import t as student_t  # scipy comes with scikit-learn, a dependency of mauve-text
 
-    scores = tuple(mauve_score(p_features, q_features, seed=s, **options).score for s in seed_list)
+    if subsample is not None and not 0.0 < subsample <= 1.0:
+        raise ConfigurationError(f"subsample must be a fraction in (0, 1], got {subsample}")
+
+    def score(s: int) -> float:
+        p, q = _features(p_features, "p_features"), _features(q_features, "q_features")
+        if subsample is not None and subsample < 1.0:
+            rng = np.random.default_rng(s)
+            p = p[rng.choice(len(p), size=max(2, int(subsample * len(p))), replace=False)]
+            q = q[rng.choice(len(q), size=max(2, int(subsample * len(q))), replace=False)]
+        return mauve_score(p, q, seed=s, **options).score
+
+    scores = tuple(score(s) for s in seed_list)
     k = len(scores)
     mean = float(np.mean(scores))
     std = float(np.std(scores, ddof=1))

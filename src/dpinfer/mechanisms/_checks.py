@@ -25,3 +25,16 @@ def check_delta(delta: object) -> float:
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
         raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
     return float(delta)
+
+
+def check_row_layout(mode: str, row: int, num_contexts: int, covered: int, count_name: str, rows_do: str) -> None:
+    """The layout check of the single-context baselines: in joint mode ``row`` must exist; in independent mode the
+    guarantee covers ``covered`` rows (``count_name``), so more rows than that are refused. ``rows_do`` says what the
+    rows do, for the message (e.g. "rewrite the private prompt")."""
+    if mode == "joint" and not 0 <= row < num_contexts:
+        raise ConfigurationError(f"row {row} out of range for {num_contexts} contexts")
+    if mode == "independent" and num_contexts > covered:
+        raise ConfigurationError(
+            f"{num_contexts} rows {rows_do} but the guarantee covers {count_name}={covered}; build the mechanism with "
+            f"{count_name} ≥ {num_contexts}"
+        )

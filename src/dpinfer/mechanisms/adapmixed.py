@@ -173,11 +173,3 @@ class AdaPMixED(Mechanism):
         """None ex ante: AdaPMixED's loss depends on the references (report :meth:`spend` ex post)."""
         positive_int(max_new_tokens, "max_new_tokens")
         return Guarantee.no_privacy(self.name)
-
-    @property
-    def budget_statement(self) -> str:
-        """One sentence for outputs: what the budget means for this data-dependent method."""
-        return (
-            f"adapmixed stops each text when its realised (data-dependent) loss reaches {self.epsilon:g} at "
-            f"δ = {self.delta:g}; this is not a differential-privacy guarantee"
-        )

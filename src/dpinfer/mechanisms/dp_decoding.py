@@ -36,7 +36,7 @@ import torch
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import positive_int
+from dpinfer.mechanisms._checks import check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import sample_rows
 
@@ -248,13 +248,8 @@ class DPDecoding(Mechanism):
                 f"the model's logits have {vocab_size} entries but this DP-Decoding mechanism was built for "
                 f"vocab_size={self.vocab_size}; its guarantee depends on V, so build it with vocab_size=lm.vocab_size"
             )
-        if self.mode == "joint" and not 0 <= self.row < num_contexts:
-            raise ConfigurationError(f"row {self.row} out of range for {num_contexts} contexts")
-        if self.mode == "independent" and num_contexts > self.num_sequences:
-            raise ConfigurationError(
-                f"{num_contexts} rows sample from the private context but the guarantee covers num_sequences="
-                f"{self.num_sequences}; build the mechanism with num_sequences ≥ {num_contexts}"
-            )
+        check_row_layout(self.mode, self.row, num_contexts, self.num_sequences, "num_sequences",
+                         "sample from the private context")
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
         if logits.shape[-1] != self.vocab_size:

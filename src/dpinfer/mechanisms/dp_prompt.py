@@ -39,7 +39,7 @@ import torch
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, positive_int
+from dpinfer.mechanisms._checks import check_delta, check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import Sampler, sample_rows
 
@@ -236,13 +236,8 @@ class DPPrompt(Mechanism):
         return cls(lo_clip, hi_clip, tau, num_rewrites=num_rewrites, delta=delta, **kwargs)
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
-        if self.mode == "joint" and not 0 <= self.row < num_contexts:
-            raise ConfigurationError(f"row {self.row} out of range for {num_contexts} contexts")
-        if self.mode == "independent" and num_contexts > self.num_rewrites:
-            raise ConfigurationError(
-                f"{num_contexts} rows rewrite the private prompt but the guarantee covers num_rewrites="
-                f"{self.num_rewrites}; build the mechanism with num_rewrites ≥ {num_contexts}"
-            )
+        check_row_layout(self.mode, self.row, num_contexts, self.num_rewrites, "num_rewrites",
+                         "rewrite the private prompt")
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
         rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits

@@ -77,18 +77,28 @@ def dclip_aggregate(logits: torch.Tensor, clip_norm: float) -> torch.Tensor:
     return pub + diff.mean(dim=0)
 
 
+def topk_plus(public_logits: torch.Tensor, top_k: int | None, clip_norm: float,
+              batch_size: int) -> tuple[torch.Tensor, float | None]:
+    """Boolean mask of ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C/B}`` and the public k-th largest logit.
+
+    With ``top_k=None`` (or k at least the number of finite public logits) V⁺ is every finite public entry and the
+    threshold is None.
+    """
+    finite = torch.isfinite(public_logits)
+    if top_k is None or top_k >= int(finite.sum()):
+        return finite, None
+    kth = float(torch.topk(public_logits, top_k).values[-1])
+    return public_logits >= kth - 2.0 * clip_norm / batch_size, kth
+
+
 def topk_plus_mask(public_logits: torch.Tensor, top_k: int | None, clip_norm: float, batch_size: int) -> torch.Tensor:
-    """Boolean mask of ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C/B}`` (all True for ``top_k=None``).
+    """The mask of :func:`topk_plus`.
 
     >>> m = topk_plus_mask(torch.tensor([3.0, 2.9, 2.0, 0.0]), top_k=1, clip_norm=0.2, batch_size=2)
     >>> m.tolist()
     [True, True, False, False]
     """
-    finite = torch.isfinite(public_logits)
-    if top_k is None or top_k >= int(finite.sum()):
-        return finite
-    kth = torch.topk(public_logits, top_k).values[-1]
-    return public_logits >= kth - 2.0 * clip_norm / batch_size
+    return topk_plus(public_logits, top_k, clip_norm, batch_size)[0]
 
 
 def clip_norm_for_rho(rho: float, *, batch_size: int, temperature: float, max_new_tokens: int) -> float:
@@ -199,30 +209,20 @@ class InvisibleInk(Mechanism):
         Only the columns of V⁺ are aggregated: V⁺ comes from the public row alone, so this is the same distribution
         as aggregating everything and masking, at the cost of |V⁺| columns instead of V.
         """
-        pub = z[0]
-        finite = torch.isfinite(pub)
-        n_finite = int(finite.sum())
-        if n_finite == 0:
+        support, kth = topk_plus(z[0], self.top_k, self.clip_norm, self.batch_size)
+        if not bool(support.any()):
             raise InvalidInputError("the public row has no finite logit; nothing can be sampled")
-        idx, kth = None, None
-        if self.top_k is not None and self.top_k < n_finite:
-            kth = float(torch.topk(pub, self.top_k).values[-1])
-            idx = (pub >= kth - 2.0 * self.clip_norm / self.batch_size).nonzero().squeeze(-1)
-            z = z.index_select(1, idx)
-        elif n_finite < pub.numel():
-            idx = finite.nonzero().squeeze(-1)
+        idx = None
+        if not bool(support.all()):
+            idx = support.nonzero().squeeze(-1)
             z = z.index_select(1, idx)
         agg = dclip_aggregate(z, self.clip_norm) / self.temperature
         return torch.softmax(agg, dim=-1), idx, kth
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of V⁺ (from the public row only): the private rows are read there and nowhere else."""
-        finite = torch.isfinite(public_scores)
-        n_finite = int(finite.sum())
-        if self.top_k is None or self.top_k >= n_finite or n_finite == 0:
-            return None
-        kth = torch.topk(public_scores, self.top_k).values[-1]
-        return (public_scores >= kth - 2.0 * self.clip_norm / self.batch_size).nonzero().squeeze(-1)
+        support, kth = topk_plus(public_scores, self.top_k, self.clip_norm, self.batch_size)
+        return None if kth is None else support.nonzero().squeeze(-1)
 
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""

@@ -84,6 +84,9 @@ def test_interval_over_seeds(clouds):
     assert iv.scores[2] == pytest.approx(single, abs=1e-9)
     wide = mauve_interval(p, _shifted(q, 1.0), seeds=[0, 1, 2, 3], confidence=0.99, **FAST)
     assert wide.high - wide.low >= iv.high - iv.low - 1e-12
+    sub = mauve_interval(p, _shifted(q, 1.0), seeds=4, subsample=0.8, **FAST)
+    assert sub.scores != iv.scores and 0.0 <= sub.low <= sub.mean <= sub.high <= 1.0  # other rows each repeat
+    assert sub.scores == mauve_interval(p, _shifted(q, 1.0), seeds=4, subsample=0.8, **FAST).scores
 
 
 @pytest.mark.parametrize(
@@ -93,6 +96,8 @@ def test_interval_over_seeds(clouds):
         ({"seeds": [4, 4]}, ConfigurationError),
         ({"seed": 0}, ConfigurationError),
         ({"confidence": 1.0}, ConfigurationError),
+        ({"subsample": 0.0}, ConfigurationError),
+        ({"subsample": 1.5}, ConfigurationError),
     ],
 )
 def test_interval_rejects_bad_arguments(kwargs, error):
