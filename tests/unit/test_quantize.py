@@ -26,9 +26,18 @@ def test_int8_replaces_every_linear(int8_lm, tiny_lm):
     assert int8_lm.quantize == "int8" and tiny_lm.quantize is None
     n_float = len(_linears(tiny_lm.model, torch.nn.Linear))  # 2 layers x 7 projections + lm_head
     assert n_float == 15
-    assert len(_linears(int8_lm.model, DynamicInt8Linear)) == n_float
     wrapped = [m for m in int8_lm.model.modules() if type(m).__name__ == "DecodeInt8Linear"]
     assert len(wrapped) == n_float
+    # q/k/v and gate/up share one fused int8 call per layer; o_proj, down_proj and lm_head keep their own twin
+    fused = [m for m in wrapped if m.fused is not None]
+    assert len(fused) == 2 * 5 and all(m.int8_linear is None for m in fused)
+    assert len({id(m.fused[0]) for m in fused}) == 2 * 2
+    assert len(_linears(int8_lm.model, DynamicInt8Linear)) == n_float - len(fused)
+    # the direct kernel call is the module's own forward
+    head = int8_lm.model.lm_head
+    x = torch.randn(3, 1, head.in_features)
+    with torch.inference_mode():
+        assert torch.equal(head(x), head.int8_linear(x))
     # the float32 layers stay (prompt processing) and the model still looks like an ordinary HF model
     assert int8_lm.vocab_size == tiny_lm.vocab_size and int8_lm.dtype == torch.float32
 
@@ -60,6 +69,23 @@ def test_int8_logits_close_to_float32(int8_lm, tiny_lm):
     p = decode_ref.log_softmax(-1)
     kl = (p.exp() * (p - decode_got.log_softmax(-1))).sum(-1)
     assert kl.max() < 5e-3
+
+
+def test_fused_siblings_give_exactly_the_unfused_outputs(int8_lm, tiny_model_dir):
+    """One int8 call on the concatenated q/k/v (gate/up) weights: same input scale, same per-channel weight scales,
+    exact int32 accumulation, so every decode-step logit equals the unfused model's."""
+    unfused = models.load_model(str(tiny_model_dir), device="cpu")
+    models.quantize_int8(unfused.model, fuse=False)
+    assert all(m.fused is None for m in unfused.model.modules() if type(m).__name__ == "DecodeInt8Linear")
+    ids = torch.tensor([unfused.encode("The applicant was born in 1970 and lives in Izmir. On 20 May 1998 the")] * 3)
+    assert torch.equal(_decode_logits(int8_lm, ids, 8), _decode_logits(unfused, ids, 8))
+    # a sibling called on its own (another tensor) recomputes instead of returning a stale slice
+    attn = int8_lm.model.model.layers[0].self_attn
+    x, y = torch.randn(2, 1, attn.q_proj.in_features), torch.randn(2, 1, attn.q_proj.in_features)
+    with torch.inference_mode():
+        k_y = attn.k_proj(y)
+        attn.q_proj(x)
+        assert torch.equal(attn.k_proj(y), k_y) and not torch.equal(attn.k_proj(x), k_y)
 
 
 def test_multi_position_passes_are_exactly_float32(int8_lm, tiny_lm):
