@@ -185,7 +185,7 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
             text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
             spans=args.spans, tagger=args.tagger, groups=_parse_groups(args.group),
             max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
-            accounting=args.accounting, progress=progress, **extra,
+            accounting=args.accounting, adjacency=args.adjacency, progress=progress, **extra,
         )
     if args.out:
         Path(args.out).write_text(res.text + "\n", encoding="utf-8")
@@ -311,6 +311,8 @@ def _guarantee_sentence(res: Any) -> str:
     per = "; ".join(f"{gr.name} ε = {gr.epsilon:.2f}" for gr in g.groups)
     scope = (f"the content of each group of tagged spans ({per})" if g.groups else "the whole document")
     flag = " (authors' published accounting, for comparison only)" if g.accounting == "as_published" else ""
+    if "replace-one" in (g.adjacency or ""):
+        scope += ", compared with any other values in the same spans"
     return (f"Guarantee{flag}: whatever else anyone knows, this rewrite changes the odds of any conclusion about "
             f"{scope} by a factor of at most e^ε, except with probability δ = {g.delta:g} (worst ε = {g.epsilon:.2f}). "
             f"It was fixed before the document was read, from the method's settings and a limit of "
@@ -441,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ban repeating any n-gram of the rewrite (public transform; default 3; 0 = off)")
     sz.add_argument("--accounting", default="dpinfer", choices=["dpinfer", "as_published"],
                     help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
+    sz.add_argument("--adjacency", default="replace-by-null", choices=["replace-by-null", "replace-one"],
+                    help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans replaced by "
+                         "placeholders) or replace-one (a group's values swapped for any others; bound enforced at "
+                         "order 2α, more noise for the same ε)")
     sz.add_argument("--seed", type=int, default=None)
     sz.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     sz.add_argument("--device", default=None)

@@ -172,3 +172,48 @@ def test_cli_sanitize_rejects_bad_files(content, needle, tiny_model_dir, tmp_pat
     rc = main(["sanitize", str(bad), "--tagger", "regex", "--model", str(tiny_model_dir)])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_ner_scrub_is_dp_fusion_at_lambda_zero_on_common_random_numbers(tiny_lm):
+    """ALGORITHMS §5: NER scrubbing is DP-Fusion with λ = 0. Both draw one uniform per token from the seeded stream
+    (inverse CDF), so with b_i → 0 (λ_i → 0; b = 0 itself is refused) and the same seed they release the same tokens;
+    benchmarks compare the two on common random numbers."""
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.dp_fusion import DPFusion
+    from dpinfer.mechanisms.sampler import Sampler
+    from dpinfer.mechanisms.transforms import NoRepeatNGram
+
+    groups = resolve_groups(SPANS, None)
+    prep = prepare_contexts(tiny_lm, DOC, SPANS, groups, "Rewrite:")
+    for seed, top_k in [(0, 40), (1, None), (2, 5)]:
+        fusion = Engine(tiny_lm).generate(
+            [prep.public, *prep.private], DPFusion(bounds=[1e-300] * len(prep.group_names),
+                                                   group_names=prep.group_names, temperature=0.7, top_k=top_k),
+            max_new_tokens=24, seed=seed, processors=[NoRepeatNGram(3)])
+        assert max(max(s["lambda"]) for s in fusion.steps if s["divergence"] != [0.0] * len(s["lambda"])) < 1e-100
+        scrub = Engine(tiny_lm).generate([prep.public], Sampler(temperature=0.7, top_k=top_k, mode="joint"),
+                                         max_new_tokens=24, seed=seed, processors=[NoRepeatNGram(3)])
+        assert fusion.sequences[0] == scrub.sequences[0]
+        assert len(scrub.sequences[0]) > 0
+
+
+def test_replace_one_adjacency_end_to_end(tiny_lm, tiny_model_dir, tmp_path, capsys):
+    res = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=10, seed=0, epsilon=30.0, adjacency="replace-one")
+    g = res.guarantee
+    assert "replace-one" in g.adjacency and res.settings["adjacency"] == "replace-one"
+    assert g.parameters["enforced_order"] == 4.0
+    assert all(gr.epsilon == pytest.approx(30.0, rel=1e-6) for gr in g.groups)
+    null = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=10, seed=0, epsilon=30.0)
+    # the same ε under the stronger adjacency needs smaller bounds
+    assert all(a < b for a, b in zip(g.parameters["bounds"].values(), null.guarantee.parameters["bounds"].values(),
+                                     strict=True))
+    with pytest.raises(ConfigurationError, match="adjacency"):
+        sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=4, adjacency="swap")
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC, encoding="utf-8")
+    spans = tmp_path / "spans.json"
+    spans.write_text(json.dumps([{"start": s.start, "end": s.end, "label": s.label} for s in SPANS]))
+    rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "6",
+               "--epsilon", "30", "--adjacency", "replace-one", "--seed", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "compared with any other values" in " ".join(out.split())

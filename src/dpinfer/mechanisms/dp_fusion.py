@@ -60,12 +60,18 @@ from dpinfer.errors import ConfigurationError, InfeasibleBudgetError, InvalidInp
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.sampler import sample_probs
 from dpinfer.mechanisms.transforms import PublicSupport
 
 ADJACENCY = (
     "replace-by-null of one privacy group's tagged spans (the content of the spans is protected; their existence, "
     "positions and token lengths are not)"
 )
+ADJACENCY_REPLACE_ONE = (
+    "replace-one of one privacy group's tagged spans (their content swapped for any other values; existence, "
+    "positions and token lengths are not protected)"
+)
+ADJACENCIES = ("replace-by-null", "replace-one")
 ACCOUNTINGS = ("dpinfer", "as_published")
 
 _NEG_INF = -math.inf
@@ -102,6 +108,40 @@ def _check_bound(b: object, what: str = "a bound b") -> float:
     if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 <= b < math.inf:
         raise ConfigurationError(f"{what} must be a finite number ≥ 0, got {b!r}")
     return float(b)
+
+
+def _check_adjacency(adjacency: object, accounting: str = "dpinfer") -> str:
+    if adjacency not in ADJACENCIES:
+        raise ConfigurationError(
+            f"adjacency must be 'replace-by-null' (a group's spans replaced by placeholders; the default) or "
+            f"'replace-one' (a group's values swapped for others), got {adjacency!r}"
+        )
+    if adjacency == "replace-one" and accounting == "as_published":
+        raise ConfigurationError(
+            "accounting='as_published' reproduces the authors' replace-by-null charge; use accounting='dpinfer' "
+            "with adjacency='replace-one'"
+        )
+    return str(adjacency)
+
+
+def replace_one_factor(alpha: float) -> float:
+    """``(α − ½)/(α − 1) + 1``: under replace-one adjacency a group whose mollified distribution is held within b of
+    ``p_pub`` at order 2α (both directions) moves by at most this times b at order α.
+
+    Mironov's weak triangle inequality (Mironov 2017, "Rényi Differential Privacy", Prop. 11) with ``p_pub`` in the
+    middle: ``D_α(q‖q′) ≤ (α − ½)/(α − 1)·D_2α(q‖p_pub) + D_{2α−1}(p_pub‖q′)``, and ``D_{2α−1} ≤ D_2α``.
+
+    >>> replace_one_factor(2.0)
+    2.5
+    """
+    a = _check_alpha(alpha)
+    return (a - 0.5) / (a - 1.0) + 1.0
+
+
+def enforcement_order(alpha: float, adjacency: str = "replace-by-null") -> float:
+    """The Rényi order at which the mollification bound is enforced: α (replace-by-null) or 2α (replace-one)."""
+    a = _check_alpha(alpha)
+    return 2.0 * a if _check_adjacency(adjacency) == "replace-one" else a
 
 
 def _check_accounting(accounting: object) -> str:
@@ -419,7 +459,8 @@ class _Linear(_Solver):
         self.lp, self.lq, self.b, self.alpha = lp, lq, b, alpha
         p = lp.exp()
         self.p = p
-        self.d = lq.exp().sub_(p)
+        self.q = lq.exp()
+        self.d = self.q - p
         self.r = self.d * torch.reciprocal(p)
         self.dr = self.d * self.r  # p·r² ≥ 0
         self.chi2 = self.dr.sum(dim=-1)
@@ -429,6 +470,11 @@ class _Linear(_Solver):
 
     def feasible_at_one(self) -> tuple[torch.Tensor, torch.Tensor]:
         d_lower = torch.log1p(self.chi2)  # D_2(p_i‖p_pub) = log(1 + χ²) ≤ D_α(p_i‖p_pub) for α ≥ 2
+        if self.alpha == 2.0:
+            # exact at α = 2, λ = 1: D_2(p_pub‖p_i) = log Σ p_pub²/p_i = log(1 + Σ d²/p_i) (from Σ d = 0), a sum
+            # of non-negative terms (+inf where p_i = 0 < p_pub): value() at λ = 1, without the detour through r
+            d = torch.maximum(d_lower, torch.log1p((self.d * self.d / self.q).sum(dim=-1)))
+            return d <= self.b, d
         if self.alpha >= 2.0:
             maybe = d_lower <= self.b
             if not bool(maybe.any()):
@@ -612,25 +658,34 @@ def bound_for_step_epsilon(step_eps: float, num_groups: int, alpha: float) -> fl
     return math.log1p(m * math.expm1(x)) / (a - 1.0)
 
 
-def per_step_rdp(bound: float, num_groups: int, alpha: float, accounting: str = "dpinfer") -> float:
+def per_step_rdp(bound: float, num_groups: int, alpha: float, accounting: str = "dpinfer",
+                 adjacency: str = "replace-by-null") -> float:
     """The per-token Rényi loss at order α charged to a group with bound b: :func:`step_epsilon` (``"dpinfer"``) or
-    the authors' ``4·β = 4·b/α`` (``"as_published"``).
+    the authors' ``4·β = 4·b/α`` (``"as_published"``). Under ``adjacency="replace-one"`` the bound is enforced at
+    order 2α and the group's mollified distribution moves by at most ``replace_one_factor(α)·b`` at order α, which
+    enters the same mixture formula: ``step_epsilon(replace_one_factor(α)·b, m, α)``.
 
     >>> per_step_rdp(0.05, 3, 2.0, "as_published")
     0.1
+    >>> per_step_rdp(0.05, 1, 2.0, adjacency="replace-one")
+    0.125
     """
-    if _check_accounting(accounting) == "as_published":
+    accounting = _check_accounting(accounting)
+    if _check_adjacency(adjacency, accounting) == "replace-one":
+        return step_epsilon(replace_one_factor(alpha) * _check_bound(bound), num_groups, alpha)
+    if accounting == "as_published":
         _groups(num_groups)
         return 4.0 * _check_bound(bound) / _check_alpha(alpha)
     return step_epsilon(bound, num_groups, alpha)
 
 
 def group_loss(
-    bound: float, num_groups: int, alpha: float, max_new_tokens: int, accounting: str = "dpinfer"
+    bound: float, num_groups: int, alpha: float, max_new_tokens: int, accounting: str = "dpinfer",
+    adjacency: str = "replace-by-null",
 ) -> SingleOrderRdp:
     """The ex-ante loss of one group over at most ``T_max`` tokens: ``SingleOrderRdp(α, T_max·ε_step)``."""
     t = _tokens(max_new_tokens)
-    return SingleOrderRdp(_check_alpha(alpha), t * per_step_rdp(bound, num_groups, alpha, accounting))
+    return SingleOrderRdp(_check_alpha(alpha), t * per_step_rdp(bound, num_groups, alpha, accounting, adjacency))
 
 
 def group_guarantees(
@@ -641,6 +696,7 @@ def group_guarantees(
     delta: float,
     max_new_tokens: int,
     accounting: str = "dpinfer",
+    adjacency: str = "replace-by-null",
 ) -> tuple[GroupGuarantee, ...]:
     """One :class:`~dpinfer.accounting.GroupGuarantee` per privacy group, ex ante (from b_i, m, α, δ and T_max).
 
@@ -654,13 +710,16 @@ def group_guarantees(
     delta = check_delta(delta)
     out = []
     for name, b in zip(group_names, bounds, strict=True):
-        loss = group_loss(b, m, alpha, max_new_tokens, accounting)
+        loss = group_loss(b, m, alpha, max_new_tokens, accounting, adjacency)
         params = {
             "bound": float(b),
             "beta": float(b) / alpha,
             "alpha": float(alpha),
-            "step_rdp": per_step_rdp(b, m, alpha, accounting),
+            "step_rdp": per_step_rdp(b, m, alpha, accounting, adjacency),
         }
+        if adjacency != "replace-by-null":
+            params["adjacency"] = adjacency
+            params["enforced_order"] = enforcement_order(alpha, adjacency)
         out.append(GroupGuarantee.from_loss(name, loss, delta=delta, parameters=params))
     return tuple(out)
 
@@ -674,6 +733,7 @@ def calibrate_bound(
     alpha: float = 2.0,
     accounting: str = "dpinfer",
     group: str = "",
+    adjacency: str = "replace-by-null",
 ) -> float:
     """The largest bound b whose group guarantee over ``max_new_tokens`` tokens is at most ``(epsilon, delta)``.
 
@@ -686,12 +746,13 @@ def calibrate_bound(
     """
     m, t = _groups(num_groups), _tokens(max_new_tokens)
     alpha, delta, accounting = _check_alpha(alpha), check_delta(delta), _check_accounting(accounting)
+    adjacency = _check_adjacency(adjacency, accounting)
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0.0 < epsilon < math.inf:
         raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
     name = f"bound b of group {group}" if group else "bound b"
 
     def loss(b: float) -> PrivacyLoss:
-        return SingleOrderRdp(alpha, t * per_step_rdp(b, m, alpha, accounting))
+        return SingleOrderRdp(alpha, t * per_step_rdp(b, m, alpha, accounting, adjacency))
 
     hi = 1.0
     while loss(hi).to_epsilon(delta) <= epsilon and hi < 1e6:
@@ -730,17 +791,9 @@ def _infeasible_message(epsilon: float, delta: float, alpha: float, max_new_toke
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One index drawn from ``probs`` (≥ 0, not normalised) by inverting the CDF with one uniform from ``generator``.
-
-    The uniform is kept strictly below the total mass, so the first index whose cumulative mass exceeds it has
-    positive probability: a token outside the support is never drawn. One random number per token, unlike
-    ``torch.multinomial``, which draws one exponential per vocabulary entry.
-    """
-    cdf = probs.cumsum(dim=0)
-    total = cdf[-1:]
-    u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device)
-    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True)[0]
+    """One index drawn from the 1-D ``probs`` (≥ 0, not normalised) with one uniform from ``generator``
+    (:func:`~dpinfer.mechanisms.sampler.sample_probs`, the sampler every dpinfer mechanism shares)."""
+    return sample_probs(probs, generator)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -753,7 +806,8 @@ class DPFusion(Mechanism):
 
     Row 0 of the logits is the public context, row i (1 ≤ i ≤ m) the private context of group ``group_names[i−1]``.
     Per step: temperature, then truncation to a support S computed from row 0 only (``top_k``/``top_p``/
-    ``support_margin``, as :class:`~dpinfer.mechanisms.transforms.PublicSupport`), applied to every row; then
+    ``support_margin``, as :class:`~dpinfer.mechanisms.transforms.PublicSupport`; without truncation, the public
+    row's finite entries, which differ from the vocabulary when a processor bans tokens), applied to every row; then
     ``λ_i = max{λ : D↔_α((1−λ)p_pub + λp_i, p_pub) ≤ b_i}`` (:func:`mollify`) and one token drawn from
     ``p_out = (1/m)·Σ_i ((1−λ_i)p_pub + λ_i p_i)``.
 
@@ -767,8 +821,12 @@ class DPFusion(Mechanism):
         delta: δ of the reported guarantee.
         accounting: ``"dpinfer"`` (:func:`step_epsilon` per token) or ``"as_published"`` (the authors' 4·β).
         tol: mollification tolerance on λ.
+        adjacency: ``"replace-by-null"`` (default; ALGORITHMS §1) or ``"replace-one"`` (a group's values swapped
+            for others): the bound is then enforced at order 2α and each group is charged
+            ``step_epsilon(replace_one_factor(α)·b_i, m, α)`` per token (:func:`per_step_rdp`).
 
-    ``StepResult.stats`` holds the realised ``"lambda"`` and ``"divergence"`` (``D↔_α(q_i, p_pub)``) per group:
+    ``StepResult.stats`` holds the realised ``"lambda"`` and ``"divergence"`` (``D↔_α(q_i, p_pub)`` at the enforced
+    order) per group:
     DATA-DEPENDENT diagnostics that must not be reported as ε.
 
     >>> import torch
@@ -802,6 +860,7 @@ class DPFusion(Mechanism):
         delta: float = 1e-5,
         accounting: str = "dpinfer",
         tol: float = 1e-6,
+        adjacency: str = "replace-by-null",
     ) -> None:
         if isinstance(bounds, (str, bytes)) or not isinstance(bounds, Sequence) or len(bounds) == 0:
             raise ConfigurationError(
@@ -843,6 +902,7 @@ class DPFusion(Mechanism):
         self.support = PublicSupport(top_k=top_k, top_p=top_p, margin=support_margin)
         self.delta = check_delta(delta)
         self.accounting = _check_accounting(accounting)
+        self.adjacency = _check_adjacency(adjacency, self.accounting)
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 1e-12 <= tol <= 0.1:
             raise ConfigurationError(f"tol must lie in [1e-12, 0.1], got {tol!r}")
         self.bounds = tuple(float(b) for b in bounds)
@@ -858,6 +918,11 @@ class DPFusion(Mechanism):
         return len(self.bounds)
 
     @property
+    def enforced_order(self) -> float:
+        """The order at which λ_i holds the bound: α, or 2α under replace-one adjacency."""
+        return enforcement_order(self.alpha, self.adjacency)
+
+    @property
     def betas(self) -> tuple[float, ...]:
         """β_i = b_i/α, the paper's per-group budget."""
         return tuple(b / self.alpha for b in self.bounds)
@@ -871,6 +936,7 @@ class DPFusion(Mechanism):
         delta: float = 1e-5,
         alpha: float = 2.0,
         accounting: str = "dpinfer",
+        adjacency: str = "replace-by-null",
         **kw: Any,
     ) -> DPFusion:
         """The DP-Fusion mechanism whose group i meets ``(group_epsilon[i], delta)`` over ``max_new_tokens`` tokens.
@@ -903,10 +969,12 @@ class DPFusion(Mechanism):
                     alpha=alpha,
                     accounting=accounting,
                     group=str(name),
+                    adjacency=adjacency,
                 )
             )
         return cls(
-            bounds=bounds, group_names=list(group_epsilon), alpha=alpha, delta=delta, accounting=accounting, **kw
+            bounds=bounds, group_names=list(group_epsilon), alpha=alpha, delta=delta, accounting=accounting,
+            adjacency=adjacency, **kw
         )
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
@@ -935,16 +1003,21 @@ class DPFusion(Mechanism):
         if not self.support.is_full:  # S from the public row only, applied to every row
             idx = self.support.mask(z[0]).nonzero().squeeze(-1)
             z = z.index_select(1, idx)
+        elif bool((z[0] == _NEG_INF).any()):
+            # S = the public row's finite entries (e.g. EOS banned for every row alike): a public choice, applied to
+            # every row like a top-k support, so the solver below works on a full support
+            idx = (z[0] > _NEG_INF).nonzero().squeeze(-1)
+            z = z.index_select(1, idx)
         logp = torch.log_softmax(z, dim=-1)
         lp, lq = logp[0], logp[1:]
-        if not bool(torch.isfinite(lp).any()):
+        if not bool(lp.max() > _NEG_INF):  # NaN (no finite public logit) compares False
             raise InvalidInputError("the public row has no finite logit; nothing can be sampled")
         undefined = torch.isnan(lq[:, :1])  # a private row with no finite logit on S is NaN throughout
         if bool(undefined.any()):
             lq = torch.where(undefined, lp.expand_as(lq), lq)  # use p_pub: then q_i = p_pub whatever λ_i
         if self._bounds_t is None or self._bounds_t.device != lq.device:
             self._bounds_t = torch.tensor(self.bounds, dtype=torch.float64, device=lq.device)
-        lam, div = mollify_with_divergence(lp, lq, self._bounds_t, self.alpha, self.tol)
+        lam, div = mollify_with_divergence(lp, lq, self._bounds_t, self.enforced_order, self.tol)
         # p_out = (1/m)·Σ_i ((1 − λ_i)·p_pub + λ_i·p_i) = (1 − mean λ)·p_pub + (λ/m)·P_priv
         probs = (1.0 - lam.mean()) * lp.exp() + (lam / m) @ lq.exp()
         return probs, idx, lam, div
@@ -974,6 +1047,7 @@ class DPFusion(Mechanism):
             delta=self.delta,
             max_new_tokens=max_new_tokens,
             accounting=self.accounting,
+            adjacency=self.adjacency,
         )
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
@@ -981,14 +1055,14 @@ class DPFusion(Mechanism):
         t = _tokens(max_new_tokens)
         groups = self.group_guarantees(t)
         worst_loss = max(
-            (group_loss(b, self.num_groups, self.alpha, t, self.accounting) for b in self.bounds),
+            (group_loss(b, self.num_groups, self.alpha, t, self.accounting, self.adjacency) for b in self.bounds),
             key=lambda loss: loss.epsilon,
         )
         return Guarantee.from_loss(
             worst_loss,
             delta=self.delta,
             mechanism=self.name,
-            adjacency=ADJACENCY,
+            adjacency=ADJACENCY if self.adjacency == "replace-by-null" else ADJACENCY_REPLACE_ONE,
             parameters={
                 "alpha": self.alpha,
                 "bounds": dict(zip(self.group_names, self.bounds, strict=True)),
@@ -1000,6 +1074,8 @@ class DPFusion(Mechanism):
                 "support_margin": self.support_margin,
                 "T_max": t,
                 "tol": self.tol,
+                "adjacency": self.adjacency,
+                "enforced_order": self.enforced_order,
             },
             max_new_tokens=t,
             groups=groups,

@@ -274,6 +274,7 @@ def sanitize(
     top_k: int | str | None = "default",
     seed: int | None = None,
     accounting: str = "dpinfer",
+    adjacency: str = "replace-by-null",
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
@@ -299,6 +300,10 @@ def sanitize(
             from the public context only). ``top_k=None`` samples from the full vocabulary.
         seed: random seed (the same seed reproduces the output).
         accounting: ``"dpinfer"`` or ``"as_published"`` (the authors' 4·β per step, DP-Fusion only).
+        adjacency: DP-Fusion's neighbouring documents: ``"replace-by-null"`` (default: one group's spans replaced by
+            placeholders) or ``"replace-one"`` (one group's values swapped for any others; the bound is enforced at
+            order 2α and charged ``((α − ½)/(α − 1) + 1)·b`` inside the mixture formula, so the same ε costs more
+            noise). The baselines' guarantees do not depend on it.
         label_map: translation of span labels to TAB types, for spans files with other labels.
         no_repeat_ngram: ban repeating any n-gram of the generated tokens (a public transform applied to every
             context alike: it reads released tokens only); ``None`` disables it.
@@ -318,6 +323,10 @@ def sanitize(
         raise ConfigurationError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not 0 < delta < 1:
         raise ConfigurationError(f"delta must lie in (0, 1), got {delta!r}")
+    if method == "dp-fusion":
+        from dpinfer.mechanisms.dp_fusion import _check_adjacency
+
+        _check_adjacency(adjacency, accounting)  # before the document is tagged or read
     model = resolve_lm(lm)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
     temp = DEFAULTS["temperature"] if temperature is None else float(temperature)
@@ -338,9 +347,11 @@ def sanitize(
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name, "seed": seed}
+    if method == "dp-fusion":
+        settings["adjacency"] = adjacency
 
     contexts, mech = _mechanism(method, model, prep, group_map, epsilon, group_epsilon, delta, t_max, alpha, temp, k,
-                                accounting, settings)
+                                accounting, settings, adjacency)
     t0 = time.perf_counter()
     ngram = DEFAULTS["no_repeat_ngram"] if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
@@ -381,7 +392,7 @@ def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: fl
 def _mechanism(method: str, lm: LM, prep: PreparedContexts, groups: Mapping[str, Sequence[str]],
                epsilon: float | None, group_epsilon: Mapping[str, float] | None, delta: float, t_max: int,
                alpha: float, temp: float, top_k: int | None, accounting: str,
-               settings: dict[str, Any]) -> tuple[list[list[int]], Any]:
+               settings: dict[str, Any], adjacency: str = "replace-by-null") -> tuple[list[list[int]], Any]:
     from dpinfer.mechanisms import get_mechanism
 
     if method == "original":
@@ -413,6 +424,7 @@ def _mechanism(method: str, lm: LM, prep: PreparedContexts, groups: Mapping[str,
     targets = resolve_group_epsilon(prep.group_names, groups, epsilon, group_epsilon)
     settings["group_epsilon"] = targets
     mech = DPFusion.calibrated(targets, max_new_tokens=t_max, delta=delta, alpha=alpha, accounting=accounting,
+                               adjacency=adjacency,
                                temperature=temp, top_k=top_k)
     return [prep.public, *prep.private], mech
 

@@ -18,10 +18,13 @@ from dpinfer.mechanisms.dp_fusion import (
     DPFusion,
     bound_for_step_epsilon,
     conversion_cost,
+    enforcement_order,
     mix,
     mollify,
     mollify_with_divergence,
+    per_step_rdp,
     renyi_divergence,
+    replace_one_factor,
     step_epsilon,
     symmetric_renyi,
 )
@@ -105,6 +108,63 @@ def test_mollify_property_bound_maximality_and_group_guarantee():
             )
     assert pairs >= 10_000
     assert not failures, f"{len(failures)} failing cases, first: {failures[:3]}"
+
+
+def test_replace_one_adjacency_property():
+    """Replace-one (ALGORITHMS §1, optional): group i's values swapped for others changes private_i only. With the
+    bound enforced at order 2α, the two mollified rows are within replace_one_factor(α)·b of each other at order α
+    (both directions), and the released mixtures within per_step_rdp(b, m, α, adjacency="replace-one")."""
+    gen = torch.Generator().manual_seed(20251122)
+    pairs, failures = 0, []
+    while pairs < 3_000:
+        lp, lq, b, alpha = _random_case(gen)
+        m, v = lq.shape
+        order = enforcement_order(alpha, "replace-one")
+        assert order == 2 * alpha
+        # the other values of every group: another private distribution on the same public support
+        z2 = lq + torch.randn(m, v, generator=gen, dtype=F64) * float(torch.rand((), generator=gen, dtype=F64) * 3)
+        lq2 = torch.log_softmax(z2.masked_fill(lp == -INF, -INF), -1)
+        q = mix(lp, lq, mollify(lp, lq, b, order, TOL))
+        q2 = mix(lp, lq2, mollify(lp, lq2, b, order, TOL))
+        pairs += m
+        rows = symmetric_renyi(q, q2, alpha)
+        rows_ok = rows <= replace_one_factor(alpha) * b * (1 + 1e-9) + 1e-9
+        out = torch.logsumexp(q, 0) - math.log(m)
+        swapped = torch.where(torch.eye(m, dtype=torch.bool)[:, :, None], q2.expand(m, m, v), q.expand(m, m, v))
+        released = symmetric_renyi(out.expand(m, v), torch.logsumexp(swapped, 1) - math.log(m), alpha)
+        per_step = torch.tensor([per_step_rdp(float(bi), m, alpha, adjacency="replace-one") for bi in b], dtype=F64)
+        ok = rows_ok & (released <= per_step * (1 + 1e-9) + 1e-9)
+        if not bool(ok.all()):
+            failures.append(f"V={v} m={m} α={alpha} b={b.tolist()} rows={rows.tolist()} released={released.tolist()}")
+    assert not failures, f"{len(failures)} failing cases, first: {failures[:3]}"
+
+
+def test_replace_one_guarantee_and_calibration():
+    null = DPFusion.calibrated({"PERSON": 20.0, "CODE": 15.0}, max_new_tokens=100, delta=1e-5)
+    one = DPFusion.calibrated({"PERSON": 20.0, "CODE": 15.0}, max_new_tokens=100, delta=1e-5,
+                              adjacency="replace-one")
+    assert one.enforced_order == 4.0 and null.enforced_order == 2.0
+    g = one.guarantee(100)
+    per = {gr.name: gr.epsilon for gr in g.groups}
+    assert per["PERSON"] == pytest.approx(20.0, rel=1e-6) and per["CODE"] == pytest.approx(15.0, rel=1e-6)
+    assert per["PERSON"] <= 20.0 + 1e-9 and g.epsilon == max(per.values())
+    assert "replace-one" in g.adjacency and g.parameters["enforced_order"] == 4.0
+    # same per-step loss at order α: b_one = b_null / replace_one_factor(α) (closed form for each group)
+    for b_one, b_null in zip(one.bounds, null.bounds, strict=True):
+        assert b_one == pytest.approx(b_null / replace_one_factor(2.0), rel=1e-6)
+    with pytest.raises(ConfigurationError, match="replace-one"):
+        DPFusion(bounds=[0.1], group_names=["A"], adjacency="replace-one", accounting="as_published")
+    with pytest.raises(ConfigurationError, match="adjacency"):
+        DPFusion(bounds=[0.1], group_names=["A"], adjacency="swap")
+    # the mechanism enforces the bound at order 2α
+    gen = torch.Generator().manual_seed(0)
+    z = _logits(gen, 2, 50)
+    mech = DPFusion(bounds=[0.05, 0.05], group_names=["A", "B"], adjacency="replace-one")
+    _, lam, div = mech.distribution(z)
+    assert div.shape == (2,)
+    lp, lq = torch.log_softmax(z[0], -1), torch.log_softmax(z[1:], -1)
+    assert torch.allclose(lam, mollify(lp, lq, [0.05, 0.05], 4.0, mech.tol))
+    assert bool((symmetric_renyi(mix(lp, lq, lam), lp.expand(2, -1), 4.0) <= 0.05 + 1e-9).all())
 
 
 _LOGIT = st.one_of(st.floats(-2000.0, 2000.0), st.just(-INF))
