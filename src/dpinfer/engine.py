@@ -132,8 +132,9 @@ class Engine:
             return False
         if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
             return False
-        head = model.get_output_embeddings()
-        return isinstance(head, torch.nn.Linear) or hasattr(head, "float_linear")
+        # an int8 decode twin (load_model(quantize="int8")) runs every row in one int8 call, which reads a quarter of
+        # the bytes of the float32 public row alone: no split there
+        return isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
     def _split_step(self, next_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
                     mechanism: Mechanism, generated: list[list[int]], processors: Sequence[Any],
@@ -146,7 +147,6 @@ class Engine:
                                   past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state[:, -1, :]
         head = model.get_output_embeddings()
-        head = getattr(head, "float_linear", head)  # an int8 decode twin: both row kinds use the float32 weights
         public = head(hidden[:1])
         probe = public.to(torch.float64)
         if eos is not None and eos.numel():
@@ -302,8 +302,7 @@ class Engine:
         eos = torch.as_tensor(sorted(self.lm.eos_token_ids), dtype=torch.long, device=device)
         pad = self.lm.pad_token_id
 
-        split = joint and k > 1 and self.split_head and self._head_splits() and \
-            type(mechanism).private_columns is not Mechanism.private_columns
+        split = joint and k > 1 and self.split_head and mechanism.restricts_private_columns and self._head_splits()
         sequences: list[list[int]] = [[] for _ in range(k)]
         reasons = ["length"] * k
         steps: list[dict[str, Any]] = []

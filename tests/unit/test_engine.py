@@ -224,3 +224,27 @@ def test_invisibleink_is_the_same_with_and_without_the_split_head(tiny_lm):
         outs.append(Engine(tiny_lm, split_head=split).generate(rows, mech, max_new_tokens=12, min_new_tokens=12,
                                                                seed=3).sequences[0])
     assert outs[0] == outs[1]
+
+
+def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypatch: pytest.MonkeyPatch):
+    """DP-Fusion with a public top-k support reads the private rows on S only: the split head gives the same tokens
+    and mixing weights; without truncation it does not split (one head call for every row is cheaper)."""
+    from dpinfer.mechanisms.dp_fusion import DPFusion
+    from dpinfer.mechanisms.transforms import NoRepeatNGram
+
+    rows = [tiny_lm.encode(p) for p in PROMPTS]
+    runs, calls = [], []
+    original = Engine._split_step
+    monkeypatch.setattr(Engine, "_split_step", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    for split in (True, False):
+        mech = DPFusion(bounds=[0.3, 0.1], group_names=["A", "B"], temperature=0.7, top_k=7)
+        assert mech.restricts_private_columns
+        calls.clear()
+        out = Engine(tiny_lm, split_head=split).generate(rows, mech, max_new_tokens=12, min_new_tokens=12, seed=5,
+                                                         processors=[NoRepeatNGram(2)])
+        assert bool(calls) == split
+        runs.append(out)
+    assert runs[0].sequences == runs[1].sequences
+    for a, b in zip(runs[0].steps, runs[1].steps, strict=True):
+        assert a["lambda"] == pytest.approx(b["lambda"], abs=1e-4)  # float32 head rounding, λ tolerance 1e-6
+    assert not DPFusion(bounds=[0.3], group_names=["A"]).restricts_private_columns

@@ -88,6 +88,12 @@ class Mechanism(ABC):
         """
         return None
 
+    @property
+    def restricts_private_columns(self) -> bool:
+        """Whether :meth:`private_columns` may return a subset: the engine splits the output head only then (a
+        mechanism that always reads every column is cheaper with one head call for all rows)."""
+        return type(self).private_columns is not Mechanism.private_columns
+
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
         from dpinfer.accounting import Guarantee

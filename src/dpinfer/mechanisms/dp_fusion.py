@@ -986,6 +986,20 @@ class DPFusion(Mechanism):
                 "context per group, in the order of group_names"
             )
 
+    def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
+        """The ids of the public support S (after temperature, as :meth:`step` computes it): the private rows are
+        read there and nowhere else. ``None`` without truncation."""
+        if self.support.is_full:
+            return None
+        z = public_scores.to(torch.float64)
+        if self.temperature != 1.0:
+            z = z * (1.0 / self.temperature)
+        return self.support.mask(z).nonzero().squeeze(-1)
+
+    @property
+    def restricts_private_columns(self) -> bool:
+        return not self.support.is_full
+
     def _mixture(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """``p_out`` on the public support S, the ids of S (None for the full vocabulary), λ and the divergences."""
         m = self.num_groups
