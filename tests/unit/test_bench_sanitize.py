@@ -55,4 +55,30 @@ def test_run_quality_on_a_tab_document(tiny_lm, shared_data):
     assert rows["dp-fusion"]["guarantee_epsilon"] == pytest.approx(30.0, rel=1e-3)
     res["settings"] = {"model": "tiny", "docs": 1, "max_chars": 300, "max_new_tokens": 6, "delta": 1e-5, "seed": 0,
                        "decoding": {}}
-    assert "| dp-fusion | 30 |" in format_quality(res)
+    md = format_quality(res)
+    assert "| dp-fusion | 30 |" in md
+    # one record per document and method, and every method paired with ner-scrub on the same games
+    assert len(res["per_document"]) == 3 and {r["method"] for r in res["per_document"]} == set(rows)
+    paired = {r["method"]: r for r in res["paired"]}
+    assert set(paired) == {"original", "dp-fusion"} and paired["dp-fusion"]["docs"] == 1
+    games = {r["method"]: r for r in res["per_document"]}
+    assert paired["dp-fusion"]["asr_diff"] == pytest.approx(
+        (games["dp-fusion"]["wins"] - games["ner-scrub"]["wins"]) / games["dp-fusion"]["games"], abs=1e-3)
+    assert paired["dp-fusion"]["ppl_diff_mean"] == pytest.approx(
+        games["dp-fusion"]["ppl"] - games["ner-scrub"]["ppl"], abs=1e-3)
+    assert "Paired with ner-scrub" in md
+
+
+def test_paired_comparison_counts_identical_releases():
+    from dpinfer.bench.sanitize import _paired
+
+    per_doc = [{"doc_id": d, "method": m, "target_epsilon": e, "ppl": p, "wins": w, "games": 3}
+               for d, m, e, p, w in [("a", "ner-scrub", None, 5.0, 1), ("a", "dp-fusion", 12.0, 5.0, 1),
+                                     ("b", "ner-scrub", None, 4.0, 0), ("b", "dp-fusion", 12.0, 6.0, 3)]]
+    releases = {("ner-scrub", None, 0): [1, 2, 3], ("dp-fusion", 12.0, 0): [1, 2, 3],
+                ("ner-scrub", None, 1): [1, 2, 3, 4], ("dp-fusion", 12.0, 1): [1, 9, 9, 9]}
+    (row,) = _paired(per_doc, releases, 2)
+    assert row["identical_releases"] == 1 and row["shared_prefix_share"] == pytest.approx((1.0 + 0.25) / 2)
+    assert row["ppl_diff_mean"] == 1.0 and row["asr_diff"] == 0.5
+    lo, hi = row["ppl_diff_ci95"]
+    assert lo < 1.0 < hi

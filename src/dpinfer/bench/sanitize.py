@@ -98,6 +98,8 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
     rows: dict[tuple[str, float | None], dict[str, Any]] = {
         r: {"ppl": [], "games": [], "leaks": [0, 0], "tokens": 0, "seconds": 0.0, "epsilon": None, "rep": []}
         for r in runs}
+    per_doc: list[dict[str, Any]] = []
+    releases: dict[tuple[str, float | None, int], list[int]] = {}  # in memory only, for the paired comparison
     for di, doc in enumerate(docs):
         pool = mention_pool(pool_docs, doc.doc_id)
         original_ctx = context(doc.text)
@@ -112,14 +114,56 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
             row["epsilon"] = res.guarantee.epsilon
             row["ppl"].append(perplexity(lm, original_ctx, out_ids))
             row["rep"].append(repeated_ngram_share(out_ids))
-            row["games"] += loss_attack(lm, context, doc.text, doc.spans, out_ids, pool,
-                                        rng=random.Random(1000 * di + 7))
+            games = loss_attack(lm, context, doc.text, doc.spans, out_ids, pool, rng=random.Random(1000 * di + 7))
+            row["games"] += games
             hit, total = verbatim_leak_rate(res.text, secrets)
+            releases[(method, eps, di)] = list(out_ids)
+            per_doc.append({"doc_id": doc.doc_id, "method": method, "target_epsilon": eps, "ppl": row["ppl"][-1],
+                            "wins": sum(g.win for g in games), "games": len(games), "leaks": [hit, total],
+                            "tokens": res.generated_tokens})
             row["leaks"][0] += hit
             row["leaks"][1] += total
             row["tokens"] += res.generated_tokens
             row["seconds"] += res.seconds
-    return {"rows": [_summarise(m, e, r) for (m, e), r in rows.items()]}
+    return {"rows": [_summarise(m, e, r) for (m, e), r in rows.items()], "per_document": per_doc,
+            "paired": _paired(per_doc, releases, len(docs))}
+
+
+def _paired(per_doc: list[dict[str, Any]], releases: dict[tuple[str, float | None, int], list[int]],
+            n_docs: int, baseline: str = "ner-scrub") -> list[dict[str, Any]]:
+    """Every swept run against ``baseline`` on the same documents and LOSS games. All samplers draw one uniform per
+    token from the same seeded stream (common random numbers), so a method close to the baseline releases the same
+    text until the first token where their distributions split; per-document differences then measure the gap with
+    less noise than two independent tables. Intervals: mean ± 1.96·sd/√n over documents (normal approximation)."""
+    by_key = {(r["method"], r["target_epsilon"], r["doc_id"]): r for r in per_doc}
+    doc_ids = list(dict.fromkeys(r["doc_id"] for r in per_doc))
+    out = []
+    for method, eps in dict.fromkeys((r["method"], r["target_epsilon"]) for r in per_doc):
+        if method == baseline or not all((baseline, None, d) in by_key for d in doc_ids):
+            continue
+        d_ppl, d_asr, same, prefix = [], [], 0, []
+        for di, d in enumerate(doc_ids):
+            a, b = by_key[(method, eps, d)], by_key[(baseline, None, d)]
+            if math.isfinite(a["ppl"]) and math.isfinite(b["ppl"]):
+                d_ppl.append(a["ppl"] - b["ppl"])
+            d_asr.append((a["wins"] - b["wins"]) / max(a["games"], 1))
+            x, y = releases[(method, eps, di)], releases[(baseline, None, di)]
+            same += x == y
+            k = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), min(len(x), len(y)))
+            prefix.append(k / max(len(x), len(y), 1))
+        out.append({"method": method, "target_epsilon": eps, "baseline": baseline, "docs": n_docs,
+                    "identical_releases": same, "shared_prefix_share": round(statistics.fmean(prefix), 3),
+                    "ppl_diff_mean": _mean_ci(d_ppl)[0], "ppl_diff_ci95": _mean_ci(d_ppl)[1],
+                    "asr_diff": _mean_ci(d_asr)[0], "asr_diff_ci95": _mean_ci(d_asr)[1]})
+    return out
+
+
+def _mean_ci(xs: list[float]) -> tuple[float | None, list[float] | None]:
+    if not xs:
+        return None, None
+    m = statistics.fmean(xs)
+    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.inf
+    return round(m, 3), [round(m - half, 3), round(m + half, 3)]
 
 
 def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +239,16 @@ def format_quality(res: dict[str, Any]) -> str:
         lines.append(f"| {r['method']} | {eps} | {geps} | {r['ppl_mean']} | {r['ppl_median']} | {r['asr']} "
                      f"[{ci[0]}, {ci[1]}] | {r['games']} | {r['leak_rate']} | {r['repeated_4grams']} "
                      f"| {r['tokens_per_s']} |")
+    if res.get("paired"):
+        lines += ["", "Paired with ner-scrub on the same documents and games (common random numbers; 95% intervals "
+                  "over documents, normal approximation):", "",
+                  "| method | target ε | identical releases | shared prefix | PPL − ner-scrub's | ASR − ner-scrub's |",
+                  "|---|---:|---:|---:|---|---|"]
+        for r in res["paired"]:
+            eps = "" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
+            lines.append(f"| {r['method']} | {eps} | {r['identical_releases']}/{r['docs']} | "
+                         f"{r['shared_prefix_share']:.0%} | {r['ppl_diff_mean']} {r['ppl_diff_ci95']} | "
+                         f"{r['asr_diff']} {r['asr_diff_ci95']} |")
     return "\n".join(lines)
 
 
