@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 
 
 def _mean_ci(xs: list[float]) -> str:
-    if not xs:
+    from dpinfer.bench.sanitize import mean_ci95
+
+    mean, ci = mean_ci95(xs)
+    if mean is None or ci is None:
         return "n/a"
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return f"{m:+.3f}"
-    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs))
-    return f"{m:+.3f} [{m - half:+.3f}, {m + half:+.3f}]"
+    return f"{mean:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
 def main(argv: list[str]) -> int:

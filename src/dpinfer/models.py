@@ -282,7 +282,6 @@ class _FusedInt8:
     """
 
     def __init__(self, qlinear: Any, sizes: list[int]) -> None:
-        self.qlinear = qlinear
         self.int8_call = _int8_call(qlinear)
         self.sizes = sizes
         self._last: tuple[Any, tuple[Any, ...]] | None = None
@@ -326,12 +325,15 @@ def _decode_int8_linear_cls() -> type:
         the same input share one fused int8 call (``fused``, :class:`_FusedInt8`); then ``int8_linear`` is None.
         """
 
-        def __init__(self, linear: Any, qlinear: Any) -> None:
+        def __init__(self, linear: Any, qlinear: Any = None) -> None:
             super().__init__()
             self.float_linear = linear
-            self.int8_linear = qlinear
-            self.__dict__["int8_call"] = _int8_call(qlinear)  # the kernel itself (not a submodule)
+            self.set_int8(qlinear)
             self.__dict__["fused"] = None  # (group, index); kept out of the module tree (shared by siblings)
+
+        def set_int8(self, qlinear: Any) -> None:
+            self.int8_linear = qlinear
+            self.__dict__["int8_call"] = None if qlinear is None else _int8_call(qlinear)  # the kernel, not a module
 
         @property
         def weight(self) -> Any:  # what callers of get_output_embeddings().weight expect
@@ -380,8 +382,7 @@ def _fuse_siblings(model: Any, quantize_one: Any) -> int:
                     big.bias.copy_(torch.cat([lin.bias for lin in lins]))
             group = _FusedInt8(quantize_one(big), [lin.out_features for lin in lins])
             for i, m in enumerate(mods):
-                m.int8_linear = None
-                m.__dict__["int8_call"] = None
+                m.set_int8(None)
                 m.__dict__["fused"] = (group, i)
             groups += 1
     return groups
@@ -417,9 +418,12 @@ def quantize_int8(model: Any, *, fuse: bool = True) -> int:
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel",
                                 category=UserWarning)
         for parent, name, child in targets:
-            setattr(parent, name, cls(child, quantize_one(child)))
+            setattr(parent, name, cls(child))
         if fuse:
             _fuse_siblings(model, quantize_one)
+        for module in model.modules():  # every layer not fused is quantised on its own (each layer once)
+            if type(module) is cls and module.fused is None:
+                module.set_int8(quantize_one(module.float_linear))
     return len(targets)
 
 

@@ -151,14 +151,16 @@ def _paired(per_doc: list[dict[str, Any]], releases: dict[tuple[str, float | Non
             same += x == y
             k = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), min(len(x), len(y)))
             prefix.append(k / max(len(x), len(y), 1))
+        (ppl_mean, ppl_ci), (asr_mean, asr_ci) = mean_ci95(d_ppl), mean_ci95(d_asr)
         out.append({"method": method, "target_epsilon": eps, "baseline": baseline, "docs": n_docs,
                     "identical_releases": same, "shared_prefix_share": round(statistics.fmean(prefix), 3),
-                    "ppl_diff_mean": _mean_ci(d_ppl)[0], "ppl_diff_ci95": _mean_ci(d_ppl)[1],
-                    "asr_diff": _mean_ci(d_asr)[0], "asr_diff_ci95": _mean_ci(d_asr)[1]})
+                    "ppl_diff_mean": ppl_mean, "ppl_diff_ci95": ppl_ci, "asr_diff": asr_mean, "asr_diff_ci95": asr_ci})
     return out
 
 
-def _mean_ci(xs: list[float]) -> tuple[float | None, list[float] | None]:
+def mean_ci95(xs: list[float]) -> tuple[float | None, list[float] | None]:
+    """The mean of per-document differences and its 95% interval, ``mean ± 1.96·sd/√n`` (normal approximation),
+    rounded to 3 digits; ``(None, None)`` without data, an infinite interval for one document."""
     if not xs:
         return None, None
     m = statistics.fmean(xs)

@@ -986,15 +986,24 @@ class DPFusion(Mechanism):
                 "context per group, in the order of group_names"
             )
 
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        z = logits.to(torch.float64)
+        return z * (1.0 / self.temperature) if self.temperature != 1.0 else z
+
+    def _support_ids(self, z_pub: torch.Tensor) -> torch.Tensor | None:
+        """The ids of S from the public row (after temperature) only; ``None`` for the whole vocabulary. Without
+        truncation S is the public row's finite entries (e.g. EOS banned for every row alike): a public choice,
+        applied to every row like a top-k support, so the solver works on a full support."""
+        if not self.support.is_full:
+            return self.support.mask(z_pub).nonzero().squeeze(-1)
+        if bool((z_pub == _NEG_INF).any()):
+            return (z_pub > _NEG_INF).nonzero().squeeze(-1)
+        return None
+
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
-        """The ids of the public support S (after temperature, as :meth:`step` computes it): the private rows are
-        read there and nowhere else. ``None`` without truncation."""
-        if self.support.is_full:
-            return None
-        z = public_scores.to(torch.float64)
-        if self.temperature != 1.0:
-            z = z * (1.0 / self.temperature)
-        return self.support.mask(z).nonzero().squeeze(-1)
+        """The ids of the public support S, exactly as :meth:`step` computes it: the private rows are read there and
+        nowhere else."""
+        return self._support_ids(self._scaled(public_scores))
 
     @property
     def restricts_private_columns(self) -> bool:
@@ -1008,19 +1017,11 @@ class DPFusion(Mechanism):
                 f"DP-Fusion with m = {m} groups needs logits of shape (m + 1, V) = ({m + 1}, V), got "
                 f"{tuple(logits.shape)}"
             )
-        z = logits.to(torch.float64)
-        if self.temperature != 1.0:
-            z = z * (1.0 / self.temperature)
+        z = self._scaled(logits)
         if bool(torch.isnan(z.sum(dim=-1)).any()):  # a NaN (or +inf next to -inf) anywhere makes its row sum NaN
             raise InvalidInputError("the logits contain NaN (or +inf); nothing is sampled")
-        idx = None
-        if not self.support.is_full:  # S from the public row only, applied to every row
-            idx = self.support.mask(z[0]).nonzero().squeeze(-1)
-            z = z.index_select(1, idx)
-        elif bool((z[0] == _NEG_INF).any()):
-            # S = the public row's finite entries (e.g. EOS banned for every row alike): a public choice, applied to
-            # every row like a top-k support, so the solver below works on a full support
-            idx = (z[0] > _NEG_INF).nonzero().squeeze(-1)
+        idx = self._support_ids(z[0])  # S from the public row only, applied to every row
+        if idx is not None:
             z = z.index_select(1, idx)
         logp = torch.log_softmax(z, dim=-1)
         lp, lq = logp[0], logp[1:]
