@@ -12,7 +12,8 @@ The engine owns the model; a :class:`~dpinfer.mechanisms.Mechanism` owns the cho
    * ``joint`` mode: the mechanism returns ONE token, appended to every row; generation stops at EOS or ``T_max``.
    * ``independent`` mode: one token per row; a row stops at its own EOS, the run when every row has stopped.
 
-Randomness comes only from a per-run ``torch.Generator`` (``seed``), so a seed reproduces a run exactly.
+Randomness comes only from a per-run :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
+CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo
+from dpinfer.mechanisms.randomness import Randomness, as_random_source, random_source
 from dpinfer.models import LM
 
 MIN_SHARED_PREFIX = 8
@@ -255,7 +257,7 @@ class Engine:
         max_new_tokens: int,
         min_new_tokens: int = 0,
         seed: int | None = None,
-        generator: torch.Generator | None = None,
+        generator: Randomness | None = None,
         stop_on_eos: bool = True,
         processors: Sequence[Any] = (),
         result: list[EngineOutput] | None = None,
@@ -268,7 +270,8 @@ class Engine:
             mechanism: turns the K rows of logits into token(s); its ``mode`` picks joint or independent decoding.
             max_new_tokens: ``T_max``.
             min_new_tokens: EOS is masked out (for every row alike) before this many tokens (benchmarks).
-            seed / generator: source of all randomness.
+            seed / generator: source of all randomness: by default a secure source (``os.urandom``); ``seed`` (tests
+                and benchmarks only) a reproducible one; ``generator`` a source or ``torch.Generator`` to use as is.
             stop_on_eos: stop at EOS (else always run ``max_new_tokens`` steps; EOS is then an ordinary token).
             processors: callables ``(generated, logits) -> logits`` applied before the mechanism, where
                 ``generated`` holds the tokens generated so far (one list in joint mode, applied to every row alike;
@@ -293,12 +296,7 @@ class Engine:
         joint = mechanism.mode == "joint"
         mechanism.start(k, vocab)
         device = self.lm.device
-        if generator is None:
-            generator = torch.Generator(device=device)
-            if seed is None:
-                generator.seed()  # a fresh non-deterministic seed for this run only (global RNG untouched)
-            else:
-                generator.manual_seed(int(seed))
+        generator = random_source(seed) if generator is None else as_random_source(generator)
         eos = torch.as_tensor(sorted(self.lm.eos_token_ids), dtype=torch.long, device=device)
         pad = self.lm.pad_token_id
 

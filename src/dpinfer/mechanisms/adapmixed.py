@@ -30,6 +30,7 @@ from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import _check_alpha, _sample, mix, mollify_with_divergence, renyi_divergence
 from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
+from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.transforms import PublicSupport
 
 ORDERS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
@@ -107,7 +108,7 @@ class AdaPMixED(Mechanism):
     def _converted(self, rdp: torch.Tensor) -> float:
         return epsilon_from_rdp(ORDERS, rdp.tolist(), self.delta)[0]
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """One public or private token, or ``stop`` when the realised loss would pass the budget."""
         if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
             raise InvalidInputError(
@@ -130,7 +131,7 @@ class AdaPMixED(Mechanism):
         p_hat = q.mean(dim=0)
         # noisy screening (a Gaussian mechanism: sensitivity b/B, std σ_s·b/B)
         screen_rdp = self._orders / (2.0 * self.screening_noise**2)
-        noise = torch.randn(1, dtype=torch.float64, generator=generator, device=generator.device).item()
+        noise = float(as_random_source(generator).normal(1)[0])
         noise *= self.screening_noise * b / self.batch_size
         private = float(div.mean()) + noise > self.screening_threshold * b
         cost = screen_rdp

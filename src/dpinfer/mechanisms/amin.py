@@ -40,6 +40,7 @@ from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import _sample
 from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
+from dpinfer.mechanisms.randomness import Randomness, as_random_source
 
 ADJACENCY = "replace-by-null of one reference (one reference replaced by the empty reference)"
 ADJACENCY_PUBLISHED = (
@@ -212,11 +213,10 @@ class AminSVT(Mechanism):
         self._count = 0
         self._noisy_threshold = None
 
-    def _laplace(self, scale: float, generator: torch.Generator) -> float:
-        u = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device).item() - 0.5
-        return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
+    def _laplace(self, scale: float, generator: Randomness) -> float:
+        return float(as_random_source(generator).laplace(scale, 1)[0])
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """One private or public token; ``stop`` once the private-token cap is spent."""
         if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
             raise InvalidInputError(

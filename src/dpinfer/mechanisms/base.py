@@ -22,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.mechanisms.randomness import Randomness
 
 Mode = Literal["joint", "independent"]
 
@@ -70,13 +71,15 @@ class Mechanism(ABC):
         """Called once before the first step; check that the context layout fits (e.g. K = m + 1)."""
 
     @abstractmethod
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Choose the next token(s).
 
         Args:
             logits: ``(K, V)`` float64 raw logits of the K contexts, on the engine's device, never clamped.
             info: public step information.
-            generator: the per-call random generator (all randomness must come from it, for reproducibility).
+            generator: the run's source of randomness, a :class:`~dpinfer.mechanisms.randomness.RandomSource`
+                (secure by default, seeded for tests) or a ``torch.Generator`` (wrap it with
+                :func:`~dpinfer.mechanisms.randomness.as_random_source`). ALL randomness must come from it.
         """
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:

@@ -38,6 +38,7 @@ from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_rows
 
 ADJACENCY = "any two private contexts (the whole document may change; local DP)"
@@ -251,7 +252,7 @@ class DPDecoding(Mechanism):
         check_row_layout(self.mode, self.row, num_contexts, self.num_sequences, "num_sequences",
                          "sample from the private context")
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         if logits.shape[-1] != self.vocab_size:
             raise ConfigurationError(
                 f"logits of width {logits.shape[-1]} given to a DP-Decoding mechanism built for "

@@ -60,6 +60,7 @@ from dpinfer.errors import ConfigurationError, InfeasibleBudgetError, InvalidInp
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_probs
 from dpinfer.mechanisms.transforms import PublicSupport
 
@@ -790,7 +791,7 @@ def _infeasible_message(epsilon: float, delta: float, alpha: float, max_new_toke
     )
 
 
-def _sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _sample(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
     """One index drawn from the 1-D ``probs`` (≥ 0, not normalised) with one uniform from ``generator``
     (:func:`~dpinfer.mechanisms.sampler.sample_probs`, the sampler every dpinfer mechanism shares)."""
     return sample_probs(probs, generator)
@@ -1046,7 +1047,7 @@ class DPFusion(Mechanism):
             probs = torch.zeros(logits.shape[1], dtype=torch.float64, device=probs.device).index_copy_(0, idx, probs)
         return probs, lam, div
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Sample one token from ``p_out`` with ``generator``; stats hold the DATA-DEPENDENT λ and divergences."""
         probs, idx, lam, div = self._mixture(logits)
         j = _sample(probs, generator)

@@ -41,6 +41,7 @@ from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import Sampler, sample_rows
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ class DPPrompt(Mechanism):
         check_row_layout(self.mode, self.row, num_contexts, self.num_rewrites, "num_rewrites",
                          "rewrite the private prompt")
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits
         tokens = sample_rows(clipped_log_probs(rows, self.clip_min, self.clip_max, self.temperature), generator)
         return StepResult(tokens=tokens[0] if self.mode == "joint" else tokens)
@@ -292,7 +293,7 @@ class _LogitMoments(Mechanism):
         self.sampler = Sampler(temperature=1.0, mode="independent")
         self.count, self.total, self.total_sq = 0, 0.0, 0.0
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         live = logits if info.finished is None else logits[~info.finished.to(logits.device)]
         values = live[torch.isfinite(live)]
         self.count += int(values.numel())

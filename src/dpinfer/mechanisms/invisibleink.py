@@ -34,6 +34,7 @@ from dpinfer.mechanisms import register
 from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import _sample
+from dpinfer.mechanisms.randomness import Randomness
 
 ADJACENCY = (
     "replace-by-null of one reference (one reference replaced by the empty reference, whose context is the public "
@@ -235,7 +236,7 @@ class InvisibleInk(Mechanism):
             support = torch.zeros_like(support).index_fill_(0, idx, True)
         return probs, support
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: torch.Generator) -> StepResult:
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Sample one token from ``softmax(ℓ̄[V⁺]/τ)``."""
         z = self._check(logits)
         probs, idx, kth = self._released(z)
