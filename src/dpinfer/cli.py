@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=0.9)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None, help="reproduce the output (default: secure random)")
     g.set_defaults(func=cmd_generate)
 
     sz = sub.add_parser("sanitize", parents=[common], help="rewrite a document with a per-group (ε, δ) guarantee",
@@ -447,7 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans replaced by "
                          "placeholders) or replace-one (a group's values swapped for any others; bound enforced at "
                          "order 2α, more noise for the same ε)")
-    sz.add_argument("--seed", type=int, default=None)
+    sz.add_argument("--seed", type=int, default=None,
+                    help="for tests and benchmarks only: the guarantee then holds only while the seed is secret "
+                         "(default: noise from the OS's secure generator)")
     sz.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     sz.add_argument("--device", default=None)
     _add_quantize(sz)
@@ -482,7 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--max-reference-tokens", type=int, default=512,
                     help="cut each reference to this many tokens (default 512; 0 = no cut)")
     sy.add_argument("--limit", type=int, default=None, help="read only the first N records")
-    sy.add_argument("--seed", type=int, default=None, help="seeds the batching and the sampling")
+    sy.add_argument("--seed", type=int, default=None,
+                    help="for tests and benchmarks only: the guarantee then holds only while the seed is secret "
+                         "(default: noise from the OS's secure generator)")
     sy.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     sy.add_argument("--device", default=None)
     sy.add_argument("--out", required=True, help="output .jsonl (first line: guarantee and settings)")

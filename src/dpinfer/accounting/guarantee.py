@@ -16,6 +16,10 @@ from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, _check_epsilo
 from dpinfer.errors import ConfigurationError
 
 ACCOUNTINGS = ("dpinfer", "as_published")
+SEEDED_NOTE = (
+    "A random seed was set: this holds only while the seed stays secret (whoever knows it can replay the noise); "
+    "seeds are for tests and benchmarks, not for private releases."
+)
 
 
 def _check_guarantee_delta(delta: float) -> float:
@@ -93,7 +97,8 @@ class Guarantee:
     read. ``order`` is the Rényi order when the underlying bound holds at that order only. ``groups`` holds one
     guarantee per privacy group; the headline (ε, δ) must cover every group. ``accounting="as_published"`` marks the
     authors' own accounting, kept for comparison and flagged in the text. ``loss`` (not compared, not serialised) is
-    the underlying :class:`PrivacyLoss`. ε = ∞ means no privacy guarantee.
+    the underlying :class:`PrivacyLoss`. ε = ∞ means no privacy guarantee. ``seeded`` marks a run whose noise came
+    from a seeded stream: the statement then says that it holds only while the seed is secret (:data:`SEEDED_NOTE`).
 
     >>> from dpinfer.accounting import Zcdp
     >>> g = Guarantee.from_loss(Zcdp(1.5), delta=1e-6, mechanism="invisibleink",
@@ -116,6 +121,9 @@ class Guarantee:
     accounting: str = "dpinfer"
     loss: PrivacyLoss | None = field(default=None, compare=False, repr=False)
     ex_ante: bool = True
+    seeded: bool = False
+    """The run drew its noise from a seeded stream (tests and benchmarks): the guarantee then holds only while the
+    seed stays secret, since whoever knows it can replay the noise. The seed itself is never part of a release."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon))
@@ -149,6 +157,8 @@ class Guarantee:
         object.__setattr__(self, "groups", groups)
         if self.accounting not in ACCOUNTINGS:
             raise ConfigurationError(f"accounting must be one of {ACCOUNTINGS}, got {self.accounting!r}")
+        if not isinstance(self.seeded, bool):
+            raise ConfigurationError(f"seeded must be True or False, got {self.seeded!r}")
 
     @classmethod
     def no_privacy(cls, mechanism: str) -> Guarantee:
@@ -208,7 +218,10 @@ class Guarantee:
                 text += f" and at most {self.max_new_tokens} generated tokens"
         if self.accounting == "as_published":
             text += "; accounting as published by the mechanism's authors, not dpinfer's own"
-        return text + "."
+        text += "."
+        if self.seeded and self.epsilon > 0:
+            text += (" " + SEEDED_NOTE)
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (infinities as "inf"), with the plain-English ``statement``; ``loss`` is left out."""
@@ -224,6 +237,7 @@ class Guarantee:
                 "groups": tuple(group.to_dict() for group in self.groups),
                 "accounting": self.accounting,
                 "ex_ante": self.ex_ante,
+                "seeded": self.seeded,
                 "statement": str(self),
             }
         )
@@ -247,6 +261,7 @@ class Guarantee:
             groups=tuple(GroupGuarantee.from_dict(group) for group in data.get("groups", ())),
             accounting=data.get("accounting", "dpinfer"),
             ex_ante=data.get("ex_ante", True),
+            seeded=bool(data.get("seeded", False)),
         )
 
 

@@ -26,11 +26,12 @@ def sample_probs(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
     sum keeps its exact share (an inverted float CDF gives it 0 or one ulp).
 
     Each row inverts its CDF with ONE 53-bit uniform ``k · 2⁻⁵³`` from ``generator`` (a
-    :class:`~dpinfer.mechanisms.randomness.RandomSource`, or a ``torch.Generator``). The float cumulative sums carry a
-    rigorous error bound (``2 · V · 2⁻⁵³ · total`` for any summation order); when the whole interval ``[k, k + 1) · 2⁻⁵³ · total`` (widened by
-    the bound) lies in one bucket, that bucket is the answer for every continuation of the uniform's bits. Otherwise (a
-    boundary of a positive weight lies within ``8 · V · 2⁻⁵³ · total`` of the draw: about 4e-6 per row for a flat 49k
-    vocabulary, 4e-9 with 40 tokens left by top-k) the row is finished in exact integer arithmetic, drawing 64 more bits at a time from the same source.
+    :class:`~dpinfer.mechanisms.randomness.RandomSource`, or a ``torch.Generator``). The float cumulative sums carry
+    a rigorous error bound (``2 · V · 2⁻⁵³ · total`` for any summation order); when the whole interval
+    ``[k, k + 1) · 2⁻⁵³ · total``, widened by the bound, lies in one bucket, that bucket is the answer for every
+    continuation of the uniform's bits. Otherwise (a boundary of a positive weight lies within
+    ``8 · V · 2⁻⁵³ · total`` of the draw: about 4e-6 per row for a flat 49k vocabulary, 4e-9 with 40 tokens left by
+    top-k) the row is finished in exact integer arithmetic, drawing 64 more bits at a time from the same source.
 
     Every sampler of dpinfer draws this way (unlike ``torch.multinomial``, which draws one exponential per vocabulary
     entry), so two mechanisms run with the same seed consume the same first uniform per row: at λ = 0, DP-Fusion and

@@ -24,6 +24,7 @@ truncation).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -298,7 +299,9 @@ def sanitize(
         alpha: Rényi order at which DP-Fusion's bound is enforced and charged.
         temperature, top_k: decoding transforms (defaults :data:`DEFAULTS`; DP-Fusion's top-k support is computed
             from the public context only). ``top_k=None`` samples from the full vocabulary.
-        seed: random seed (the same seed reproduces the output).
+        seed: for tests and benchmarks only (the same seed reproduces the output). Without it (the default) the noise
+            comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
+            secret (``guarantee.seeded`` is set and the statement says so); the seed is never written into the result.
         accounting: ``"dpinfer"`` or ``"as_published"`` (the authors' 4·β per step, DP-Fusion only).
         adjacency: DP-Fusion's neighbouring documents: ``"replace-by-null"`` (default: one group's spans replaced by
             placeholders) or ``"replace-one"`` (one group's values swapped for any others; the bound is enforced at
@@ -346,7 +349,7 @@ def sanitize(
         )
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
-                                "model": model.name, "seed": seed}
+                                "model": model.name}  # never the seed (it would let anyone replay the noise)
     if method == "dp-fusion":
         settings["adjacency"] = adjacency
 
@@ -368,6 +371,8 @@ def sanitize(
         guarantee = _scrub_guarantee(method, group_map, delta, t_max)
     else:
         guarantee = mech.guarantee(t_max)
+    if seed is not None:
+        guarantee = dataclasses.replace(guarantee, seeded=True)
     return SanitizeResult(
         text=model.decode(ids).strip(), guarantee=guarantee, token_ids=list(ids),
         spans=used_spans, groups=group_map, method=method, finish_reason=out.finish_reasons[0],

@@ -21,6 +21,7 @@ and ``public`` (the public prompt only: no reference is read, the zero-privacy f
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import random
@@ -378,7 +379,9 @@ def synthesize(
             vocabulary.
         temperature: τ.
         prompt_template: a :class:`PromptTemplate` or the name of one in :data:`TEMPLATES` (default ``"generic"``).
-        seed: seeds the partition and the sampling.
+        seed: for tests and benchmarks only: seeds the partition and the sampling. Without it (the default) the noise
+            comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
+            secret (``guarantee.seeded``); the seed is never written into the result or the output file.
         max_texts: stop after this many batches (the guarantee is unchanged: it holds per reference).
         max_reference_tokens: cut each reference to this many tokens (None: no cut).
         options: extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``).
@@ -425,6 +428,8 @@ def synthesize(
     mech = build_mechanism(method, lm=model, epsilon=epsilon, delta=delta, batch_size=batch_size,
                            max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
     guarantee = _public_guarantee(delta, max_new_tokens) if method == "public" else mech.guarantee(max_new_tokens)
+    if seed is not None:
+        guarantee = dataclasses.replace(guarantee, seeded=True)
     engine = Engine(model)
     texts: list[SyntheticText] = []
     t0 = time.perf_counter()
@@ -451,7 +456,7 @@ def synthesize(
             progress(b + 1, len(batches))
     seconds = time.perf_counter() - t0
     settings = {"epsilon": epsilon, "delta": delta, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                "top_k": top_k, "temperature": temperature, "seed": seed, "model": model.name,
+                "top_k": top_k, "temperature": temperature, "model": model.name,  # never the seed
                 "max_reference_tokens": max_reference_tokens,
                 "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
                 "options": dict(options or {})}
