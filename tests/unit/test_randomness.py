@@ -202,8 +202,11 @@ def test_sampler_is_exact_for_any_uniform(weights: list[float], k: int, more: li
     assert weights[j] > 0
 
 
+ROW3 = WEIGHTS.map(lambda w: [*w, 1.0, 1.0][:3]).filter(lambda w: any(x > 0 for x in w))
+
+
 @settings(max_examples=100, deadline=None)
-@given(rows=st.lists(WEIGHTS.map(lambda w: (w + [1.0, 1.0])[:3]).filter(lambda w: any(x > 0 for x in w)), min_size=1, max_size=5),
+@given(rows=st.lists(ROW3, min_size=1, max_size=5),
        ks=st.lists(st.integers(0, 2**53 - 1), min_size=5, max_size=5))
 def test_rows_are_vectorised_one_uniform_each(rows: list[list[float]], ks: list[int]) -> None:
     """Row r is decided by the r-th 53-bit uniform of the stream (common random numbers), exactly; extra bits, when a
