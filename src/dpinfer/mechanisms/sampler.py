@@ -53,7 +53,7 @@ def sample_probs(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
     if n == 0:
         return torch.zeros(lead, dtype=torch.long, device=w.device)
     k = torch.from_numpy(src.integers53(n)).to(w.device)
-    if not bool((rows.amin(dim=-1) >= 0).all()):  # also catches NaN
+    if not bool(rows.min() >= 0):  # also catches NaN
         raise InvalidInputError("sampling weights must be ≥ 0 and not NaN")
     cdf = rows.cumsum(dim=-1)
     total = cdf[:, -1]
