@@ -312,3 +312,15 @@ def test_cli_json_never_prints_the_seed(tiny_model_dir: Path, tmp_path: Path, ca
     text = capsys.readouterr().out
     assert str(SEED) not in text and "seed" not in _keys(json.loads(text))
     assert str(SEED) not in out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("bad", [1.5, "7", True])
+def test_a_bad_seed_is_refused_before_the_model_loads(bad: object) -> None:
+    from dpinfer.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="seed must be an integer"):
+        sanitize(DOC, lm="/no/such/model", spans=SPANS, seed=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="seed must be an integer"):
+        synthesize(REVIEWS, lm="/no/such/model", epsilon=1.0, batch_size=2, seed=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="seed must be an integer"):
+        random_source(bad)  # type: ignore[arg-type]

@@ -105,9 +105,12 @@ class SecureRandom(RandomSource):
         return "SecureRandom()"
 
 
-def _check_seed(seed: object) -> int:
+def check_seed(seed: object) -> int | None:
+    """``seed`` as an int (``None`` stays ``None``: the secure default); anything else is refused."""
+    if seed is None:
+        return None
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ConfigurationError(f"a seed must be an integer, got {type(seed).__name__}")
+        raise ConfigurationError(f"seed must be an integer or None, got a {type(seed).__name__}")
     return int(seed)
 
 
@@ -121,7 +124,9 @@ class SeededRandom(RandomSource):
     secure = False
 
     def __init__(self, seed: int) -> None:
-        s = _check_seed(seed)
+        s = check_seed(seed)
+        if s is None:
+            raise ConfigurationError("SeededRandom needs an integer seed; use SecureRandom() for unseeded runs")
         entropy = 2 * s if s >= 0 else -2 * s - 1  # one-to-one onto the non-negative integers
         self._bits = np.random.PCG64(np.random.SeedSequence(entropy))
 
@@ -194,5 +199,6 @@ __all__ = [
     "SeededRandom",
     "TorchGeneratorSource",
     "as_random_source",
+    "check_seed",
     "random_source",
 ]

@@ -316,12 +316,14 @@ def sanitize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
+    from dpinfer.mechanisms.randomness import check_seed
     from dpinfer.mechanisms.transforms import NoRepeatNGram
 
     if method not in METHODS:
         raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the document is empty")
+    check_seed(seed)  # before the model loads
     if epsilon is not None and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise ConfigurationError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not 0 < delta < 1:

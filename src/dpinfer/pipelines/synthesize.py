@@ -389,6 +389,7 @@ def synthesize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
+    from dpinfer.mechanisms.randomness import check_seed
 
     if method not in METHODS:
         raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -401,6 +402,7 @@ def synthesize(
     if not 0 < delta < 1:
         raise ConfigurationError(f"delta must lie in (0, 1), got {delta!r}")
     _check_positive(temperature, "temperature")
+    check_seed(seed)  # before the model loads
     refs = [r if isinstance(r, Reference) else Reference(str(r)) for r in references]
     if not refs:
         raise InvalidInputError("the reference corpus is empty")
