@@ -182,7 +182,6 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
         check_output_path,
         check_sanitize_budget,
         check_sanitize_params,
-        input_file,
     )
 
     # every parameter and path is checked here, before the document is tagged and before the model loads
@@ -194,12 +193,15 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
                           alpha=args.alpha, temperature=args.temperature, top_k=top_k,
                           max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
                           accounting=args.accounting, adjacency=args.adjacency,
-                          tagger=None if args.spans else args.tagger, cli=True)
+                          tagger=args.tagger, cli=True)
     if args.out:
         check_output_path(args.out, inputs=(args.file, args.spans))
-    if args.spans:
-        input_file(args.spans, "spans")
     text = read_text_arg(args.file, "document")
+    if args.spans:
+        from dpinfer.taggers import load_spans
+
+        read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
+        load_spans(args.spans)  # and a malformed one too (sanitize checks the spans against the document)
     check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
                           alpha=args.alpha, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           accounting=args.accounting, adjacency=args.adjacency)
@@ -417,7 +419,14 @@ _BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "ma
 
 def _check_bench_args(args: argparse.Namespace) -> None:
     """The numeric options and the data file of a benchmark, checked before any model loads."""
-    from dpinfer.validation import check_delta, check_seed, check_temperature, input_file, int_at_least, positive_number
+    from dpinfer.validation import (
+        check_delta,
+        check_seed,
+        check_temperature,
+        int_at_least,
+        positive_number,
+        sniff_text_file,
+    )
 
     for name in _BENCH_COUNTS:
         value = getattr(args, name, None)
@@ -437,7 +446,7 @@ def _check_bench_args(args: argparse.Namespace) -> None:
     if getattr(args, "delta", None) is not None:
         check_delta(args.delta, "--delta")
     if getattr(args, "data", None):
-        input_file(args.data, "data")
+        sniff_text_file(args.data, "data")
     for name in ("out", "out_dir"):
         folder = getattr(args, name, None)
         if folder:
@@ -666,7 +675,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except OSError as exc:  # the file system said no: its reason and the path, never file content
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"dpinfer: error: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
+        reason = exc.strerror or f"could not read or write a file ({type(exc).__name__}); check the paths given"
+        print(f"dpinfer: error: {reason}{where}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:
         if os.environ.get("DPINFER_DEBUG"):

@@ -38,7 +38,7 @@ def _is_number(value: object) -> bool:
 def positive_number(value: object, name: str, hint: str = "") -> float:
     """``value`` as a finite float > 0."""
     if not _is_number(value) or not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}{hint}")
+        raise ConfigurationError(f"{name} must be > 0 (a finite number), got {value!r}{hint}")
     return float(value)  # type: ignore[arg-type]
 
 
@@ -123,7 +123,7 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     >>> check_sanitize_params(epsilon=10)
     >>> check_sanitize_params(epsilon=-1)
     Traceback (most recent call last):
-    dpinfer.errors.ConfigurationError: epsilon must be a finite number > 0, got -1
+    dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
     """
     n = _namer(cli)
     one_of(method, n("method"), SANITIZE_METHODS)
@@ -253,6 +253,25 @@ def input_file(source: str | os.PathLike[str], what: str = "input") -> Path:
         raise InvalidInputError(f"{p} is not a regular file; give the {what} as a file")
     if not os.access(p, os.R_OK):
         raise InvalidInputError(f"{p} is not readable (check its permissions)")
+    return p
+
+
+def sniff_text_file(source: str | os.PathLike[str], what: str = "data") -> Path:
+    """``source`` as a regular, non-empty file whose first 64 KiB are UTF-8 text without NUL bytes (a cheap check
+    of a large data file before any model loads; the loader still checks the rest)."""
+    import codecs
+
+    p = input_file(source, what)
+    with p.open("rb") as f:
+        head = f.read(64 * 1024)
+    if not head.strip():
+        raise InvalidInputError(f"{p} is empty")
+    if b"\x00" in head:
+        raise InvalidInputError(f"{p} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{p} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
     return p
 
 
