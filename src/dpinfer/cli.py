@@ -193,7 +193,7 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
                           alpha=args.alpha, temperature=args.temperature, top_k=top_k,
                           max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
                           accounting=args.accounting, adjacency=args.adjacency,
-                          tagger=args.tagger, cli=True)
+                          tagger=args.tagger, groups=groups, cli=True)
     if args.out:
         check_output_path(args.out, inputs=(args.file, args.spans))
     text = read_text_arg(args.file, "document")

@@ -116,7 +116,8 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
                           alpha: object = 2.0, temperature: object = None, top_k: object = "default",
                           max_new_tokens: object = None, no_repeat_ngram: object = "default", seed: object = None,
                           accounting: object = "dpinfer", adjacency: object = "replace-by-null",
-                          tagger: object = None, cli: bool = False) -> None:
+                          tagger: object = None, groups: Mapping[str, Any] | None = None,
+                          cli: bool = False) -> None:
     """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model
     (``cli=True``: messages name the command-line options, e.g. ``--max-new-tokens``).
 
@@ -129,10 +130,30 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     one_of(method, n("method"), SANITIZE_METHODS)
     if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
+    from dpinfer.taggers.base import TAB_LABELS
+
+    if groups is not None:
+        if not isinstance(groups, Mapping):
+            raise InvalidInputError("groups must map group names to lists of labels")
+        seen: dict[str, str] = {}
+        for gname, labels in groups.items():
+            if not isinstance(gname, str) or not gname:
+                raise InvalidInputError("group names must be non-empty strings")
+            if isinstance(labels, str) or not isinstance(labels, Iterable):
+                raise InvalidInputError(f"group {gname!r} must list its labels, e.g. ['PERSON', 'CODE']")
+            for label in labels:
+                if label not in TAB_LABELS:
+                    raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
+                if label in seen:
+                    raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
+                seen[label] = gname
     if group_epsilon is not None:
         if not isinstance(group_epsilon, Mapping):
             raise ConfigurationError("group_epsilon must map group names or labels to numbers")
         for name, value in group_epsilon.items():
+            if name not in TAB_LABELS and name not in (groups or {}):
+                raise InvalidInputError(f"{'--group-epsilon' if cli else 'group_epsilon'} names {name!r}, which is "
+                                        f"neither a group nor a label; labels: {', '.join(TAB_LABELS)}")
             positive_number(value, f"the ε of group {name}")
     check_delta(delta, n("delta"))
     check_alpha(alpha, n("alpha"))

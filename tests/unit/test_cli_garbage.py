@@ -215,3 +215,22 @@ def test_generate_type_errors_say_what_was_expected() -> None:
         generate_many("abc", lm="no/such-model")
     with pytest.raises(InvalidInputError, match="dict"):
         generate(messages=[{"role": "user"}], lm="no/such-model")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"alpha": 0.5}, ConfigurationError, "alpha"),
+    ({"temperature": 0.0}, ConfigurationError, "temperature"),
+    ({"top_k": 0}, ConfigurationError, "top_k"),
+    ({"max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
+    ({"no_repeat_ngram": -1}, ConfigurationError, "no_repeat_ngram"),
+    ({"tagger": "nope"}, ConfigurationError, "tagger"),
+    ({"group_epsilon": {"NAMES": 3}}, InvalidInputError, "neither a group nor a label"),
+    ({"groups": {"ID": ["NOPE"]}}, InvalidInputError, "unknown label"),
+])
+def test_sanitize_api_parameter_errors_come_before_the_model(kwargs, error, match) -> None:
+    from dpinfer.pipelines.sanitize import sanitize
+
+    with pytest.raises(error, match=match):
+        sanitize("The applicant lives in Vienna.", lm="no/such-model", **kwargs)
+    with pytest.raises(InvalidInputError, match="must be a string, got int"):
+        sanitize(123, lm="no/such-model")  # type: ignore[arg-type]
