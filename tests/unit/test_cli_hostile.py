@@ -316,3 +316,15 @@ def test_out_where_no_file_can_be_created_is_refused(doc, tmp_path, no_model, ca
     rc = main(["sanitize", str(doc[0]), "--spans", str(doc[1]), "--out", str(tmp_path / "o.txt")])
     assert "cannot write" in _one_line_error(capsys, rc)
     assert no_model == []
+
+
+def test_synth_output_file_holds_no_timing_and_no_leftovers(corpus, tmp_path, tiny_model_dir, capsys):
+    """Throughput depends on the references' lengths: it stays out of the released file (operator output only)."""
+    out = tmp_path / "o.jsonl"
+    rc = main(["synth", str(corpus), "--text-field", "text", "--batch-size", "2", "--epsilon", "10",
+               "--max-new-tokens", "3", "--max-texts", "1", "--model", str(tiny_model_dir), "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    header = json.loads(out.read_text(encoding="utf-8").splitlines()[0])["dpinfer"]
+    assert "tokens_per_second" not in header and "guarantee" in header
+    assert NAME not in out.read_text(encoding="utf-8").splitlines()[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "o.jsonl"]

@@ -320,11 +320,14 @@ class SynthesisResult:
                             "tokens_per_second": round(self.tokens_per_second, 3)}}
 
     def jsonl_lines(self) -> list[str]:
-        """The lines of the output file: the header, then one JSON object per text (each ending in a newline)."""
+        """The lines of the output file: the header, then one JSON object per text (each ending in a newline).
+        The header leaves out the throughput: timing depends on the references' lengths (a side channel)."""
         from dpinfer._json import plain
 
+        head = self.header()
+        head["dpinfer"].pop("tokens_per_second", None)
         return [json.dumps(plain(rec), ensure_ascii=False) + "\n"
-                for rec in (self.header(), *(t.to_dict() for t in self.texts))]
+                for rec in (head, *(t.to_dict() for t in self.texts))]
 
     def write_jsonl(self, path: str | Path) -> None:
         """Write :meth:`jsonl_lines` to ``path`` atomically: a temporary file in the same folder, then
