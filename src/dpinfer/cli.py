@@ -175,8 +175,6 @@ def _write_failure(option: str, path: str, exc: OSError, where: str) -> int:
 
 
 def cmd_sanitize(args: argparse.Namespace) -> int:
-    from dpinfer.models import load_model
-    from dpinfer.pipelines.sanitize import sanitize
     from dpinfer.validation import (
         atomic_write_text,
         check_output_path,
@@ -203,8 +201,10 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
         read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
         load_spans(args.spans)  # and a malformed one too (sanitize checks the spans against the document)
     check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-                          alpha=args.alpha, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          accounting=args.accounting, adjacency=args.adjacency)
+                          alpha=args.alpha, cli=True)
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.sanitize import sanitize
+
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     extra: dict[str, Any] = {}
     if args.top_k is not None:

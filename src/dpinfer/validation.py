@@ -45,7 +45,7 @@ def positive_number(value: object, name: str, hint: str = "") -> float:
 def check_delta(value: object, name: str = "delta") -> float:
     """δ strictly between 0 and 1."""
     if not _is_number(value) or not (math.isfinite(value) and 0 < value < 1):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must lie strictly between 0 and 1, got {value!r} (1e-5 is a common choice)")
+        raise ConfigurationError(f"{name} must lie strictly between 0 and 1, got {value!r} (e.g. 1e-5)")
     return float(value)  # type: ignore[arg-type]
 
 
@@ -175,27 +175,46 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
         one_of(tagger, n("tagger"), available_taggers())
 
 
+def conversion_cost(alpha: float, delta: float) -> float:
+    """The cost of converting a Rényi bound held at the single order α to (ε, δ):
+    ``log1p(−1/α) − (log δ + log α)/(α − 1)``, the infimum of every ε DP-Fusion reaches at that α and δ (the same
+    formula as :func:`dpinfer.mechanisms.dp_fusion.conversion_cost`, here without importing torch; a test keeps the
+    two equal).
+
+    >>> round(conversion_cost(2.0, 1e-5), 4)
+    10.1266
+    """
+    return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+
+
 def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = None,
                           group_epsilon: Mapping[str, float] | None = None, delta: float = 1e-5, alpha: float = 2.0,
-                          max_new_tokens: int | None = None, temperature: float | None = None,
-                          accounting: str = "dpinfer", adjacency: str = "replace-by-null") -> None:
-    """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model).
+                          cli: bool = False) -> None:
+    """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model, no torch).
 
-    With ``max_new_tokens`` unset (T_max follows the document) the check runs at T_max = 1, which catches the floor
-    every T_max shares: the cost of converting the Rényi bound to (ε, δ). Imports torch (about a second), no model.
+    Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
+    :func:`conversion_cost`, so a target at or below it is unreachable and any target above it is reachable.
     """
+    from dpinfer.errors import InfeasibleBudgetError
+
     if method != "dp-fusion":
         return
-    from dpinfer.mechanisms.dp_fusion import DPFusion
-    from dpinfer.pipelines.sanitize import DEFAULTS
-
-    targets = {"every group": DEFAULTS["epsilon"] if epsilon is None else float(epsilon)}
-    for name, value in (group_epsilon or {}).items():
-        targets[str(name)] = float(value)
-    temp = DEFAULTS["temperature"] if temperature is None else float(temperature)
+    default = 40.0  # dpinfer.pipelines.sanitize.DEFAULTS["epsilon"] (a test keeps them equal)
+    targets = {"": default if epsilon is None else float(epsilon)}
+    targets.update({str(k): float(v) for k, v in (group_epsilon or {}).items()})
+    floor = conversion_cost(alpha, delta)
     for name, eps in targets.items():
-        DPFusion.calibrated({name: eps}, max_new_tokens=max_new_tokens or 1, delta=delta, alpha=alpha,
-                            accounting=accounting, adjacency=adjacency, temperature=temp)
+        if eps <= floor:
+            other = 8.0 if alpha < 8.0 else 4.0 * alpha
+            up = math.ceil(floor * 1e4) / 1e4
+            who = f"group {name}" if name else "a privacy group"
+            flag = "--alpha" if cli else "alpha"
+            raise InfeasibleBudgetError(
+                f"DP-Fusion cannot give {who} ε = {eps:g} at δ = {delta:g}: the smallest reachable ε is {up:g} at "
+                f"α = {alpha:g}, the cost of converting a Rényi bound held at that single order to (ε, δ) before any "
+                f"token is generated. Ask for ε > {up:g}, a larger δ, or a larger {flag} (the conversion costs "
+                f"{math.ceil(conversion_cost(other, delta) * 1e3) / 1e3:g} at α = {other:g})."
+            )
 
 
 def check_synth_params(*, method: object = "invisibleink", epsilon: object = None, delta: object = 1e-6,

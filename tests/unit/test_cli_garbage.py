@@ -234,3 +234,25 @@ def test_sanitize_api_parameter_errors_come_before_the_model(kwargs, error, matc
         sanitize("The applicant lives in Vienna.", lm="no/such-model", **kwargs)
     with pytest.raises(InvalidInputError, match="must be a string, got int"):
         sanitize(123, lm="no/such-model")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 4.0, 8.0, 32.0])
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-9])
+def test_fast_budget_check_matches_dp_fusion_calibration(alpha, delta) -> None:
+    """The torch-free pre-check refuses exactly what DP-Fusion's calibration refuses (at any T_max)."""
+    from dpinfer.mechanisms.dp_fusion import DPFusion
+    from dpinfer.mechanisms.dp_fusion import conversion_cost as slow
+    from dpinfer.pipelines.sanitize import DEFAULTS
+    from dpinfer.validation import check_sanitize_budget, conversion_cost
+
+    assert conversion_cost(alpha, delta) == pytest.approx(slow(alpha, delta), rel=1e-12)
+    floor = slow(alpha, delta)
+    below, above = floor * (1 - 1e-3), floor * (1 + 1e-2)
+    with pytest.raises(InfeasibleBudgetError, match="smallest reachable"):
+        check_sanitize_budget(epsilon=below, delta=delta, alpha=alpha)
+    check_sanitize_budget(epsilon=above, delta=delta, alpha=alpha)
+    for t_max in (1, 700):
+        with pytest.raises(InfeasibleBudgetError):
+            DPFusion.calibrated({"G": below}, max_new_tokens=t_max, delta=delta, alpha=alpha)
+        DPFusion.calibrated({"G": above}, max_new_tokens=t_max, delta=delta, alpha=alpha)
+    assert DEFAULTS["epsilon"] == 40.0  # the default the pre-check assumes
