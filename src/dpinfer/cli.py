@@ -202,6 +202,11 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
         load_spans(args.spans)  # and a malformed one too (sanitize checks the spans against the document)
     check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
                           alpha=args.alpha, cli=True)
+    tagger: Any = args.tagger
+    if not args.spans:
+        from dpinfer.taggers import get_tagger
+
+        tagger = get_tagger(args.tagger)  # a missing back-end (e.g. presidio's extra) is refused before the model
     from dpinfer.models import load_model
     from dpinfer.pipelines.sanitize import sanitize
 
@@ -223,7 +228,7 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
 
         res = sanitize(
             text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-            spans=args.spans, tagger=args.tagger, groups=groups,
+            spans=args.spans, tagger=tagger, groups=groups,
             max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
             accounting=args.accounting, adjacency=args.adjacency, progress=progress, **extra,
         )

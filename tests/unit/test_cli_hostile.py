@@ -328,3 +328,15 @@ def test_synth_output_file_holds_no_timing_and_no_leftovers(corpus, tmp_path, ti
     assert "tokens_per_second" not in header and "guarantee" in header
     assert NAME not in out.read_text(encoding="utf-8").splitlines()[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "o.jsonl"]
+
+
+def test_a_missing_tagger_back_end_is_refused_before_the_model(doc, no_model, capsys, monkeypatch):
+    import dpinfer.taggers
+    from dpinfer.errors import MissingDependencyError
+
+    def missing(name: str, **kwargs: object) -> None:
+        raise MissingDependencyError(f'the {name} tagger needs: pip install "dpinfer[pii]"')
+
+    monkeypatch.setattr(dpinfer.taggers, "get_tagger", missing)
+    assert "pip install" in _one_line_error(capsys, main(["sanitize", str(doc[0]), "--tagger", "presidio"]))
+    assert no_model == []
