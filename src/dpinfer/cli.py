@@ -553,7 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "found by a local tagger (or given with --spans); each entity type is a privacy "
                                     "group with its own ε. The guarantee is computed before the document is read.")
     sz.add_argument("file", help="the document (UTF-8 text), or '-' for standard input")
-    sz.add_argument("--epsilon", type=float, default=None, help="target ε per group (default 40)")
+    sz.add_argument("--epsilon", type=float, default=None,
+                    help="target ε per group (default 40: the release changes the odds of any conclusion about a "
+                         "group's spans by at most e^40 ≈ 2e17, a worst case that still bounds guessing all of a "
+                         "group's values at once; about 10 of it is the fixed cost at --alpha 2, the smallest "
+                         "reachable ε is 10.13 at δ = 1e-5. See docs/threat-model.md for how to choose)")
     sz.add_argument("--group-epsilon", action="append", metavar="NAME=E",
                     help="ε for one group or label, e.g. --group-epsilon PERSON=10 (repeatable)")
     sz.add_argument("--group", action="append", metavar="NAME=L1,L2",
@@ -565,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--method", default="dp-fusion",
                     help="dp-fusion (default) | original | ner-scrub | dp-decoding | dp-prompt")
     sz.add_argument("--max-new-tokens", type=int, default=None,
-                    help="T_max (default: about the document's length)")
+                    help="T_max (default for dp-fusion and ner-scrub: about the document's length, which is public "
+                         "under their adjacency)")
     sz.add_argument("--alpha", type=float, default=2.0, help="Rényi order of DP-Fusion's bound (default 2)")
     sz.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
     sz.add_argument("--top-k", type=int, default=None,
