@@ -1,7 +1,9 @@
 """The ``dpinfer`` command line.
 
-Every error dpinfer raises on purpose is printed as one line (``dpinfer: error: ...``) with exit status 2; no
-traceback. ``--json`` (before or after the sub-command) prints one JSON object on standard output instead of text.
+Every error is printed as one line (``dpinfer: error: ...``) with exit status 2; no traceback (set
+``DPINFER_DEBUG=1`` to see one for an unexpected error, whose message is withheld because it may quote the input).
+Parameters and paths are checked before any model loads. ``--json`` (before or after the sub-command) prints one
+JSON object on standard output instead of text.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,19 +37,23 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(plain(obj), indent=2, ensure_ascii=False, default=default) + "\n")
 
 
-def read_text_arg(source: str) -> str:
-    """Text of a FILE argument, or standard input for ``-``; rejects empty and binary input with a clear message."""
-    from pathlib import Path
+def read_text_arg(source: str, what: str = "input") -> str:
+    """Text of a FILE argument, or standard input for ``-``; refuses a missing file, a folder, an empty, binary,
+    non-UTF-8 or oversized (> 4 MiB) input with a one-line message (sizes and offsets only, never the content)."""
+    from dpinfer.validation import MAX_TEXT_BYTES, input_file
 
+    limit_mib = MAX_TEXT_BYTES // (1024 * 1024)
     if source == "-":
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_TEXT_BYTES + 1)
         where = "standard input"
     else:
-        p = Path(source)
-        if not p.is_file():
-            raise InvalidInputError(f"no such file: {source}")
+        p = input_file(source, what)
+        if p.stat().st_size > MAX_TEXT_BYTES:
+            raise InvalidInputError(f"{source} is larger than {limit_mib} MiB; split it into parts")
         data = p.read_bytes()
         where = source
+    if len(data) > MAX_TEXT_BYTES:
+        raise InvalidInputError(f"{where} is larger than {limit_mib} MiB; split it into parts")
     if b"\x00" in data:
         raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
     try:
@@ -58,14 +65,23 @@ def read_text_arg(source: str) -> str:
     return text
 
 
+def _cli_k(value: int | None, option: str) -> int | None:
+    """A CLI count where 0 means "off / None": refuses negatives, maps 0 to None."""
+    if value is not None and value < 0:
+        raise InvalidInputError(f"{option} must be ≥ 0 (0 = off), got {value}")
+    return None if value == 0 else value
+
+
 # ---------------------------------------------------------------------------------------------------------- commands
 def cmd_generate(args: argparse.Namespace) -> int:
     from dpinfer.generation import generate, stream
     from dpinfer.models import load_model
+    from dpinfer.validation import check_generate_params, check_text
 
-    prompt = read_text_arg(args.prompt) if args.file else (sys.stdin.read() if args.prompt == "-" else args.prompt)
-    if not prompt:
-        raise InvalidInputError("the prompt is empty")
+    check_generate_params(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, cli=True)
+    prompt = read_text_arg(args.prompt, "prompt") if (args.file or args.prompt == "-") else args.prompt
+    check_text(prompt, "the prompt")
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     kw: dict[str, Any] = {"lm": lm, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                           "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
@@ -152,25 +168,54 @@ def _parse_groups(items: Sequence[str] | None) -> dict[str, list[str]] | None:
     return out
 
 
-def cmd_sanitize(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _write_failure(option: str, path: str, exc: OSError, where: str) -> int:
+    print(f"dpinfer: error: could not write {option} {path} ({exc.strerror or type(exc).__name__}); {where}",
+          file=sys.stderr)
+    return EXIT_ERROR
 
+
+def cmd_sanitize(args: argparse.Namespace) -> int:
+    from dpinfer.validation import (
+        atomic_write_text,
+        check_output_path,
+        check_sanitize_budget,
+        check_sanitize_params,
+    )
+
+    # every parameter and path is checked here, before the document is tagged and before the model loads
+    top_k = _cli_k(args.top_k, "--top-k")
+    no_repeat = _cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
+    group_eps = _parse_group_epsilon(args.group_epsilon)
+    groups = _parse_groups(args.group)
+    check_sanitize_params(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
+                          alpha=args.alpha, temperature=args.temperature, top_k=top_k,
+                          max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
+                          accounting=args.accounting, adjacency=args.adjacency,
+                          tagger=args.tagger, groups=groups, cli=True)
+    if args.out:
+        check_output_path(args.out, inputs=(args.file, args.spans))
+    text = read_text_arg(args.file, "document")
+    if args.spans:
+        from dpinfer.taggers import load_spans
+
+        read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
+        load_spans(args.spans)  # and a malformed one too (sanitize checks the spans against the document)
+    check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
+                          alpha=args.alpha, cli=True)
+    tagger: Any = args.tagger
+    if not args.spans:
+        from dpinfer.taggers import get_tagger
+
+        tagger = get_tagger(args.tagger)  # a missing back-end (e.g. presidio's extra) is refused before the model
     from dpinfer.models import load_model
     from dpinfer.pipelines.sanitize import sanitize
 
-    text = read_text_arg(args.file)
-    if args.epsilon is not None and not args.epsilon > 0:
-        raise InvalidInputError(f"--epsilon must be > 0, got {args.epsilon:g}")
-    group_eps = _parse_group_epsilon(args.group_epsilon)
-    for name, value in (group_eps or {}).items():
-        if not value > 0:
-            raise InvalidInputError(f"--group-epsilon {name} must be > 0, got {value:g}")
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     extra: dict[str, Any] = {}
     if args.top_k is not None:
-        extra["top_k"] = None if args.top_k == 0 else args.top_k
+        extra["top_k"] = top_k
     if args.no_repeat_ngram is not None:
-        extra["no_repeat_ngram"] = args.no_repeat_ngram or None
+        extra["no_repeat_ngram"] = no_repeat
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = _console(stderr=True)
@@ -183,34 +228,57 @@ def cmd_sanitize(args: argparse.Namespace) -> int:
 
         res = sanitize(
             text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-            spans=args.spans, tagger=args.tagger, groups=_parse_groups(args.group),
+            spans=args.spans, tagger=tagger, groups=groups,
             max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
             accounting=args.accounting, adjacency=args.adjacency, progress=progress, **extra,
         )
+    write_error: OSError | None = None
     if args.out:
-        Path(args.out).write_text(res.text + "\n", encoding="utf-8")
+        try:
+            atomic_write_text(args.out, res.text + "\n")
+        except OSError as exc:  # the release is still printed below: never lose a finished result
+            write_error = exc
     if args.json:
         _print_json(res.to_dict())
-        return 0
+    else:
+        _print_sanitize(args, text, res, err)
+    if write_error is not None:
+        return _write_failure("--out", args.out, write_error, "the rewrite is on standard output")
+    if args.out:
+        err.print(f"[dim]rewrite written to {args.out}[/dim]", markup=True, highlight=False)
+    return 0
+
+
+def _print_sanitize(args: argparse.Namespace, text: str, res: Any, err: Any) -> None:
+    """Standard output: the release, then the guarantee. Notes go to standard error. The private document is shown
+    only with --show-input and only on a terminal (never into a pipe or a file)."""
     from rich.panel import Panel
     from rich.text import Text
 
     con = _console()
-    shown = Text(text)
-    for s in res.spans:
-        shown.stylize(LABEL_STYLES.get(s.label, "bold"), s.start, s.end)
     counts: dict[str, int] = {}
     for s in res.spans:
         counts[s.label] = counts.get(s.label, 0) + 1
-    legend = ", ".join(f"[{LABEL_STYLES.get(k, 'bold')}]{k}[/] {v}" for k, v in counts.items()) or "none"
     source = "spans file" if args.spans else f"{args.tagger} tagger"
-    con.print(Panel(shown, title=f"input: {len(res.spans)} private spans ({source})", subtitle=legend))
-    con.print(Panel(Text(res.text), title=f"rewrite ({res.method}, {res.generated_tokens} tokens, "
-                                          f"{res.tokens_per_second:.1f} tokens/s)"))
-    con.print(_guarantee_sentence(res))
-    if args.out:
-        con.print(f"[dim]rewrite written to {args.out}[/dim]")
-    return 0
+    if args.show_input:
+        if con.is_terminal:
+            shown = Text(text)
+            for s in res.spans:
+                shown.stylize(LABEL_STYLES.get(s.label, "bold"), s.start, s.end)
+            legend = ", ".join(f"[{LABEL_STYLES.get(k, 'bold')}]{k}[/] {v}" for k, v in counts.items()) or "none"
+            con.print(Panel(shown, title=f"input: {len(res.spans)} private spans ({source})", subtitle=legend))
+        else:
+            err.print("[dim]--show-input ignored: standard output is not a terminal (the private document is never "
+                      "written to a pipe or a file)[/dim]")
+    per_label = ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+    err.print(f"[dim]{len(res.spans)} private spans ({source}: {per_label}); {res.method}, {res.generated_tokens} "
+              f"tokens, {res.tokens_per_second:.1f} tokens/s[/dim]", highlight=False)
+    sentence = _guarantee_sentence(res)
+    if con.is_terminal:
+        con.print(Panel(Text(res.text), title=f"rewrite ({res.method})"))
+        con.print(Text(sentence))
+    else:
+        sys.stdout.write(res.text + "\n\n" + sentence + "\n")
 
 
 def _label_fields(items: Sequence[str] | None) -> list[str]:
@@ -221,19 +289,20 @@ def _label_fields(items: Sequence[str] | None) -> list[str]:
 
 
 def _template_arg(args: argparse.Namespace) -> Any:
-    from pathlib import Path
 
     from dpinfer.errors import ConfigurationError
     from dpinfer.pipelines.synthesize import PromptTemplate
 
     if not args.template_file:
         return args.template
-    p = Path(args.template_file)
+    from dpinfer.validation import MAX_TEXT_BYTES, input_file
+
+    p = input_file(args.template_file, "template")
+    if p.stat().st_size > MAX_TEXT_BYTES:
+        raise InvalidInputError(f"{p} is too large for a template file")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInputError(f"no such file: {p}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = json.loads(p.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise InvalidInputError(f"{p} is not a JSON file") from None
     if not (isinstance(data, dict) and isinstance(data.get("private"), str) and isinstance(data.get("public"), str)):
         raise ConfigurationError(f'{p} must hold {{"private": "... {{reference}} ...", "public": "..."}}')
@@ -246,19 +315,25 @@ def _template_arg(args: argparse.Namespace) -> Any:
 def cmd_synth(args: argparse.Namespace) -> int:
     from dpinfer.models import load_model
     from dpinfer.pipelines.synthesize import load_references, synthesize
+    from dpinfer.validation import check_output_path, check_synth_budget, check_synth_params
 
+    # every parameter and path is checked here, before the corpus is read and before the model loads
     if args.method != "public" and args.epsilon is None:
         raise InvalidInputError("--epsilon is required (the target ε per reference), except with --method public")
-    if args.epsilon is not None and not (math.isfinite(args.epsilon) and args.epsilon > 0):
-        raise InvalidInputError(f"--epsilon must be a finite number > 0, got {args.epsilon:g}")
+    top_k = _cli_k(args.top_k, "--top-k")
+    max_ref = _cli_k(args.max_reference_tokens, "--max-reference-tokens")
+    check_synth_params(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature, seed=args.seed,
+                       max_texts=args.max_texts, max_reference_tokens=max_ref, limit=args.limit, cli=True)
+    check_output_path(args.out, inputs=(args.file, args.template_file))
+    template = _template_arg(args)
     refs = load_references(args.file, text_field=args.text_field, label_fields=_label_fields(args.label_fields),
                            limit=args.limit)
-    template = _template_arg(args)
-    if args.batch_size < 1:
-        raise InvalidInputError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     if args.method != "public" and len(refs) < args.batch_size:
         raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {args.batch_size}; lower "
                                 "--batch-size or add references")
+    check_synth_budget(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature)
     lm = load_model(args.model, device=args.device)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -273,10 +348,20 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
         res = synthesize(refs, lm=lm, method=args.method, epsilon=args.epsilon, delta=args.delta,
                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         top_k=None if args.top_k == 0 else args.top_k, temperature=args.temperature,
+                         top_k=top_k, temperature=args.temperature,
                          prompt_template=template, seed=args.seed, max_texts=args.max_texts,
-                         max_reference_tokens=args.max_reference_tokens or None, progress=progress)
-    res.write_jsonl(args.out)
+                         max_reference_tokens=max_ref, progress=progress)
+    try:
+        res.write_jsonl(args.out)
+    except OSError as exc:  # never lose a finished result: save it elsewhere, or print it
+        from dpinfer.validation import rescue_write_text
+
+        body = "".join(res.jsonl_lines())
+        rescue = rescue_write_text(body, ".jsonl")
+        if rescue is None:
+            sys.stdout.write(body)
+            return _write_failure("--out", args.out, exc, "the texts are on standard output")
+        return _write_failure("--out", args.out, exc, f"the texts were saved to {rescue}")
     if args.json:
         _print_json({**res.header()["dpinfer"], "out": args.out})
         return 0
@@ -333,10 +418,54 @@ def _progress_runner(label: str) -> tuple[Any, Callable[[str], None]]:
     return prog, update
 
 
+_BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
+                 "n_private", "n_real", "mauve_repeats", "perf_batch_size")
+
+
+def _check_bench_args(args: argparse.Namespace) -> None:
+    """The numeric options and the data file of a benchmark, checked before any model loads."""
+    from dpinfer.validation import (
+        check_delta,
+        check_seed,
+        check_temperature,
+        int_at_least,
+        positive_number,
+        sniff_text_file,
+    )
+
+    for name in _BENCH_COUNTS:
+        value = getattr(args, name, None)
+        if value is not None:
+            int_at_least(value, "--" + name.replace("_", "-"), 1)
+    for k in getattr(args, "k", None) or ():
+        int_at_least(k, "--k", 1)
+    if getattr(args, "skip", None) is not None:
+        int_at_least(args.skip, "--skip", 0)
+    check_seed(getattr(args, "seed", None), "--seed")
+    if getattr(args, "temperature", None) is not None:
+        check_temperature(args.temperature, "--temperature", allow_zero=False)
+    _cli_k(getattr(args, "top_k", None), "--top-k")
+    _cli_k(getattr(args, "no_repeat_ngram", None), "--no-repeat-ngram")
+    if getattr(args, "epsilon", None) is not None:
+        positive_number(args.epsilon, "--epsilon")
+    if getattr(args, "delta", None) is not None:
+        check_delta(args.delta, "--delta")
+    if getattr(args, "data", None):
+        sniff_text_file(args.data, "data")
+    for name in ("out", "out_dir"):
+        folder = getattr(args, name, None)
+        if folder:
+            from pathlib import Path
+
+            if Path(folder).exists() and not Path(folder).is_dir():
+                raise InvalidInputError(f"--{name.replace('_', '-')} {folder} is a file; give a folder")
+
+
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     from dpinfer.bench.engine import format_markdown, run_engine_bench
     from dpinfer.models import load_model
 
+    _check_bench_args(args)
     lm = load_model(args.model)
     prog, update = _progress_runner("bench engine")
     with prog:
@@ -353,6 +482,7 @@ def _run_bench_module(name: str, args: argparse.Namespace) -> int:
     """Run ``dpinfer.bench.<name>.main`` with a progress spinner; print its markdown (and plot path) or its JSON."""
     import importlib
 
+    _check_bench_args(args)
     bench = importlib.import_module(f"dpinfer.bench.{name}")
     prog, update = _progress_runner(f"bench {name}")
     with prog:
@@ -377,6 +507,7 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
 def _bench_tagger(args: argparse.Namespace) -> int:
     from dpinfer.bench import tagger
 
+    _check_bench_args(args)
     return int(tagger.main(args) or 0)
 
 
@@ -422,7 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "found by a local tagger (or given with --spans); each entity type is a privacy "
                                     "group with its own ε. The guarantee is computed before the document is read.")
     sz.add_argument("file", help="the document (UTF-8 text), or '-' for standard input")
-    sz.add_argument("--epsilon", type=float, default=None, help="target ε per group (default 40)")
+    sz.add_argument("--epsilon", type=float, default=None,
+                    help="target ε per group (default 40: the release changes the odds of any conclusion about a "
+                         "group's spans by at most e^40 ≈ 2e17, a worst case that still bounds guessing all of a "
+                         "group's values at once; about 10 of it is the fixed cost at --alpha 2, the smallest "
+                         "reachable ε is 10.13 at δ = 1e-5. See docs/threat-model.md for how to choose)")
     sz.add_argument("--group-epsilon", action="append", metavar="NAME=E",
                     help="ε for one group or label, e.g. --group-epsilon PERSON=10 (repeatable)")
     sz.add_argument("--group", action="append", metavar="NAME=L1,L2",
@@ -434,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--method", default="dp-fusion",
                     help="dp-fusion (default) | original | ner-scrub | dp-decoding | dp-prompt")
     sz.add_argument("--max-new-tokens", type=int, default=None,
-                    help="T_max (default: about the document's length)")
+                    help="T_max (default for dp-fusion and ner-scrub: about the document's length, which is public "
+                         "under their adjacency)")
     sz.add_argument("--alpha", type=float, default=2.0, help="Rényi order of DP-Fusion's bound (default 2)")
     sz.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
     sz.add_argument("--top-k", type=int, default=None,
@@ -453,7 +589,11 @@ def build_parser() -> argparse.ArgumentParser:
     sz.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     sz.add_argument("--device", default=None)
     _add_quantize(sz)
-    sz.add_argument("--out", default=None, help="also write the rewrite to this file")
+    sz.add_argument("--out", default=None, help="also write the rewrite to this file (checked before the model "
+                                                "loads; written atomically; never the input file)")
+    sz.add_argument("--show-input", action="store_true",
+                    help="also show the document with its private spans highlighted (terminal only: never printed "
+                         "into a pipe or a file)")
     sz.set_defaults(func=cmd_sanitize)
 
     sy = sub.add_parser("synth", parents=[common], help="synthetic texts from a private corpus, (ε, δ) per reference",
@@ -524,7 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
         bench_tagger = None
     if bench_tagger is not None:
         bt = bsub.add_parser("tagger", help="tagger precision / recall / F1 against gold spans",
-                             description=bench_tagger.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                             description=bench_tagger.DESCRIPTION,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
         bench_tagger.add_arguments(bt)
         bt.set_defaults(func=_bench_tagger)
     return parser
@@ -545,6 +686,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except MemoryError:
         print("dpinfer: error: out of memory; lower max-new-tokens or the number of contexts", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # the file system said no: its reason and the path, never file content
+        where = f" ({exc.filename})" if exc.filename else ""
+        reason = exc.strerror or f"could not read or write a file ({type(exc).__name__}); check the paths given"
+        print(f"dpinfer: error: {reason}{where}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:
+        if os.environ.get("DPINFER_DEBUG"):
+            raise
+        print(f"dpinfer: error: unexpected {type(exc).__name__} (message withheld: it may quote the input); rerun "
+              "with DPINFER_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_ERROR
 
 

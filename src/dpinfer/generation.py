@@ -51,13 +51,34 @@ class GenerationResult:
         return self.text
 
 
-def _prompt_ids(lm: LM, prompt: str | None, messages: Sequence[dict[str, str]] | None) -> list[int]:
+def _check_prompt(prompt: object, messages: object) -> None:
+    """The prompt (or chat messages) checked before any model loads: types first, then emptiness."""
+    from dpinfer.validation import check_text
+
     if (prompt is None) == (messages is None):
         raise ConfigurationError("give exactly one of prompt= or messages=")
+    if prompt is not None:
+        check_text(prompt, "the prompt")
+        return
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise InvalidInputError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise InvalidInputError(f"message {i} must be a dict with string 'role' and 'content'")
+    if not any(m["content"].strip() for m in messages):
+        raise InvalidInputError("the messages are empty (only white space)")
+
+
+def _prompt_ids(lm: LM, prompt: str | None, messages: Sequence[dict[str, str]] | None) -> list[int]:
+    _check_prompt(prompt, messages)
     text = lm.chat_prompt(messages) if messages is not None else prompt
-    if not isinstance(text, str) or not text:
-        raise InvalidInputError("the prompt is empty")
-    return lm.encode(text)
+    return lm.encode(text)  # type: ignore[arg-type]
+
+
+def _check_params(max_new_tokens: object, temperature: object, top_k: object, top_p: object, seed: object) -> None:
+    from dpinfer.validation import check_generate_params
+
+    check_generate_params(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
 def _sampler(temperature: float, top_k: int | None, top_p: float | None) -> Sampler:
@@ -84,6 +105,8 @@ def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | 
 
     >>> # dpinfer.generate("The capital of France is", temperature=0, max_new_tokens=5).text
     """
+    _check_prompt(prompt, messages)
+    _check_params(max_new_tokens, temperature, top_k, top_p, seed)
     model = resolve_lm(lm)
     ids = _prompt_ids(model, prompt, messages)
     mech = _sampler(temperature, top_k, top_p)
@@ -95,9 +118,13 @@ def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None, max_new
                   temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                   seed: int | None = None) -> list[GenerationResult]:
     """Batched plain generation: one continuation per prompt, all rows stepped together (independent mode)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise InvalidInputError(f"generate_many needs a non-empty list of prompt strings, got {type(prompts).__name__}"
+                                f"{' (empty)' if isinstance(prompts, Sequence) and not prompts else ''}")
+    for p in prompts:
+        _check_prompt(p, None)
+    _check_params(max_new_tokens, temperature, top_k, top_p, seed)
     model = resolve_lm(lm)
-    if isinstance(prompts, str) or not prompts:
-        raise InvalidInputError("generate_many needs a non-empty list of prompt strings")
     rows = [_prompt_ids(model, p, None) for p in prompts]
     mech = _sampler(temperature, top_k, top_p)
     out = Engine(model).generate(rows, mech, max_new_tokens=max_new_tokens, seed=seed)
@@ -123,6 +150,8 @@ def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | No
            lm: LM | str | None = None, max_new_tokens: int = 256, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
     """Like :func:`generate` but yields the text piece by piece as tokens are produced."""
+    _check_prompt(prompt, messages)
+    _check_params(max_new_tokens, temperature, top_k, top_p, seed)
     model = resolve_lm(lm)
     ids = _prompt_ids(model, prompt, messages)
     streamer = TextStreamer(model)

@@ -35,7 +35,7 @@ def test_json_flag_before_subcommand(tiny_model_dir, capsys):
     [
         (["generate", "x", "--model", "no/such-model"], "unknown model"),
         (["generate", "x", "--model", "{tiny}", "--temperature", "-1"], "temperature"),
-        (["generate", "x", "--model", "{tiny}", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["generate", "x", "--model", "{tiny}", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["generate", "{empty}", "--file", "--model", "{tiny}"], "is empty"),
         (["generate", "{binary}", "--file", "--model", "{tiny}"], "binary"),
         (["generate", "/no/such/file", "--file", "--model", "{tiny}"], "no such file"),

@@ -20,9 +20,7 @@ Matching (a prediction and a gold span "agree" when their labels are equal):
 Speed is measured over the whole dataset, after the tagger is built (``load_s`` is reported separately).
 Metrics with an empty denominator are ``None`` (shown as ``–``).
 
-Wire it as ``dpinfer bench tagger``::
-
-    sub = subparsers.add_parser("tagger"); add_arguments(sub); sub.set_defaults(func=main)
+``dpinfer bench tagger`` shows :data:`DESCRIPTION` as its help.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import InvalidInputError, MissingDependencyError
@@ -338,6 +335,23 @@ def format_markdown(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DESCRIPTION = """\
+Measure how well the PII taggers find private spans, against gold annotations: span-level precision, recall and F1
+per entity type (exact and relaxed matching), character coverage, and tagging speed.
+
+Gold data comes from the shared evaluation data (../shared/data beside the repository, or $DPINFER_DATA):
+  tab    77 ECHR court cases of the TAB test split (tab/tab_echr_docs.jsonl)
+  synth  1,500 presidio-research synthetic sentences (pii/presidio_synth_v2.json), mapped to TAB types
+
+Recall is what matters for privacy: a span the tagger misses is not protected by `dpinfer sanitize`.
+Prints a Markdown table; with --json, one JSON object instead (--json PATH writes it to PATH and prints the table).
+
+examples:
+  dpinfer bench tagger --taggers regex --n 10
+  dpinfer bench tagger --datasets synth --json results.json
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dpinfer bench tagger``."""
     parser.add_argument(
@@ -352,26 +366,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json",
         nargs="?",
-        const="-",
-        default=None,
+        const=True,
+        default=argparse.SUPPRESS,  # keeps a global `dpinfer --json bench tagger`
         metavar="PATH",
-        help="write the results as JSON (to PATH, or to stdout if no PATH is given) instead of Markdown",
+        help="print the results as one JSON object instead of Markdown; with PATH, write the JSON there and print "
+        "the Markdown table",
     )
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The tagger and dataset names of ``args``, checked (unknown names, --n < 1) without loading any tagger."""
+    from dpinfer.taggers.registry import available_taggers
+
+    taggers = [t.strip() for t in str(args.taggers).split(",") if t.strip()]
+    datasets = [d.strip() for d in str(getattr(args, "datasets", ",".join(DATASETS))).split(",") if d.strip()]
+    if not taggers:
+        raise InvalidInputError("--taggers is empty; give e.g. --taggers regex,presidio")
+    unknown = [t for t in taggers if t not in available_taggers()]
+    if unknown:
+        raise InvalidInputError(f"unknown tagger {unknown[0]!r}; choose from {', '.join(available_taggers())}")
+    if not datasets or any(d not in DATASETS for d in datasets):
+        raise InvalidInputError(f"--datasets must be a comma-separated list of {', '.join(DATASETS)}")
+    if args.n is not None and args.n < 1:
+        raise InvalidInputError("--n must be >= 1")
+    return taggers, datasets
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark from parsed ``args`` and print the report; returns the exit status (0)."""
-    taggers = [t.strip() for t in str(args.taggers).split(",") if t.strip()]
-    datasets = [d.strip() for d in str(getattr(args, "datasets", ",".join(DATASETS))).split(",") if d.strip()]
-    if args.n is not None and args.n < 1:
-        raise InvalidInputError("--n must be >= 1")
+    taggers, datasets = check_args(args)
+    target = getattr(args, "json", None)
+    if isinstance(target, str) and target != "-":
+        from dpinfer.validation import check_output_path
+
+        check_output_path(target, option="--json")
     results = run_tagger_bench(taggers, n_tab=args.n, n_synth=args.n, datasets=datasets)
-    if args.json is not None:
+    if target:
         text = json.dumps(results, indent=2)
-        if args.json == "-":
+        if target is True or target == "-":
             sys.stdout.write(text + "\n")
         else:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
+            from dpinfer.validation import atomic_write_text
+
+            atomic_write_text(target, text + "\n")
             sys.stdout.write(format_markdown(results))
     else:
         sys.stdout.write(format_markdown(results))
@@ -379,6 +416,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _p = argparse.ArgumentParser(prog="dpinfer bench tagger", description=__doc__.splitlines()[0])
+    _p = argparse.ArgumentParser(prog="dpinfer bench tagger", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(_p)
     raise SystemExit(main(_p.parse_args()))

@@ -316,14 +316,16 @@ def sanitize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
-    from dpinfer.mechanisms.randomness import check_seed
     from dpinfer.mechanisms.transforms import NoRepeatNGram
+    from dpinfer.validation import check_sanitize_params, check_text
 
     if method not in METHODS:
         raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidInputError("the document is empty")
-    check_seed(seed)  # before the model loads
+    check_text(text, "the document")
+    check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, alpha=alpha,
+                          temperature=temperature, top_k=top_k, max_new_tokens=max_new_tokens,
+                          no_repeat_ngram=no_repeat_ngram, seed=seed, accounting=accounting, adjacency=adjacency,
+                          tagger=tagger if spans is None else None, groups=groups)  # all before the model loads
     if epsilon is not None and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise ConfigurationError(f"epsilon must be a finite number > 0, got {epsilon!r}")
     if not 0 < delta < 1:

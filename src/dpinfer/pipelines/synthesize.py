@@ -139,12 +139,31 @@ class Reference:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+def _field_error(name: str, where: str, count: int, kind: str) -> InvalidInputError:
+    return InvalidInputError(f"{where}: no field {name!r} ({kind} has {count} field{'s' if count != 1 else ''}); "
+                             "check --text-field / --label-fields")
+
+
 def load_references(path: str | Path, *, text_field: str, label_fields: Sequence[str] = (),
                     limit: int | None = None) -> list[Reference]:
-    """Records of a ``.jsonl`` or ``.csv`` file. Errors name the file, row and field, never the content."""
+    """Records of a ``.jsonl`` or ``.csv`` file (a CSV's first line is its header row).
+
+    Every error is an :class:`~dpinfer.errors.InvalidInputError` (or :class:`~dpinfer.errors.DataNotFoundError` for
+    a missing file) that names the file, the line and the field asked for, with counts: never the file's content
+    (a headerless CSV's first record would otherwise be read as its field names).
+    """
+    from dpinfer.validation import input_file
+
+    if not isinstance(text_field, str) or not text_field:
+        raise ConfigurationError("text_field must be a non-empty field name")
+    if isinstance(label_fields, str) or not all(isinstance(f, str) and f for f in label_fields):
+        raise ConfigurationError("label_fields must be a list of non-empty field names")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ConfigurationError(f"limit must be an integer ≥ 1, got {limit!r}")
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_dir():
         raise DataNotFoundError(f"no such file: {p}")
+    p = input_file(p, "corpus")
     suffix = p.suffix.lower()
     if suffix not in (".jsonl", ".csv"):
         raise InvalidInputError(f"{p.name}: give a .jsonl or .csv file (got {suffix or 'no suffix'})")
@@ -152,41 +171,76 @@ def load_references(path: str | Path, *, text_field: str, label_fields: Sequence
         raw = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInputError(f"{p.name} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    except MemoryError:
+        raise InvalidInputError(f"{p.name} is too large to read into memory; pass a smaller file") from None
     if "\x00" in raw:
         raise InvalidInputError(f"{p.name} looks binary (it contains NUL bytes)")
-    rows: list[tuple[int, Mapping[str, Any]]] = []
+    fields = (text_field, *label_fields)
+    refs: list[Reference] = []
+
+    def add(row: Mapping[Any, Any], where: str, kind: str) -> bool:
+        for name in fields:
+            if name not in row:
+                raise _field_error(name, where, len(row), kind)
+        text = row[text_field]
+        if not isinstance(text, str):
+            raise InvalidInputError(f"{where}: field {text_field!r} is not a string "
+                                    f"({'missing value' if text is None else type(text).__name__})")
+        labels: dict[str, str] = {}
+        for name in label_fields:
+            value = row[name]
+            if value is None or isinstance(value, (dict, list)):
+                raise InvalidInputError(f"{where}: label field {name!r} is "
+                                        f"{'missing' if value is None else 'not a plain value'}")
+            labels[name] = str(value)
+        refs.append(Reference(text=text, labels=labels))
+        return limit is not None and len(refs) >= limit
+
     if suffix == ".jsonl":
+        seen = False
         for i, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
                 continue
+            seen = True
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError, over-long integers, deep nesting
                 raise InvalidInputError(f"{p.name}, line {i}: not valid JSON") from None
             if not isinstance(obj, dict):
                 raise InvalidInputError(f"{p.name}, line {i}: each line must be a JSON object")
-            rows.append((i, obj))
-    else:
-        csv.field_size_limit(1 << 28)
-        reader = csv.DictReader(raw.splitlines())
-        if reader.fieldnames is None:
-            raise InvalidInputError(f"{p.name} is empty")
-        rows = [(i, row) for i, row in enumerate(reader, start=2)]
-    if not rows:
-        raise InvalidInputError(f"{p.name} holds no records")
-    refs = []
-    for where, row in rows:
-        for name in (text_field, *label_fields):
-            if name not in row:
-                present = ", ".join(sorted(map(str, row)))[:200]
-                raise InvalidInputError(f"{p.name}, record at line {where}: no field {name!r} (fields: {present})")
-        text = row[text_field]
-        if not isinstance(text, str):
-            raise InvalidInputError(f"{p.name}, record at line {where}: field {text_field!r} is not a string")
-        labels = {name: str(row[name]) for name in label_fields}
-        refs.append(Reference(text=text, labels=labels))
-        if limit is not None and len(refs) >= limit:
-            break
+            if add(obj, f"{p.name}, line {i}", "the record"):
+                break
+        if not seen:
+            raise InvalidInputError(f"{p.name} holds no records")
+        return refs
+    csv.field_size_limit(1 << 28)
+    reader = csv.reader(raw.removeprefix("\ufeff").splitlines())
+    try:
+        header = next(reader, None)
+        if header is None or not any(h.strip() for h in header):
+            raise InvalidInputError(f"{p.name} is empty (a CSV file needs a header row naming its fields)")
+        missing = [name for name in fields if name not in header]
+        if missing:
+            raise InvalidInputError(
+                f"{p.name}: no field {missing[0]!r} in the first line (the header row, {len(header)} columns); a CSV "
+                "file must start with a header row naming its fields (check --text-field / --label-fields)"
+            )
+        if len(set(header)) != len(header):
+            raise InvalidInputError(f"{p.name}: the header row names a column twice; give each column its own name")
+        seen = False
+        for row in reader:
+            if not row:
+                continue
+            seen = True
+            where = f"{p.name}, line {reader.line_num}"
+            if len(row) != len(header):
+                raise InvalidInputError(f"{where}: {len(row)} columns, the header row has {len(header)}")
+            if add(dict(zip(header, row, strict=True)), where, "the record"):
+                break
+    except csv.Error:
+        raise InvalidInputError(f"{p.name}, line {reader.line_num}: not valid CSV (check the quoting)") from None
+    if not seen:
+        raise InvalidInputError(f"{p.name} holds no records (only a header row)")
     return refs
 
 
@@ -266,17 +320,24 @@ class SynthesisResult:
                             "lm_calls_per_token": self.lm_calls_per_token,
                             "tokens_per_second": round(self.tokens_per_second, 3)}}
 
-    def write_jsonl(self, path: str | Path) -> None:
-        """Write the header line then one JSON object per text; written aside and renamed (no partial file)."""
+    def jsonl_lines(self) -> list[str]:
+        """The lines of the output file: the header, then one JSON object per text (each ending in a newline).
+        The header leaves out the throughput: timing depends on the references' lengths (a side channel)."""
         from dpinfer._json import plain
 
-        p = Path(path)
-        tmp = p.with_name(p.name + ".part")
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(json.dumps(plain(self.header()), ensure_ascii=False) + "\n")
-            for t in self.texts:
-                f.write(json.dumps(plain(t.to_dict()), ensure_ascii=False) + "\n")
-        tmp.replace(p)
+        head = self.header()
+        head["dpinfer"].pop("tokens_per_second", None)
+        return [json.dumps(plain(rec), ensure_ascii=False) + "\n"
+                for rec in (head, *(t.to_dict() for t in self.texts))]
+
+    def write_jsonl(self, path: str | Path) -> None:
+        """Write :meth:`jsonl_lines` to ``path`` atomically: a temporary file in the same folder, then
+        :func:`os.replace`; on any error or interruption the temporary file is removed (no partial file)."""
+        from dpinfer.validation import atomic_open
+
+        lines = self.jsonl_lines()
+        with atomic_open(path) as f:
+            f.writelines(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.header()["dpinfer"], "texts": [t.to_dict() for t in self.texts]}
@@ -389,23 +450,23 @@ def synthesize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
-    from dpinfer.mechanisms.randomness import check_seed
+    from dpinfer.validation import check_synth_params
 
-    if method not in METHODS:
-        raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigurationError(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigurationError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
-    if method != "public":
-        _check_positive(epsilon, "epsilon")
-    if not 0 < delta < 1:
-        raise ConfigurationError(f"delta must lie in (0, 1), got {delta!r}")
-    _check_positive(temperature, "temperature")
-    check_seed(seed)  # before the model loads
-    refs = [r if isinstance(r, Reference) else Reference(str(r)) for r in references]
+    check_synth_params(method=method, epsilon=epsilon, delta=delta, batch_size=batch_size,
+                       max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
+                       max_texts=max_texts, max_reference_tokens=max_reference_tokens)
+    if isinstance(references, (str, bytes)) or not isinstance(references, Sequence):
+        raise InvalidInputError(f"references must be a list of Reference objects or strings, got "
+                                f"{type(references).__name__}")
+    for i, r in enumerate(references):
+        if isinstance(r, Reference):
+            if not isinstance(r.text, str) or not isinstance(r.labels, Mapping):
+                raise InvalidInputError(f"reference {i}: Reference.text must be a string and .labels a mapping")
+        elif not isinstance(r, str):
+            raise InvalidInputError(f"reference {i} must be a Reference or a string, got {type(r).__name__}")
+    refs = [r if isinstance(r, Reference) else Reference(r) for r in references]
     if not refs:
-        raise InvalidInputError("the reference corpus is empty")
+        raise InvalidInputError("the reference corpus is empty (no references)")
     if method in BATCH_METHODS and len(refs) < batch_size:
         raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {batch_size}; lower "
                                 "--batch-size or add references")
@@ -420,15 +481,16 @@ def synthesize(
     if missing:
         raise ConfigurationError(f"the prompt template uses label field(s) {sorted(missing)} that the records do not "
                                  "carry; pass them with --label-fields / label_fields")
-    model = resolve_lm(lm)
     # ``public`` reads no reference but writes one text per would-be batch, for a like-for-like number of texts
     batches, _ = partition(refs, batch_size, seed)
     if not batches:
         raise InvalidInputError(f"no label group holds B = {batch_size} references; lower --batch-size")
     if max_texts is not None:
         batches = batches[:max_texts]
-    mech = build_mechanism(method, lm=model, epsilon=epsilon, delta=delta, batch_size=batch_size,
+    # calibrated from the parameters alone, before the model loads (an unreachable ε is refused at once)
+    mech = build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore
                            max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
+    model = resolve_lm(lm)
     guarantee = _public_guarantee(delta, max_new_tokens) if method == "public" else mech.guarantee(max_new_tokens)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)

@@ -1,0 +1,392 @@
+"""Checks shared by the command line and the API, run before any model loads.
+
+Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
+plain Python: no model, no torch, a few microseconds. Budget checks (:func:`check_sanitize_budget`,
+:func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they import torch, still no model).
+Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
+results atomically (a temporary file in the same folder, then :func:`os.replace`).
+
+Every message names parameters, values, sizes and paths only, never input text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from dpinfer.errors import ConfigurationError, InvalidInputError
+
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+"""Largest document or prompt file read whole (4 MiB, far beyond any supported model's context window)."""
+
+SANITIZE_METHODS = ("dp-fusion", "original", "ner-scrub", "dp-decoding", "dp-prompt")
+SANITIZE_DP_METHODS = ("dp-fusion", "dp-decoding", "dp-prompt")
+SYNTH_METHODS = ("invisibleink", "amin", "adapmixed", "public")
+
+
+# ------------------------------------------------------------------------------------------------------ scalars
+def _is_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def positive_number(value: object, name: str, hint: str = "") -> float:
+    """``value`` as a finite float > 0."""
+    if not _is_number(value) or not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
+        raise ConfigurationError(f"{name} must be > 0 (a finite number), got {value!r}{hint}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_delta(value: object, name: str = "delta") -> float:
+    """δ strictly between 0 and 1."""
+    if not _is_number(value) or not (math.isfinite(value) and 0 < value < 1):  # type: ignore[arg-type]
+        raise ConfigurationError(f"{name} must lie strictly between 0 and 1, got {value!r} (e.g. 1e-5)")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_alpha(value: object, name: str = "alpha") -> float:
+    """A Rényi order: a finite number > 1."""
+    if not _is_number(value) or not (math.isfinite(value) and value > 1):  # type: ignore[arg-type]
+        raise ConfigurationError(f"{name} (the Rényi order) must be a finite number > 1, got {value!r} (default 2)")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_temperature(value: object, name: str = "temperature", *, allow_zero: bool) -> float:
+    """A finite temperature, > 0 for a private mechanism (greedy decoding has no DP guarantee), ≥ 0 otherwise."""
+    ok = _is_number(value) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)  # type: ignore
+    if not ok:
+        bound = "≥ 0 (0 = greedy)" if allow_zero else "> 0 (a private mechanism must sample; 0.7 is a good start)"
+        raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def int_at_least(value: object, name: str, minimum: int, hint: str = "") -> int:
+    """``value`` as an int ≥ ``minimum`` (bools and non-integers refused)."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}")
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}") from None
+    if n < minimum:
+        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {n}{hint}")
+    return n
+
+
+def check_top_p(value: object, name: str = "top_p") -> float | None:
+    if value is None:
+        return None
+    if not _is_number(value) or not (0 < value <= 1):  # type: ignore[operator]
+        raise ConfigurationError(f"{name} must lie in (0, 1], got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_seed(value: object, name: str = "seed") -> int | None:
+    """None, or an integer ≥ 0."""
+    return None if value is None else int_at_least(value, name, 0)
+
+
+def one_of(value: object, name: str, choices: Iterable[str]) -> str:
+    options = tuple(choices)
+    if not isinstance(value, str) or value not in options:
+        raise ConfigurationError(f"unknown {name} {value!r}; choose one of {', '.join(options)}")
+    return value
+
+
+def _namer(cli: bool) -> Any:
+    """Parameter names as the API spells them (``max_new_tokens``) or as the CLI does (``--max-new-tokens``)."""
+    return (lambda name: "--" + name.replace("_", "-")) if cli else (lambda name: name)
+
+
+def _optional_k(value: object, name: str) -> None:
+    """None (off / full vocabulary), ``"default"``, or an integer ≥ 1."""
+    if value is None or value == "default":
+        return
+    int_at_least(value, name, 1, " (or None)")
+
+
+# ------------------------------------------------------------------------------------------------------ commands
+def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = None,
+                          group_epsilon: Mapping[str, object] | None = None, delta: object = 1e-5,
+                          alpha: object = 2.0, temperature: object = None, top_k: object = "default",
+                          max_new_tokens: object = None, no_repeat_ngram: object = "default", seed: object = None,
+                          accounting: object = "dpinfer", adjacency: object = "replace-by-null",
+                          tagger: object = None, groups: Mapping[str, Any] | None = None,
+                          cli: bool = False) -> None:
+    """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model
+    (``cli=True``: messages name the command-line options, e.g. ``--max-new-tokens``).
+
+    >>> check_sanitize_params(epsilon=10)
+    >>> check_sanitize_params(epsilon=-1)
+    Traceback (most recent call last):
+    dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
+    """
+    n = _namer(cli)
+    one_of(method, n("method"), SANITIZE_METHODS)
+    if epsilon is not None:
+        positive_number(epsilon, n("epsilon"))
+    from dpinfer.taggers.base import TAB_LABELS
+
+    if groups is not None:
+        if not isinstance(groups, Mapping):
+            raise InvalidInputError("groups must map group names to lists of labels")
+        seen: dict[str, str] = {}
+        for gname, labels in groups.items():
+            if not isinstance(gname, str) or not gname:
+                raise InvalidInputError("group names must be non-empty strings")
+            if isinstance(labels, str) or not isinstance(labels, Iterable):
+                raise InvalidInputError(f"group {gname!r} must list its labels, e.g. ['PERSON', 'CODE']")
+            for label in labels:
+                if label not in TAB_LABELS:
+                    raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
+                if label in seen:
+                    raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
+                seen[label] = gname
+    if group_epsilon is not None:
+        if not isinstance(group_epsilon, Mapping):
+            raise ConfigurationError("group_epsilon must map group names or labels to numbers")
+        for name, value in group_epsilon.items():
+            if name not in TAB_LABELS and name not in (groups or {}):
+                raise InvalidInputError(f"{'--group-epsilon' if cli else 'group_epsilon'} names {name!r}, which is "
+                                        f"neither a group nor a label; labels: {', '.join(TAB_LABELS)}")
+            positive_number(value, f"the ε of group {name}")
+    check_delta(delta, n("delta"))
+    check_alpha(alpha, n("alpha"))
+    if temperature is not None:
+        check_temperature(temperature, n("temperature"), allow_zero=method not in SANITIZE_DP_METHODS)
+    _optional_k(top_k, n("top_k"))
+    if max_new_tokens is not None:
+        int_at_least(max_new_tokens, n("max_new_tokens"), 1)
+    _optional_k(no_repeat_ngram, n("no_repeat_ngram"))
+    check_seed(seed, n("seed"))
+    one_of(accounting, n("accounting"), ("dpinfer", "as_published"))
+    one_of(adjacency, n("adjacency"), ("replace-by-null", "replace-one"))
+    if adjacency == "replace-one" and accounting == "as_published":
+        raise ConfigurationError("accounting 'as_published' reproduces the authors' replace-by-null charge; use "
+                                 "accounting 'dpinfer' with adjacency 'replace-one'")
+    if isinstance(tagger, str):
+        from dpinfer.taggers.registry import available_taggers
+
+        one_of(tagger, n("tagger"), available_taggers())
+
+
+def conversion_cost(alpha: float, delta: float) -> float:
+    """The cost of converting a Rényi bound held at the single order α to (ε, δ):
+    ``log1p(−1/α) − (log δ + log α)/(α − 1)``, the infimum of every ε DP-Fusion reaches at that α and δ (the same
+    formula as :func:`dpinfer.mechanisms.dp_fusion.conversion_cost`, here without importing torch; a test keeps the
+    two equal).
+
+    >>> round(conversion_cost(2.0, 1e-5), 4)
+    10.1266
+    """
+    return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+
+
+def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = None,
+                          group_epsilon: Mapping[str, float] | None = None, delta: float = 1e-5, alpha: float = 2.0,
+                          cli: bool = False) -> None:
+    """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model, no torch).
+
+    Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
+    :func:`conversion_cost`, so a target at or below it is unreachable and any target above it is reachable.
+    """
+    from dpinfer.errors import InfeasibleBudgetError
+
+    if method != "dp-fusion":
+        return
+    default = 40.0  # dpinfer.pipelines.sanitize.DEFAULTS["epsilon"] (a test keeps them equal)
+    targets = {"": default if epsilon is None else float(epsilon)}
+    targets.update({str(k): float(v) for k, v in (group_epsilon or {}).items()})
+    floor = conversion_cost(alpha, delta)
+    for name, eps in targets.items():
+        if eps <= floor:
+            other = 8.0 if alpha < 8.0 else 4.0 * alpha
+            up = math.ceil(floor * 1e4) / 1e4
+            who = f"group {name}" if name else "a privacy group"
+            flag = "--alpha" if cli else "alpha"
+            raise InfeasibleBudgetError(
+                f"DP-Fusion cannot give {who} ε = {eps:g} at δ = {delta:g}: the smallest reachable ε is {up:g} at "
+                f"α = {alpha:g}, the cost of converting a Rényi bound held at that single order to (ε, δ) before any "
+                f"token is generated. Ask for ε > {up:g}, a larger δ, or a larger {flag} (the conversion costs "
+                f"{math.ceil(conversion_cost(other, delta) * 1e3) / 1e3:g} at α = {other:g})."
+            )
+
+
+def check_synth_params(*, method: object = "invisibleink", epsilon: object = None, delta: object = 1e-6,
+                       batch_size: object = 8, max_new_tokens: object = 200, top_k: object = 50,
+                       temperature: object = 1.0, seed: object = None, max_texts: object = None,
+                       max_reference_tokens: object = 512, limit: object = None, cli: bool = False) -> None:
+    """Every parameter of :func:`dpinfer.synthesize` that can be checked without the corpus or the model
+    (``cli=True``: messages name the command-line options).
+
+    >>> check_synth_params(epsilon=10)
+    >>> check_synth_params(epsilon=10, batch_size=0)
+    Traceback (most recent call last):
+    dpinfer.errors.ConfigurationError: batch_size must be an integer ≥ 1, got 0
+    """
+    n = _namer(cli)
+    one_of(method, n("method"), SYNTH_METHODS)
+    if method != "public":
+        if epsilon is None:
+            raise ConfigurationError("epsilon (the target ε per reference) is required, except with method 'public'")
+        positive_number(epsilon, n("epsilon"))
+    elif epsilon is not None:
+        positive_number(epsilon, n("epsilon"))
+    check_delta(delta, n("delta"))
+    int_at_least(batch_size, n("batch_size"), 1)
+    int_at_least(max_new_tokens, n("max_new_tokens"), 1)
+    _optional_k(top_k, n("top_k"))
+    check_temperature(temperature, n("temperature"), allow_zero=method == "public")
+    check_seed(seed, n("seed"))
+    if max_texts is not None:
+        int_at_least(max_texts, n("max_texts"), 1)
+    if max_reference_tokens is not None:
+        int_at_least(max_reference_tokens, n("max_reference_tokens"), 1, " (None: no cut)")
+    if limit is not None:
+        int_at_least(limit, n("limit"), 1)
+
+
+def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
+                       top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> None:
+    """Calibrate the synthesis mechanism from the parameters alone (refuses an unreachable ε before the model loads)."""
+    from dpinfer.pipelines.synthesize import build_mechanism
+
+    build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore[arg-type]
+                    max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
+
+
+def check_generate_params(*, max_new_tokens: object = 256, temperature: object = 1.0, top_k: object = None,
+                          top_p: object = None, seed: object = None, cli: bool = False) -> None:
+    """Every parameter of plain :func:`dpinfer.generate`."""
+    n = _namer(cli)
+    int_at_least(max_new_tokens, n("max_new_tokens"), 1)
+    check_temperature(temperature, n("temperature"), allow_zero=True)
+    if top_k is not None:
+        int_at_least(top_k, n("top_k"), 1, " (or None)")
+    check_top_p(top_p, n("top_p"))
+    check_seed(seed, n("seed"))
+
+
+def check_text(value: object, what: str) -> str:
+    """``value`` if it is a string holding more than white space; the message says the expected type otherwise."""
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(f"{what} is empty (or only white space)")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------------ files
+def input_file(source: str | os.PathLike[str], what: str = "input") -> Path:
+    """``source`` as a readable regular file; says whether it is missing, a folder or something else."""
+    p = Path(source)
+    if p.is_dir():
+        raise InvalidInputError(f"{p} is a folder; give the {what} file")
+    if not p.exists():
+        raise InvalidInputError(f"no such file: {p}")
+    if not p.is_file():
+        raise InvalidInputError(f"{p} is not a regular file; give the {what} as a file")
+    if not os.access(p, os.R_OK):
+        raise InvalidInputError(f"{p} is not readable (check its permissions)")
+    return p
+
+
+def sniff_text_file(source: str | os.PathLike[str], what: str = "data") -> Path:
+    """``source`` as a regular, non-empty file whose first 64 KiB are UTF-8 text without NUL bytes (a cheap check
+    of a large data file before any model loads; the loader still checks the rest)."""
+    import codecs
+
+    p = input_file(source, what)
+    with p.open("rb") as f:
+        head = f.read(64 * 1024)
+    if not head.strip():
+        raise InvalidInputError(f"{p} is empty")
+    if b"\x00" in head:
+        raise InvalidInputError(f"{p} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{p} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    return p
+
+
+def check_output_path(path: str | os.PathLike[str], *, inputs: Iterable[str | os.PathLike[str] | None] = (),
+                      option: str = "--out") -> Path:
+    """Refuse, before any work, an output path that cannot be written or that is one of ``inputs``.
+
+    Refused: a folder, a path in a missing folder, a folder that cannot be written (probed by creating and removing a
+    temporary file), an existing file that is read-only or not a regular file, and the input itself or a hard or
+    symbolic link to it (same device and inode): writing there would overwrite the private document.
+    """
+    p = Path(path)
+    if not str(path).strip():
+        raise ConfigurationError(f"{option} is empty; give a file path")
+    if p.is_dir():
+        raise ConfigurationError(f"{option} {p} is a folder; give a file path inside it")
+    folder = p.parent
+    if not folder.exists():
+        raise ConfigurationError(f"{option} {p}: the folder {folder} does not exist; create it first")
+    if not folder.is_dir():
+        raise ConfigurationError(f"{option} {p}: {folder} is not a folder")
+    if p.exists():
+        if not p.is_file():
+            raise ConfigurationError(f"{option} {p} exists and is not a regular file; give a file path")
+        for inp in inputs:
+            if inp is None or str(inp) == "-":
+                continue
+            with contextlib.suppress(OSError):
+                if os.path.samefile(p, inp):
+                    raise ConfigurationError(f"{option} {p} is the input file (or a link to it); writing there would "
+                                             "overwrite the private input: choose another path")
+        if not os.access(p, os.W_OK):
+            raise ConfigurationError(f"{option} {p} exists and is read-only; choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".probe")
+    except OSError as exc:
+        raise ConfigurationError(f"{option} {p}: cannot write in {folder} ({exc.strerror or 'permission denied'})"
+                                 ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return p
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
+    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one step
+    (:func:`os.replace`), on any error or interruption it is removed: no partial output and no leftover file.
+    The file is created with mode 0600 (it holds output derived from private data)."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_open`)."""
+    with atomic_open(path) as f:
+        f.write(text)
+
+
+def rescue_write_text(text: str, suffix: str) -> Path | None:
+    """Save ``text`` to a new private file (mode 0600) in the temporary folder; its path, or None if that fails too."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="dpinfer-rescue-", suffix=suffix)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        return None
+    return Path(name)
