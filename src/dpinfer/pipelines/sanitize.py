@@ -147,7 +147,6 @@ class SanitizeResult:
             out["debug"] = {
                 "warning": DEBUG_WARNING,
                 "spans": [s.to_dict() for s in self.spans],
-                "groups": self.groups,
                 "prompt_tokens": self.prompt_tokens,
                 "seconds": round(self.seconds, 3),
                 **self.data_dependent,
