@@ -256,13 +256,11 @@ def test_chat_template_that_does_not_keep_the_document_verbatim_is_refused(tiny_
 
 def test_baselines_take_a_fixed_t_max_not_the_documents_length(tiny_lm):
     """Hole 2: dp-decoding / dp-prompt (adjacency: any two documents) must not read T_max from the document."""
-    from dpinfer.pipelines.sanitize import BASELINE_MAX_NEW_TOKENS
-
     short, long = "The applicant lives in Izmir.", DOC + " The applicant was born in 1970."
     for method in ("dp-decoding", "dp-prompt"):
         a = sanitize(short, lm=tiny_lm, method=method, tagger="regex", seed=0)
         b = sanitize(long, lm=tiny_lm, method=method, tagger="regex", seed=0)
-        assert a.max_new_tokens == b.max_new_tokens == BASELINE_MAX_NEW_TOKENS
+        assert a.max_new_tokens == b.max_new_tokens == 256  # BASELINE_MAX_NEW_TOKENS, documented
         assert a.guarantee.to_dict() == b.guarantee.to_dict()
         assert "fixed limit of 256" in a.to_dict()["guarantee"]["sentence"]
     # DP-Fusion keeps T_max following the length (public under its adjacency), and says so
@@ -326,16 +324,22 @@ def _result(epsilon: float, method: str = "dp-fusion"):
 def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
     """Hole 7: 15.2516 was printed 15.25 (rounded down); what the adjacency leaves public was not said."""
     from dpinfer.cli import _guarantee_sentence
-    from dpinfer.pipelines.sanitize import guarantee_sentence
 
     res = _result(15.2516)
-    for sentence in (_guarantee_sentence(res), guarantee_sentence(res)):
+    for make in (_guarantee_sentence, _pipeline_sentence):
+        sentence = make(res)
         assert "15.25" not in sentence and "ε = 15.3" in sentence and "LOC ε = 12.4" in sentence  # 12.3401 → 12.4
         assert "position and token length of each tagged span" in sentence and "tagger missed" in sentence
     g = res.to_dict()["guarantee"]
     assert any("position" in item for item in g["not_protected"])
     assert any("tagger missed" in item for item in g["not_protected"])
     assert "15.3" in str(res.guarantee) and "15.25" not in str(res.guarantee)
+
+
+def _pipeline_sentence(res):
+    from dpinfer.pipelines.sanitize import guarantee_sentence
+
+    return guarantee_sentence(res)
 
 
 def test_zero_spans_are_refused_before_the_model_loads(tiny_lm):
