@@ -90,14 +90,15 @@ def _mentions(doc: Any, annotator: str | None) -> tuple[list[Any], str | None]:
             ann = doc["annotations"]
             if not isinstance(ann, Mapping) or not ann:
                 raise InvalidInputError("'annotations' must be a non-empty object {annotator: {entity_mentions}}")
-            names = [annotator] if annotator is not None else sorted(ann)
+            names = [annotator] if annotator is not None else sorted(ann, key=str)
             items = []
-            for name in names:
+            for k, name in enumerate(names):
                 if name not in ann:
                     raise InvalidInputError(f"annotator {name!r} not in the document ({len(ann)} annotators)")
                 block = ann[name]
                 if not isinstance(block, Mapping) or not isinstance(block.get("entity_mentions"), list):
-                    raise InvalidInputError(f"annotations of {name!r} have no 'entity_mentions' list")
+                    # the file's annotator names are not echoed (a hostile file may put text there)
+                    raise InvalidInputError(f"annotator #{k} of the document has no 'entity_mentions' list")
                 items.extend(block["entity_mentions"])
         elif "spans" in doc:
             items = doc["spans"]
