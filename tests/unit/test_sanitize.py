@@ -356,6 +356,7 @@ def test_zero_spans_are_refused_before_the_model_loads(tiny_lm):
             assert "\n" not in str(exc.value) and "Smith" not in str(exc.value)
     res = sanitize(DOC, lm=tiny_lm, spans=[], max_new_tokens=4, seed=0, allow_untagged=True)
     assert res.to_dict()["guarantee"]["sentence"].startswith("Guarantee: none")
+    assert math.isinf(res.guarantee.epsilon) and res.to_dict()["guarantee"]["not_protected"].startswith("everything")
 
 
 def test_cli_zero_spans_file_is_refused(tiny_model_dir, tmp_path, capsys):

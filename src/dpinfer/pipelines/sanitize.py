@@ -122,7 +122,7 @@ class SanitizeResult:
     def not_protected(self) -> tuple[str, ...]:
         """What the guarantee leaves public (empty for ``original``, which protects nothing)."""
         if self.method in ("dp-fusion", "ner-scrub"):
-            return NOT_PROTECTED
+            return NOT_PROTECTED if self.groups else ()  # nothing tagged: nothing protected
         if self.method in ("dp-decoding", "dp-prompt"):
             return BASELINE_NOT_PROTECTED
         return ()
@@ -130,7 +130,7 @@ class SanitizeResult:
     def to_dict(self) -> dict[str, Any]:
         """The release as a JSON-ready dict: no data-dependent statistic unless the result was made with ``debug``."""
         g = self.guarantee.to_dict()
-        g["not_protected"] = list(self.not_protected) if self.not_protected else "everything (no privacy mechanism)"
+        g["not_protected"] = list(self.not_protected) if self.not_protected else "everything (no privacy protection)"
         g["sentence"] = guarantee_sentence(self)
         out: dict[str, Any] = {
             "text": self.text,
@@ -500,7 +500,11 @@ def sanitize(
     out = box[0]
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
-    if method == "ner-scrub" or (method == "dp-fusion" and not prep.group_names):
+    if method in ("ner-scrub", "dp-fusion") and not prep.group_names:
+        from dpinfer.accounting import Guarantee
+
+        guarantee = Guarantee.no_privacy(method)  # nothing tagged (allow_untagged): nothing was protected
+    elif method == "ner-scrub":
         guarantee = _scrub_guarantee(method, group_map, delta, t_max)
     else:
         guarantee = mech.guarantee(t_max)
@@ -523,13 +527,13 @@ def guarantee_sentence(result: SanitizeResult) -> str:
     from dpinfer.accounting._format import format_up
 
     g = result.guarantee
+    if result.method in ("dp-fusion", "ner-scrub") and not result.groups:
+        return ("Guarantee: none. Nothing was tagged, so nothing in the document was protected: the rewrite was "
+                "generated from the full document (allowed with --allow-untagged).")
     if math.isinf(g.epsilon):
         return ("Guarantee: none. This output was generated from the full private document without a privacy "
                 "mechanism.")
     public = "; ".join(result.not_protected)
-    if result.method in ("dp-fusion", "ner-scrub") and not g.groups:
-        return ("Guarantee: none. Nothing was tagged, so nothing in the document was protected: the rewrite was "
-                "generated from the full document (allowed with --allow-untagged).")
     if g.epsilon == 0:
         return ("Guarantee: the rewrite was generated without reading the content of the tagged spans, so it reveals "
                 f"nothing about that content (ε = 0). Not protected: {public}.")
@@ -550,8 +554,8 @@ def guarantee_sentence(result: SanitizeResult) -> str:
 
 
 def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: float, t_max: int) -> Guarantee:
-    """NER scrubbing (or DP-Fusion with nothing tagged) decodes the public context only: the output does not depend on
-    the content of any tagged span, so ε = 0 for every group under the same adjacency as DP-Fusion."""
+    """NER scrubbing decodes the public context only: the output does not depend on the content of any tagged span,
+    so ε = 0 for every group under the same adjacency as DP-Fusion."""
     from dpinfer.accounting import GroupGuarantee, Guarantee
 
     return Guarantee(
