@@ -288,7 +288,7 @@ def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_mo
     for key in ("lambda_per_step", "divergence_per_step", "data_dependent", "debug", "spans", "seconds",
                 "prompt_tokens", "mean_lambda", "max_divergence"):
         assert key not in released, key
-    assert "lambda" not in json.dumps(out)
+    assert "lambda" not in json.dumps(out) and "seed" not in released
     assert capsys.readouterr().err == ""
     dbg = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0, debug=True)
     err = capsys.readouterr().err

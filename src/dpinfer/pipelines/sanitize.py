@@ -482,7 +482,7 @@ def sanitize(
         )
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
-                                "model": model.name, "seed": seed}
+                                "model": model.name}  # never the seed: it is not written next to a release
     if method == "dp-fusion":
         settings["adjacency"] = adjacency
 
