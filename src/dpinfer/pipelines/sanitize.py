@@ -10,7 +10,14 @@ Steps of :func:`sanitize`:
    of every group by the placeholder token (the id of ``_``), one for one; the *private* context of group i replaces
    those of every other group. All m + 1 contexts have the same length and positions: one batch, one KV cache, and
    the instruction before the first private token is prefilled once.
-3. **Decode** with the chosen method on the engine (joint mode), ``T_max = max_new_tokens`` tokens at most.
+3. **Decode** with the chosen method on the engine (joint mode), ``T_max = max_new_tokens`` tokens at most (default:
+   the document's length for DP-Fusion, public under its adjacency; a fixed :data:`BASELINE_MAX_NEW_TOKENS` for the
+   whole-document baselines).
+4. **Release** :meth:`SanitizeResult.to_dict`: the rewrite and the ex-ante guarantee with what it leaves public;
+   data-dependent statistics only with ``debug=True``.
+
+Fail closed: no span given or found, spans made for another document, or a chat template that does not keep the
+document verbatim are refused before the model loads (the template check needs the tokenizer).
 
 Methods (same engine, same prompt; ALGORITHMS §5): ``dp-fusion`` (the default), ``original`` (private context, no
 privacy), ``ner-scrub`` (public context only: the output does not depend on the tagged content at all, ε = 0 for it),
@@ -68,10 +75,11 @@ NOT_PROTECTED = (
     "the existence, position and token length of each tagged span",
     "which privacy groups (entity types) the document contains",
     "anything the tagger missed",
+    "how long the rewrite took (timing)",
 )
 """What DP-Fusion's (and NER scrubbing's) adjacency leaves public: released as ``guarantee.not_protected``."""
 
-BASELINE_NOT_PROTECTED = ("that a document was rewritten with these settings",)
+BASELINE_NOT_PROTECTED = ("that a document was rewritten with these settings", "how long the rewrite took (timing)")
 """What the whole-document baselines' adjacency (any two documents) leaves public."""
 
 FUSION_ADJACENCY = (
