@@ -10,6 +10,8 @@ import pytest
 from dpinfer.cli import main
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError, TaggingError
 from dpinfer.pipelines.sanitize import (
+    DEFAULT_INSTRUCTION,
+    default_max_new_tokens,
     placeholder_id,
     prepare_contexts,
     resolve_group_epsilon,
@@ -76,7 +78,7 @@ def test_non_private_and_scrub_methods(tiny_lm, method):
 def test_dp_fusion_per_group_guarantee_and_reproducibility(tiny_lm):
     kw = {"lm": tiny_lm, "spans": SPANS, "max_new_tokens": 12, "seed": 3,
           "group_epsilon": {"PERSON": 20.0}, "epsilon": 30.0}
-    a = sanitize(DOC, **kw)
+    a = sanitize(DOC, **kw, debug=True)
     b = sanitize(DOC, **kw)
     assert a.text == b.text
     g = a.guarantee
@@ -85,8 +87,8 @@ def test_dp_fusion_per_group_guarantee_and_reproducibility(tiny_lm):
     assert per["PERSON"] <= 20.0 + 1e-9 and per["PERSON"] == pytest.approx(20.0, rel=1e-6)
     assert per["LOC"] == pytest.approx(30.0, rel=1e-6)
     assert g.epsilon == max(per.values()) and g.max_new_tokens == 12 and g.order == 2.0
-    dd = a.to_dict()["data_dependent"]
-    assert "not a privacy guarantee" in dd["note"]
+    dd = a.to_dict()["debug"]
+    assert "not covered by the guarantee" in dd["warning"]
     assert set(dd["groups"]) == set(per)
     assert all(0.0 <= lam <= 1.0 for row in dd["lambda_per_step"] for lam in row)
 
@@ -98,7 +100,7 @@ def test_infeasible_epsilon_is_a_clear_error(tiny_lm):
 
 def test_too_long_document_is_refused_not_truncated(tiny_lm):
     with pytest.raises(ContextTooLongError, match="context window"):
-        sanitize(DOC * 20, lm=tiny_lm, spans=[], max_new_tokens=8)
+        sanitize(DOC * 20, lm=tiny_lm, spans=[], max_new_tokens=8, allow_untagged=True)
 
 
 def test_bad_inputs(tiny_lm):
@@ -217,3 +219,183 @@ def test_replace_one_adjacency_end_to_end(tiny_lm, tiny_model_dir, tmp_path, cap
                "--epsilon", "30", "--adjacency", "replace-one", "--seed", "0"])
     out = capsys.readouterr().out
     assert rc == 0 and "compared with any other values" in " ".join(out.split())
+
+
+# ---------------------------------------------------------------------------------------------------------- issue 10
+SMOL_TEMPLATE = (  # SmolLM2-Instruct's template: a default system prompt that names "Hugging Face"
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_spans_are_placed_by_construction_not_by_searching_the_prompt(tiny_lm, monkeypatch):
+    """Hole 3: the document "Hugging Face" also occurs in the default system prompt; prompt.find(document) put the
+    placeholders there and left the real document in the public context."""
+    monkeypatch.setattr(tiny_lm.tokenizer, "chat_template", SMOL_TEMPLATE)
+    doc = "Hugging Face"
+    spans = [Span(0, len(doc), "ORG")]
+    prep = prepare_contexts(tiny_lm, doc, spans, resolve_groups(spans, None), "Rewrite:")
+    public = tiny_lm.decode(prep.public)
+    system, _, user = public.partition("Rewrite:")
+    assert "trained by Hugging Face" in system  # the template is public and stays intact
+    assert "Hugging" not in user and "Face" not in user  # no private character in the public context
+    assert prep.private_tokens["ORG"] > 0
+    # the private context of the group holds the document where the user message is, and only there
+    private = tiny_lm.decode(prep.private[0])
+    assert private.partition("Rewrite:")[2].count("Hugging Face") == 1
+
+
+def test_chat_template_that_does_not_keep_the_document_verbatim_is_refused(tiny_lm, monkeypatch):
+    monkeypatch.setattr(tiny_lm.tokenizer, "chat_template",
+                        "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
+    with pytest.raises(ConfigurationError, match="verbatim"):
+        prepare_contexts(tiny_lm, DOC, SPANS, resolve_groups(SPANS, None), "Rewrite:")
+
+
+def test_baselines_take_a_fixed_t_max_not_the_documents_length(tiny_lm):
+    """Hole 2: dp-decoding / dp-prompt (adjacency: any two documents) must not read T_max from the document."""
+    short, long = "The applicant lives in Izmir.", DOC + " The applicant was born in 1970."
+    for method in ("dp-decoding", "dp-prompt"):
+        a = sanitize(short, lm=tiny_lm, method=method, tagger="regex", seed=0)
+        b = sanitize(long, lm=tiny_lm, method=method, tagger="regex", seed=0)
+        assert a.max_new_tokens == b.max_new_tokens == 256  # BASELINE_MAX_NEW_TOKENS, documented
+        assert a.guarantee.to_dict() == b.guarantee.to_dict()
+        assert "fixed limit of 256" in a.to_dict()["guarantee"]["sentence"]
+    # DP-Fusion keeps T_max following the length (public under its adjacency), and says so
+    fusion = sanitize(DOC, lm=tiny_lm, spans=SPANS, seed=0, epsilon=40.0)
+    prep = prepare_contexts(tiny_lm, DOC, SPANS, resolve_groups(SPANS, None), DEFAULT_INSTRUCTION)
+    assert fusion.max_new_tokens == default_max_new_tokens(prep.document_tokens)
+    assert "follows the document's length" in fusion.to_dict()["guarantee"]["sentence"]
+
+
+def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_model_dir, tmp_path, capsys):
+    """Hole 4: per-step λ and divergences (exact functions of the private content) are not released."""
+    res = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0)
+    out = res.to_dict()
+
+    def keys(obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                yield from keys(v)
+
+    released = set(keys(out))
+    for key in ("lambda_per_step", "divergence_per_step", "data_dependent", "debug", "spans", "seconds",
+                "prompt_tokens", "mean_lambda", "max_divergence"):
+        assert key not in released, key
+    assert "lambda" not in json.dumps(out) and "seed" not in released
+    assert capsys.readouterr().err == ""
+    dbg = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0, debug=True)
+    err = capsys.readouterr().err
+    assert "data-dependent" in err and "reveal" in err and err.count("\n") == 1
+    d = dbg.to_dict()["debug"]
+    assert len(d["lambda_per_step"]) == dbg.generated_tokens and "data-dependent" in d["warning"]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC, encoding="utf-8")
+    spans = tmp_path / "spans.json"
+    spans.write_text(json.dumps([s.to_dict() for s in SPANS]))
+    base = ["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
+            "--seed", "1", "--json"]
+    assert main(base) == 0
+    captured = capsys.readouterr()
+    assert "lambda" not in captured.out and "divergence" not in captured.out
+    assert main([*base, "--debug-stats"]) == 0
+    captured = capsys.readouterr()
+    assert "lambda_per_step" in captured.out and "data-dependent" in captured.err
+
+
+def _result(epsilon: float, method: str = "dp-fusion"):
+    from dpinfer.accounting import GroupGuarantee, Guarantee
+    from dpinfer.pipelines.sanitize import SanitizeResult
+
+    g = Guarantee(epsilon=epsilon, delta=1e-5, mechanism="dp-fusion", adjacency="replace-by-null of a group",
+                  max_new_tokens=100, order=2.0, groups=(GroupGuarantee("PERSON", epsilon, 1e-5),
+                                                         GroupGuarantee("LOC", 12.3401, 1e-5)))
+    return SanitizeResult(text="x", guarantee=g, spans=[], token_ids=[], groups={"PERSON": ["PERSON"]},
+                          method=method, finish_reason="eos", prompt_tokens=0, generated_tokens=1,
+                          max_new_tokens=100, seconds=1.0)
+
+
+def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
+    """Hole 7: 15.2516 was printed 15.25 (rounded down); what the adjacency leaves public was not said."""
+    from dpinfer.cli import _guarantee_sentence
+
+    res = _result(15.2516)
+    for make in (_guarantee_sentence, _pipeline_sentence):
+        sentence = make(res)
+        assert "15.25" not in sentence and "ε = 15.3" in sentence and "LOC ε = 12.4" in sentence  # 12.3401 → 12.4
+        assert "position and token length of each tagged span" in sentence and "tagger missed" in sentence
+    g = res.to_dict()["guarantee"]
+    assert any("position" in item for item in g["not_protected"])
+    assert any("tagger missed" in item for item in g["not_protected"])
+    assert "15.3" in str(res.guarantee) and "15.25" not in str(res.guarantee)
+
+
+def _pipeline_sentence(res):
+    from dpinfer.pipelines.sanitize import guarantee_sentence
+
+    return guarantee_sentence(res)
+
+
+def test_zero_spans_are_refused_before_the_model_loads(tiny_lm):
+    class Nothing(Tagger):
+        name = "nothing"
+
+        def _tag(self, text):
+            return []
+
+    for kw in ({"spans": []}, {"spans": "[]"}, {"tagger": Nothing()}):
+        for method in ("dp-fusion", "ner-scrub"):
+            with pytest.raises(InvalidInputError, match="allow-untagged") as exc:
+                sanitize(DOC, lm="/nonexistent/model", method=method, **kw)
+            assert "\n" not in str(exc.value) and "Smith" not in str(exc.value)
+    res = sanitize(DOC, lm=tiny_lm, spans=[], max_new_tokens=4, seed=0, allow_untagged=True)
+    assert res.to_dict()["guarantee"]["sentence"].startswith("Guarantee: none")
+    assert math.isinf(res.guarantee.epsilon) and res.to_dict()["guarantee"]["not_protected"].startswith("everything")
+
+
+def test_cli_zero_spans_file_is_refused(tiny_model_dir, tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC, encoding="utf-8")
+    spans = tmp_path / "spans.json"
+    spans.write_text("[]")
+    rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)])
+    captured = capsys.readouterr()
+    assert rc == 2 and "--allow-untagged" in captured.err and captured.err.count("\n") == 1
+    assert "Smith" not in captured.out + captured.err
+    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--allow-untagged",
+                 "--max-new-tokens", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["guarantee"]["sentence"].startswith("Guarantee: none")
+
+
+def test_spans_from_another_document_are_refused():
+    other = "Ms Brown, a judge sitting in Oslo, heard case no. 11111/01 on 1 June 2001 and closed it the same day."
+    tab = {"text": other, "entity_mentions": [{"start_offset": 3, "end_offset": 8, "entity_type": "PERSON",
+                                               "span_text": "Brown"}]}
+    with pytest.raises(InvalidInputError, match="another document") as exc:
+        sanitize(DOC, lm="/nonexistent/model", spans=json.dumps(tab))
+    assert "Brown" not in str(exc.value) and "Smith" not in str(exc.value)
+    del tab["text"]  # span_text alone is checked against THIS document's text
+    with pytest.raises(InvalidInputError, match="span_text does not match") as exc:
+        sanitize(DOC, lm="/nonexistent/model", spans=json.dumps(tab))
+    assert "Brown" not in str(exc.value) and "Smith" not in str(exc.value)
+
+
+def test_overlapping_user_spans_are_merged(tiny_lm):
+    spans = [Span(3, 8, "PERSON"), Span(0, 5, "ORG"), Span(33, 39, "LOC")]
+    res = sanitize(DOC, lm=tiny_lm, spans=spans, method="ner-scrub", max_new_tokens=2, seed=0)
+    assert [(s.start, s.end) for s in res.spans] == [(0, 8), (33, 39)]
+
+
+def test_sanitize_help_explains_the_default_epsilon_and_t_max(capsys):
+    with pytest.raises(SystemExit):
+        main(["sanitize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "e^40" in text and "per group" in text and "docs/sanitize.md" in text
+    assert "public under its adjacency" in text and "fixed 256" in text
+    assert "--allow-untagged" in text and "--debug-stats" in text

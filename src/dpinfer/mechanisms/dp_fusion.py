@@ -31,6 +31,12 @@ placeholders reveal those), and nothing the tagger missed. Temperature and trunc
 every row before mollification, with S computed from the PUBLIC logits only (:class:`~dpinfer.mechanisms.transforms.
 PublicSupport`), so the bound is checked on the distributions actually sampled from and S costs nothing.
 
+Numerics. S also drops the tokens whose public probability is below ``e^{(α−1)/α·(−708 + log m + min b)}`` (≈ e^-353
+at α = 2; a public choice like top-k), so every mollified row, hence ``p_out``, is ≥ e^-708 on S for every document:
+the support of the released distribution is the same public set for adjacent documents. ``p_out`` is formed in log
+space (``logsumexp``), and λ is solved against ``b·(1 − 1e-9)`` so that the bound still holds when the divergence is
+re-evaluated with other rounding.
+
 The authors' library charges ``4·β_i = 4·b_i/α`` per step (a constant inherited from PMixED's replace-one
 analysis); ``accounting="as_published"`` reproduces it and flags the guarantee as such.
 
@@ -80,6 +86,12 @@ _LINEAR_FLOOR = -700.0
 """Mollification evaluates in linear space when ``max(1, α − 1)·log p_pub ≥ −700`` on the support (no overflow or
 underflow: e^-700 ≈ 1e-304 is a normal float64), in log space otherwise."""
 _MAX_ITER = 200
+_SAFETY = 1e-9
+"""Relative safety margin: λ is solved against ``b·(1 − 1e-9)``, so that ``D↔_α(q_i, p_pub) ≤ b`` still holds when the
+divergence is re-evaluated in another order of floating-point operations (the solver's own evaluation and the
+log-space reference differ by up to ~5e-12 relative; fuzz tests check the reference with no slack)."""
+_LOG_TINY = -708.0
+"""log of a normal float64 (e^-708 ≈ 3e-308): every released probability on the support is at least this."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -298,6 +310,7 @@ def mollify_with_divergence(
     lp = logp_pub.to(torch.float64)
     lq = logp_priv.to(torch.float64)
 
+    b = b * (1.0 - _SAFETY)  # the bound must hold after rounding (see _SAFETY)
     lam = torch.zeros(m, dtype=torch.float64, device=device)
     div = torch.zeros(m, dtype=torch.float64, device=device)
     pub_pos = lp > _NEG_INF
@@ -912,6 +925,11 @@ class DPFusion(Mechanism):
         self.top_k, self.top_p, self.support_margin = top_k, top_p, float(support_margin)
         self.tol = float(tol)
         self._bounds_t: torch.Tensor | None = None
+        a = self.enforced_order
+        # log q_i ≥ α/(α−1)·log p_pub − b_i for every mollified row (one term of D_α(p_pub‖q_i) ≤ b_i), so on tokens
+        # with log p_pub ≥ this floor every q_i, hence p_out, stays ≥ e^-708 > 0 for EVERY document: the released
+        # support is a public set, identical for adjacent documents (no underflow makes supports differ)
+        self.log_floor = min((a - 1.0) / a * (_LOG_TINY + math.log(len(self.bounds)) + min(self.bounds)), -1e-3)
 
     @property
     def num_groups(self) -> int:
@@ -996,10 +1014,23 @@ class DPFusion(Mechanism):
         truncation S is the public row's finite entries (e.g. EOS banned for every row alike): a public choice,
         applied to every row like a top-k support, so the solver works on a full support."""
         if not self.support.is_full:
-            return self.support.mask(z_pub).nonzero().squeeze(-1)
-        if bool((z_pub == _NEG_INF).any()):
-            return (z_pub > _NEG_INF).nonzero().squeeze(-1)
-        return None
+            keep = self.support.mask(z_pub)
+        elif bool((z_pub == _NEG_INF).any()):
+            keep = z_pub > _NEG_INF
+        else:
+            keep = None
+        # public-only floor: drop tokens whose PUBLIC probability on S is below e^log_floor (at most e^-353 at α = 2),
+        # so that every released probability is a normal float > 0 on S for every document (see log_floor)
+        zs = z_pub if keep is None else z_pub.masked_fill(~keep, _NEG_INF)
+        lps = torch.log_softmax(zs, dim=-1)
+        low = lps < min(self.log_floor, float(lps.max()))  # the public mode always stays
+        if keep is None:
+            if not bool(low.any()):
+                return None
+            keep = ~low
+        else:
+            keep = keep & ~low
+        return keep.nonzero().squeeze(-1)
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of the public support S, exactly as :meth:`step` computes it: the private rows are read there and
@@ -1034,8 +1065,10 @@ class DPFusion(Mechanism):
         if self._bounds_t is None or self._bounds_t.device != lq.device:
             self._bounds_t = torch.tensor(self.bounds, dtype=torch.float64, device=lq.device)
         lam, div = mollify_with_divergence(lp, lq, self._bounds_t, self.enforced_order, self.tol)
-        # p_out = (1/m)·Σ_i ((1 − λ_i)·p_pub + λ_i·p_i) = (1 − mean λ)·p_pub + (λ/m)·P_priv
-        probs = (1.0 - lam.mean()) * lp.exp() + (lam / m) @ lq.exp()
+        # p_out = (1/m)·Σ_i ((1 − λ_i)·p_pub + λ_i·p_i) = (1 − mean λ)·p_pub + Σ_i (λ_i/m)·p_i, formed in log space
+        # (a linear-space sum underflows where p_pub < e^-745 while λ_i·p_i > 0, and supports would differ)
+        terms = torch.cat([(torch.log1p(-lam.mean()) + lp).unsqueeze(0), (torch.log(lam / m).unsqueeze(-1) + lq)])
+        probs = torch.logsumexp(terms, dim=0).exp()
         return probs, idx, lam, div
 
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

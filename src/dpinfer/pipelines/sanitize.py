@@ -10,7 +10,14 @@ Steps of :func:`sanitize`:
    of every group by the placeholder token (the id of ``_``), one for one; the *private* context of group i replaces
    those of every other group. All m + 1 contexts have the same length and positions: one batch, one KV cache, and
    the instruction before the first private token is prefilled once.
-3. **Decode** with the chosen method on the engine (joint mode), ``T_max = max_new_tokens`` tokens at most.
+3. **Decode** with the chosen method on the engine (joint mode), ``T_max = max_new_tokens`` tokens at most (default:
+   the document's length for DP-Fusion, public under its adjacency; a fixed :data:`BASELINE_MAX_NEW_TOKENS` for the
+   whole-document baselines).
+4. **Release** :meth:`SanitizeResult.to_dict`: the rewrite and the ex-ante guarantee with what it leaves public;
+   data-dependent statistics only with ``debug=True``.
+
+Fail closed: no span given or found, spans made for another document, or a chat template that does not keep the
+document verbatim are refused before the model loads (the template check needs the tokenizer).
 
 Methods (same engine, same prompt; ALGORITHMS §5): ``dp-fusion`` (the default), ``original`` (private context, no
 privacy), ``ner-scrub`` (public context only: the output does not depend on the tagged content at all, ε = 0 for it),
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +68,21 @@ DEFAULTS: dict[str, Any] = {
 """Decoding defaults for the embedded 135M model (see docs/sanitize.md for the sweep that chose them). The top-k
 support is computed from the PUBLIC context only and applied to every context, which keeps the guarantee."""
 
+BASELINE_MAX_NEW_TOKENS = 256
+"""Default ``T_max`` of ``dp-decoding`` and ``dp-prompt``: a fixed constant, since their adjacency is any two documents
+and a T_max (or a calibration) read from the document would reveal its length. Pass ``max_new_tokens`` to change it."""
+
+NOT_PROTECTED = (
+    "the existence, position and token length of each tagged span",
+    "which privacy groups (entity types) the document contains",
+    "anything the tagger missed",
+    "how long the rewrite took (timing)",
+)
+"""What DP-Fusion's (and NER scrubbing's) adjacency leaves public: released as ``guarantee.not_protected``."""
+
+BASELINE_NOT_PROTECTED = ("that a document was rewritten with these settings", "how long the rewrite took (timing)")
+"""What the whole-document baselines' adjacency (any two documents) leaves public."""
+
 FUSION_ADJACENCY = (
     "replace-by-null of one privacy group's tagged spans (the content of the spans is protected; their existence, "
     "positions and token lengths, and anything the tagger missed, are not)"
@@ -72,11 +96,16 @@ class SanitizeResult:
     Attributes:
         text: the released rewrite.
         guarantee: the ex-ante guarantee (``.epsilon`` is the worst group's, ``.groups`` has one entry per group).
-        spans: the spans used (offsets into the input document).
+        spans: the spans used (offsets into the input document; overlapping spans merged).
         groups: group name → the TAB labels it covers (only groups present in the document).
         method: the method used.
         data_dependent: per-step statistics of the realised decoding (mixing weights λ and divergences per group,
-            summaries). DATA-DEPENDENT: they describe this run, they are not a privacy guarantee.
+            summaries), filled only with ``sanitize(..., debug=True)``. DATA-DEPENDENT: exact functions of the
+            private content (they reveal it), never a privacy guarantee, never part of the release.
+
+    :meth:`to_dict` is the release: the rewrite, the guarantee (with ``not_protected``: what the adjacency leaves
+    public) and public settings. The spans, the prompt length, the timing and the per-step statistics are functions
+    of the private document and appear only when ``debug`` is set.
     """
 
     text: str
@@ -92,28 +121,53 @@ class SanitizeResult:
     seconds: float
     settings: dict[str, Any] = field(default_factory=dict)
     data_dependent: dict[str, Any] = field(default_factory=dict)
+    debug: bool = False
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def not_protected(self) -> tuple[str, ...]:
+        """What the guarantee leaves public (empty for ``original``, which protects nothing)."""
+        if self.method in ("dp-fusion", "ner-scrub"):
+            return NOT_PROTECTED if self.groups else ()  # nothing tagged: nothing protected
+        if self.method in ("dp-decoding", "dp-prompt"):
+            return BASELINE_NOT_PROTECTED
+        return ()
+
     def to_dict(self) -> dict[str, Any]:
+        """The release as a JSON-ready dict: no data-dependent statistic unless the result was made with ``debug``."""
         g = self.guarantee.to_dict()
-        return {
+        g["not_protected"] = list(self.not_protected) if self.not_protected else "everything (no privacy protection)"
+        g["sentence"] = guarantee_sentence(self)
+        out: dict[str, Any] = {
             "text": self.text,
             "method": self.method,
             "guarantee": g,
-            "spans": [s.to_dict() for s in self.spans],
-            "groups": self.groups,
             "finish_reason": self.finish_reason,
-            "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,
             "max_new_tokens": self.max_new_tokens,
-            "seconds": round(self.seconds, 3),
             "settings": self.settings,
-            "data_dependent": {"note": "data-dependent statistics of this run; not a privacy guarantee",
-                               **self.data_dependent},
         }
+        if self.method in ("dp-fusion", "ner-scrub"):
+            out["groups"] = self.groups  # public under their adjacency (one group per entity type present)
+        if self.debug:
+            out["debug"] = {
+                "warning": DEBUG_WARNING,
+                "spans": [s.to_dict() for s in self.spans],
+                "prompt_tokens": self.prompt_tokens,
+                "seconds": round(self.seconds, 3),
+                **self.data_dependent,
+            }
+        return out
+
+
+DEBUG_WARNING = (
+    "debug statistics are data-dependent: they are exact functions of the private document (λ and divergences per "
+    "step, spans, prompt length, timing), reveal its content, are not covered by the guarantee, and must not be "
+    "released"
+)
 
 
 @dataclass
@@ -181,10 +235,21 @@ def resolve_group_epsilon(group_names: Sequence[str], groups: Mapping[str, Seque
 
 # ---------------------------------------------------------------------------------------------------------- contexts
 def build_prompt(lm: LM, document: str, instruction: str) -> tuple[str, int]:
-    """The chat prompt and the character offset of ``document`` inside it."""
+    """The chat prompt and the character offset of ``document`` inside it, placed by construction.
+
+    The template is rendered once with a random sentinel in place of the document; the sentinel must occur exactly
+    once, and rendering the real document must give the same prompt with the document at the sentinel's offset. The
+    offset is never searched for (``prompt.find(document)`` would land on an earlier copy of the document's text, e.g.
+    a document "Hugging Face" inside SmolLM2's default system prompt, and leave the real text in the public context).
+    """
+    sentinel = f"\x00dpinfer-document-{secrets.token_hex(16)}\x00"
+    template = lm.instruction_prompt(f"{instruction}\n\n{sentinel}")
+    if template.count(sentinel) != 1:
+        raise ConfigurationError("the model's chat template does not place the message content verbatim exactly once; "
+                                 "use a model whose template keeps message content verbatim")
+    offset = template.index(sentinel)
     prompt = lm.instruction_prompt(f"{instruction}\n\n{document}")
-    offset = prompt.find(document)
-    if offset < 0:
+    if prompt != template[:offset] + document + template[offset + len(sentinel):]:
         raise ConfigurationError("the model's chat template altered the document; use a model whose template "
                                  "keeps message content verbatim")
     return prompt, offset
@@ -223,6 +288,7 @@ def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mappi
             csum = np.concatenate([[0], np.cumsum(bit)])
             hit = (csum[ends] - csum[starts]) > 0
             token_mask[np.flatnonzero(nonempty)[hit]] |= 1 << gi
+    _check_spans_covered(char_mask, token_mask, offsets)
     ph = placeholder_id(lm)
     public = np.where(token_mask != 0, ph, ids)
     private = []
@@ -236,25 +302,76 @@ def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mappi
                             document_tokens=doc_tokens, private_tokens=counts)
 
 
+def _check_spans_covered(char_mask: np.ndarray, token_mask: np.ndarray, offsets: np.ndarray) -> None:
+    """Fail closed unless every private character lies inside a token that the public context replaces."""
+    covered = np.zeros(len(char_mask) + 1, dtype=np.int64)
+    hidden = (token_mask != 0) & (offsets[:, 1] > offsets[:, 0])
+    np.add.at(covered, offsets[hidden, 0], 1)
+    np.add.at(covered, offsets[hidden, 1], -1)
+    exposed = (char_mask != 0) & (np.cumsum(covered)[: len(char_mask)] <= 0)
+    if exposed.any():
+        raise ConfigurationError(
+            f"{int(exposed.sum())} tagged characters are not covered by a replaced token (the tokenizer's offsets "
+            "miss them); nothing was generated. Use a model whose fast tokenizer returns character offsets"
+        )
+
+
 def default_max_new_tokens(document_tokens: int) -> int:
-    """A rewrite about as long as the document: ``ceil(1.1 · document tokens) + 16``."""
+    """DP-Fusion's default ``T_max``: a rewrite about as long as the document, ``ceil(1.1 · document tokens) + 16``.
+
+    It reads the document's token count, which is public under DP-Fusion's adjacency (replace-by-null and replace-one
+    keep every token's position: the public context has the document's length). It is NOT used for ``dp-decoding``
+    and ``dp-prompt``, whose adjacency is any two documents: they use :data:`BASELINE_MAX_NEW_TOKENS`.
+    """
     return math.ceil(1.1 * document_tokens) + 16
 
 
 # ---------------------------------------------------------------------------------------------------------- run
-def _get_spans(text: str, spans: Any, tagger: Any, label_map: Mapping[str, str | None] | None) -> list[Span]:
-    from dpinfer.taggers import Tagger, get_tagger, load_spans
+def resolve_spans(
+    text: str,
+    *,
+    spans: Any = None,
+    tagger: Any = "presidio",
+    label_map: Mapping[str, str | None] | None = None,
+    method: str = "dp-fusion",
+    allow_untagged: bool = False,
+) -> list[Span]:
+    """The private spans of ``text``: the user's ``spans`` checked against THIS document, or the tagger's; fail closed.
 
+    Needs no model, so callers (the CLI) run it before loading one. User spans must fit the document; a spans file
+    that carries the document's ``text`` must carry exactly this text, and each span's ``span_text`` (when present)
+    must equal the text at its offsets, so spans made for another document are refused. Overlapping spans are MERGED
+    (one span covering their union, labelled by the longest member, as the taggers do:
+    :func:`~dpinfer.taggers.base.merge_overlaps`), never dropped. With no span at all, ``dp-fusion`` and
+    ``ner-scrub`` would release the document without protecting anything, so they refuse unless ``allow_untagged``.
+    Errors name indices, offsets and labels, never text.
+    """
+    from dpinfer.taggers import Tagger, get_tagger, load_spans
+    from dpinfer.taggers.base import merge_overlaps
+
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInputError("the document is empty")
     if spans is not None:
-        if isinstance(spans, Sequence) and spans and all(isinstance(s, Span) for s in spans):
+        if isinstance(spans, Sequence) and not isinstance(spans, str) and all(isinstance(s, Span) for s in spans):
             loaded = list(spans)
         else:
-            loaded = load_spans(spans, label_map=label_map)
-        return validate_spans(loaded, len(text))
-    if tagger is None:
-        raise ConfigurationError("give spans= or a tagger (e.g. tagger='presidio' or 'regex')")
-    tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **({"label_map": label_map} if label_map else {}))
-    return tg.tag(text)
+            loaded = load_spans(spans, text=text, label_map=label_map)
+        found = merge_overlaps(validate_spans(loaded, len(text)))
+        source = "the spans given are empty"
+    else:
+        if tagger is None:
+            raise ConfigurationError("give spans= or a tagger (e.g. tagger='presidio' or 'regex')")
+        kw = {"label_map": label_map} if label_map else {}
+        tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **kw)
+        found = tg.tag(text)  # fail closed: any tagging error propagates here
+        source = f"the {getattr(tg, 'name', 'given')} tagger found nothing"
+    if not found and method in ("dp-fusion", "ner-scrub") and not allow_untagged:
+        raise InvalidInputError(
+            f"no private span to protect ({source}): the rewrite would read the whole document and protect nothing; "
+            "give spans (--spans FILE) or another tagger, or pass --allow-untagged (API: allow_untagged=True) to "
+            "rewrite it without protection"
+        )
+    return found
 
 
 def sanitize(
@@ -280,6 +397,8 @@ def sanitize(
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
     progress: Callable[[int, int], None] | None = None,
+    allow_untagged: bool = False,
+    debug: bool = False,
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -287,15 +406,18 @@ def sanitize(
         text: the private document.
         lm: model (default: the embedded SmolLM2-135M-Instruct).
         method: ``dp-fusion`` | ``original`` | ``ner-scrub`` | ``dp-decoding`` | ``dp-prompt``.
-        epsilon: target ε for every group (DP-Fusion) or the whole document (baselines); default 40.
+        epsilon: target ε for every group (DP-Fusion) or the whole document (baselines); default 40 (see below).
         group_epsilon: per-group targets by group name or label, e.g. ``{"PERSON": 10, "DATETIME": 60}``.
         delta: δ of every guarantee.
         spans: user-given spans (list of :class:`Span`, a spans file path, JSON string or parsed JSON); skips the
-            tagger.
+            tagger. They are checked against this document (:func:`resolve_spans`); overlapping spans are merged.
         tagger: ``"presidio"`` (default), ``"regex"``, or a :class:`~dpinfer.taggers.Tagger`.
         groups: group name → labels, to merge types into groups (``{"ID": ["PERSON", "CODE"]}``).
         instruction: the rewriting instruction (default :data:`DEFAULT_INSTRUCTION`).
-        max_new_tokens: ``T_max`` (default follows the document's length, :func:`default_max_new_tokens`).
+        max_new_tokens: ``T_max``. Default for ``dp-fusion``, ``ner-scrub`` and ``original``: it follows the
+            document's length (:func:`default_max_new_tokens`; the token length is public under DP-Fusion's
+            adjacency). Default for ``dp-decoding`` and ``dp-prompt``: the fixed :data:`BASELINE_MAX_NEW_TOKENS`
+            (256), since under their adjacency (any two documents) the length is private.
         alpha: Rényi order at which DP-Fusion's bound is enforced and charged.
         temperature, top_k: decoding transforms (defaults :data:`DEFAULTS`; DP-Fusion's top-k support is computed
             from the public context only). ``top_k=None`` samples from the full vocabulary.
@@ -313,6 +435,20 @@ def sanitize(
         progress: called as ``progress(tokens_done, T_max)`` after every generated token.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
             transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
+        allow_untagged: rewrite even when no span was given or found (``dp-fusion``/``ner-scrub`` refuse by
+            default: with nothing tagged nothing is protected).
+        debug: keep the DATA-DEPENDENT per-step statistics (λ, divergences), spans, prompt length and timing in
+            :meth:`SanitizeResult.to_dict`; they reveal the private content, and a warning says so on stderr.
+
+    Choosing ε. The default ε = 40 per group bounds, for each group separately, how much the rewrite can change the
+    odds of any conclusion about the content of that group's spans: by a factor e^40 (≈ 2·10^17), except with
+    probability δ. As a worst-case bound that is weak; it is still useful because (1) it is per group and only the
+    content of the spans is at stake (the rest of the document is meant to be kept), (2) about 10 of the 40 is the
+    fixed cost of converting a Rényi bound to (ε, δ) at α = 2, δ = 1e-5, paid before any token, and (3) measured
+    attacks stay near chance: in docs/sanitize.md the LOSS attack picks the true value among 5 candidates 0.24 of the
+    time at ε = 40 and 0.22 at ε = 12 (chance 0.20; NER scrubbing 0.22). Choose a smaller ε (above 10.13 at α = 2;
+    ``alpha=8`` reaches ≈ 1.22) for stronger protection at lower fluency, and ``group_epsilon`` for the groups that
+    matter most; the worst group's ε is the headline.
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
@@ -334,17 +470,22 @@ def sanitize(
         from dpinfer.mechanisms.dp_fusion import _check_adjacency
 
         _check_adjacency(adjacency, accounting)  # before the document is tagged or read
-    model = resolve_lm(lm)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
     temp = DEFAULTS["temperature"] if temperature is None else float(temperature)
     k = DEFAULTS["top_k"] if top_k == "default" else top_k
 
-    used_spans = _get_spans(text, spans, tagger, label_map)  # fail closed: any tagging error propagates here
+    # fail closed before the model loads: spans checked against this document, nothing tagged refused
+    used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
+                               allow_untagged=allow_untagged)
     group_map = resolve_groups(used_spans, groups)
+    model = resolve_lm(lm)
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
-    t_max = default_max_new_tokens(prep.document_tokens) if max_new_tokens is None else int(max_new_tokens)
-    if t_max < 1:
-        raise ConfigurationError(f"max_new_tokens must be ≥ 1, got {max_new_tokens!r}")
+    if max_new_tokens is not None:
+        t_max = int(max_new_tokens)
+    elif method in ("dp-decoding", "dp-prompt"):
+        t_max = BASELINE_MAX_NEW_TOKENS  # ex ante: their adjacency makes the document's length private
+    else:
+        t_max = default_max_new_tokens(prep.document_tokens)  # the length is public under DP-Fusion's adjacency
     if len(prep.original) + t_max > model.context_window:
         raise ContextTooLongError(
             f"the prompt ({len(prep.original)} tokens) plus max_new_tokens={t_max} exceeds the model's context window "
@@ -371,24 +512,64 @@ def sanitize(
     out = box[0]
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
-    if method == "ner-scrub" or (method == "dp-fusion" and not prep.group_names):
+    if method in ("ner-scrub", "dp-fusion") and not prep.group_names:
+        from dpinfer.accounting import Guarantee
+
+        guarantee = Guarantee.no_privacy(method)  # nothing tagged (allow_untagged): nothing was protected
+    elif method == "ner-scrub":
         guarantee = _scrub_guarantee(method, group_map, delta, t_max)
     else:
         guarantee = mech.guarantee(t_max)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
+    stats: dict[str, Any] = {}
+    if debug:
+        print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
+        if method == "dp-fusion":
+            stats = _summarise_steps(out.steps, prep.group_names)
     return SanitizeResult(
         text=model.decode(ids).strip(), guarantee=guarantee, token_ids=list(ids),
         spans=used_spans, groups=group_map, method=method, finish_reason=out.finish_reasons[0],
         prompt_tokens=len(prep.original), generated_tokens=len(ids), max_new_tokens=t_max, seconds=seconds,
-        settings=settings, data_dependent=_summarise_steps(out.steps, prep.group_names) if method == "dp-fusion"
-        else {},
+        settings=settings, data_dependent=stats, debug=bool(debug),
     )
 
 
+def guarantee_sentence(result: SanitizeResult) -> str:
+    """The plain-English guarantee of a :class:`SanitizeResult` (printed by ``dpinfer sanitize``, in ``--json`` as
+    ``guarantee.sentence``): ε rounded UP to the digits shown, and what the adjacency leaves public."""
+    from dpinfer.accounting._format import format_up
+
+    g = result.guarantee
+    if result.method in ("dp-fusion", "ner-scrub") and not result.groups:
+        return ("Guarantee: none. Nothing was tagged, so nothing in the document was protected: the rewrite was "
+                "generated from the full document (allowed with --allow-untagged).")
+    if math.isinf(g.epsilon):
+        return ("Guarantee: none. This output was generated from the full private document without a privacy "
+                "mechanism.")
+    public = "; ".join(result.not_protected)
+    if g.epsilon == 0:
+        return ("Guarantee: the rewrite was generated without reading the content of the tagged spans, so it reveals "
+                f"nothing about that content (ε = 0). Not protected: {public}.")
+    per = "; ".join(f"{gr.name} ε = {format_up(gr.epsilon)}" for gr in g.groups)
+    scope = f"the content of each group of tagged spans ({per})" if g.groups else "the whole document"
+    flag = " (authors' published accounting, for comparison only)" if g.accounting == "as_published" else ""
+    if "replace-one" in (g.adjacency or ""):
+        scope += ", compared with any other values in the same spans"
+    if result.method == "dp-fusion":
+        limit = (f"a limit of {g.max_new_tokens} generated tokens (it follows the document's length, which this "
+                 "adjacency leaves public)")
+    else:
+        limit = f"a fixed limit of {g.max_new_tokens} generated tokens"
+    return (f"Guarantee{flag}: whatever else anyone knows, this rewrite changes the odds of any conclusion about "
+            f"{scope} by a factor of at most e^ε, except with probability δ = {format_up(g.delta)} (worst "
+            f"ε = {format_up(g.epsilon)}). It was fixed before the document was read, from the method's settings and "
+            f"{limit}. Not protected: {public}.")
+
+
 def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: float, t_max: int) -> Guarantee:
-    """NER scrubbing (or DP-Fusion with nothing tagged) decodes the public context only: the output does not depend on
-    the content of any tagged span, so ε = 0 for every group under the same adjacency as DP-Fusion."""
+    """NER scrubbing decodes the public context only: the output does not depend on the content of any tagged span,
+    so ε = 0 for every group under the same adjacency as DP-Fusion."""
     from dpinfer.accounting import GroupGuarantee, Guarantee
 
     return Guarantee(

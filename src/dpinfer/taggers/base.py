@@ -166,10 +166,10 @@ def validate_spans(
             raise InvalidInputError(f"span #{i} is a {type(s).__name__}, expected Span")
         if s.end > text_length:
             raise InvalidInputError(f"span #{i} ({s.start}:{s.end}) ends beyond the text (length {text_length})")
-        if allowed is not None and s.label not in allowed:
+        if allowed is not None and s.label not in allowed:  # the label is not echoed: it may be a private string
             allowed_text = ", ".join(sorted(allowed))
             raise InvalidInputError(
-                f"span #{i} ({s.start}:{s.end}) has unknown label {s.label!r}; allowed labels: {allowed_text}"
+                f"span #{i} ({s.start}:{s.end}) has an unknown label (not one of the allowed labels: {allowed_text})"
             )
         out.append(s)
     out.sort(key=lambda s: (s.start, s.end, s.label))

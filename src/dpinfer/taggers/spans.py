@@ -11,7 +11,10 @@ Accepted formats (a path to a JSON file, a JSON string, or the already-parsed ob
 
 Offsets are character offsets, end exclusive. Labels must be TAB types (:data:`~dpinfer.taggers.base.TAB_LABELS`)
 unless a ``label_map`` translates them. When the document carries its ``text`` (or ``text=`` is given), spans are
-checked against it, and a mention's ``span_text`` must equal the text at its offsets.
+checked against it, and a mention's ``span_text`` must equal the text at its offsets; with both, the file's ``text``
+must equal ``text`` (a spans file made for another document is refused even when its offsets happen to fit). Errors
+name the span's index, offsets and the allowed labels, never a value or a string from the input (a malformed span
+or a wrong label may hold private text).
 
 >>> load_spans('[{"start": 0, "end": 4, "label": "PERSON"}]')
 [Span(start=0, end=4, label='PERSON', score=1.0, source='user')]
@@ -63,6 +66,13 @@ def _read_source(source: SpansSource) -> Any:
     )
 
 
+def _span(i: int, start: Any, end: Any, label: str, score: Any, source: str) -> Span:
+    try:
+        return Span(start, end, label, score, source)
+    except InvalidInputError as e:  # Span's messages name types and offsets only
+        raise InvalidInputError(f"span #{i}: {e}") from None
+
+
 def _pick(item: Mapping[str, Any], keys: tuple[str, ...], what: str, i: int) -> Any:
     for k in keys:
         if k in item:
@@ -80,14 +90,15 @@ def _mentions(doc: Any, annotator: str | None) -> tuple[list[Any], str | None]:
             ann = doc["annotations"]
             if not isinstance(ann, Mapping) or not ann:
                 raise InvalidInputError("'annotations' must be a non-empty object {annotator: {entity_mentions}}")
-            names = [annotator] if annotator is not None else sorted(ann)
+            names = [annotator] if annotator is not None else sorted(ann, key=str)
             items = []
-            for name in names:
+            for k, name in enumerate(names):
                 if name not in ann:
                     raise InvalidInputError(f"annotator {name!r} not in the document ({len(ann)} annotators)")
                 block = ann[name]
                 if not isinstance(block, Mapping) or not isinstance(block.get("entity_mentions"), list):
-                    raise InvalidInputError(f"annotations of {name!r} have no 'entity_mentions' list")
+                    # the file's annotator names are not echoed (a hostile file may put text there)
+                    raise InvalidInputError(f"annotator #{k} of the document has no 'entity_mentions' list")
                 items.extend(block["entity_mentions"])
         elif "spans" in doc:
             items = doc["spans"]
@@ -124,6 +135,11 @@ def load_spans(
     items, doc_text = _mentions(_read_source(source), annotator)
     if text is not None and not isinstance(text, str):
         raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
+    if text is not None and doc_text is not None and doc_text != text:
+        raise InvalidInputError(
+            f"the spans file carries the text of another document ({len(doc_text)} characters, this document has "
+            f"{len(text)}, and the texts differ); give the spans made for this document"
+        )
     check_text = text if text is not None else doc_text
     spans: list[Span] = []
     for i, item in enumerate(items):
@@ -135,24 +151,31 @@ def load_spans(
         start = _pick(item, _START_KEYS, "start offset", i)
         end = _pick(item, _END_KEYS, "end offset", i)
         label = _pick(item, _LABEL_KEYS, "label", i)
-        if not isinstance(label, str):
-            raise InvalidInputError(f"span #{i} label must be a string")
+        if not isinstance(label, str) or not label:
+            raise InvalidInputError(f"span #{i} label must be a non-empty string")
+        source_name = item.get("source", "user")
+        source_name = source_name if isinstance(source_name, str) else "user"
+        span = _span(i, start, end, "MISC", item.get("score", 1.0), source_name)  # offsets and score checked first
         if label not in allowed and lmap is not None and label in lmap:
             mapped = lmap[label]
             if mapped is None:
                 continue
             label = mapped
-        if label not in allowed:
+        if label not in allowed:  # the label itself is not echoed: it may be a private string
             raise InvalidInputError(
-                f"span #{i} ({start}:{end}) has unknown label {label!r}; allowed labels: {', '.join(allowed)}"
+                f"span #{i} ({span.start}:{span.end}) has an unknown label (not a TAB type; allowed labels: "
+                f"{', '.join(allowed)}; translate others with a label map)"
             )
-        score = item.get("score", 1.0)
-        source_name = item.get("source", "user")
-        spans.append(Span(start, end, label, score, source_name if isinstance(source_name, str) else "user"))
+        spans.append(Span(span.start, span.end, label, span.score, span.source))
         span_text = item.get("span_text")
-        if check_text is not None and isinstance(span_text, str) and end <= len(check_text):
-            if check_text[start:end] != span_text:
-                raise InvalidInputError(f"span #{i} ({start}:{end}): span_text does not match the text at its offsets")
+        if span_text is not None and not isinstance(span_text, str):
+            raise InvalidInputError(f"span #{i} ({span.start}:{span.end}): span_text must be a string")
+        if check_text is not None and span_text is not None:
+            if span.end > len(check_text) or check_text[span.start:span.end] != span_text:
+                raise InvalidInputError(
+                    f"span #{i} ({span.start}:{span.end}): span_text does not match this document's text at its "
+                    "offsets; give the spans made for this document"
+                )
     if check_text is not None:
         return validate_spans(spans, len(check_text), allowed)
     return sorted(spans, key=lambda s: (s.start, s.end, s.label))
