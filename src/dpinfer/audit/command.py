@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a registered mechanism: adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, "
                              "invisibleink, sampler")
     parser.add_argument("--trials", type=int, default=20000,
-                        help="runs on each of the two inputs (default 20000; a quarter select the test)")
+                        help="runs on each of the two inputs (default 20000; a quarter select the test, on each "
+                             "candidate pair of inputs, the rest measure it)")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the trials' random generator (default: a fresh one from secrets)")
     parser.add_argument("--broken", default=None, metavar="VARIANT",
@@ -54,6 +55,7 @@ def render(result: Any) -> str:
         f"measure it); V = {r.vocab_size}, K = {r.num_contexts}; {r.seconds:.1f} s",
         f"  adjacency        {r.adjacency}",
         f"  inputs           {r.inputs}",
+        f"  chosen pair      {r.input_pair} (on the selection trials)",
     ]
     if r.exceeds:
         lines.append("  REFUTED: the audited lower bound exceeds the claimed ε")

@@ -1,11 +1,13 @@
 """Run a scenario many times on D and D′, fit a likelihood-ratio test on one half, measure it on fresh trials.
 
-The test: per position t of the released sequence, the token frequencies on D and on D′ of the selection trials
-(add-½ smoothing; a stop or a missing token is one more symbol) give a log-ratio table; a sequence's score is the sum
-of its entries, and the test says "D" when the score reaches a threshold. The threshold is the one whose
-Clopper–Pearson ε lower bound is largest on the selection trials. Then FPR and FNR are counted on fresh trials, and
-their 95% Clopper–Pearson upper ends give ε_lb (:mod:`dpinfer.audit.stats`). The threshold never sees the evaluation
-trials, so ε_lb is a valid lower bound whatever the mechanism does.
+The test: per position t of the released sequence, the token frequencies on D and on D′ of one half of the selection
+trials (add-½ smoothing; a stop or a missing token is one more symbol) give a log-ratio table; a sequence's score is
+the sum of its entries, and the test says "D" when the score reaches a threshold. The threshold is the one whose
+Clopper–Pearson ε lower bound is largest on the other half of the selection trials; where the scenario offers
+several candidate input pairs, each gets its own selection trials and the pair with the largest selection bound is
+kept. Then FPR and FNR are counted on fresh trials of that pair only, and their 95% Clopper–Pearson upper ends give
+ε_lb (:mod:`dpinfer.audit.stats`). Neither the pair nor the threshold sees the evaluation trials, so ε_lb is a
+valid lower bound whatever the mechanism does.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class AuditResult:
     num_contexts: int
     adjacency: str
     inputs: str
+    input_pair: str
     seconds: float
 
     @property
@@ -102,8 +105,8 @@ def _errors(s_d: torch.Tensor, s_dp: torch.Tensor, threshold: float) -> tuple[in
     return int((s_dp >= threshold).sum()), int((s_d < threshold).sum())
 
 
-def choose_threshold(s_d: torch.Tensor, s_dp: torch.Tensor, delta: float) -> float:
-    """The threshold with the largest ε lower bound on these (selection) scores."""
+def choose_threshold(s_d: torch.Tensor, s_dp: torch.Tensor, delta: float) -> tuple[float, float]:
+    """The threshold with the largest ε lower bound on these (selection) scores, and that bound."""
     cands = torch.unique(torch.cat([s_d, s_dp]))
     if cands.numel() > MAX_THRESHOLDS:
         q = torch.linspace(0.0, 1.0, MAX_THRESHOLDS, dtype=torch.float64)
@@ -114,7 +117,7 @@ def choose_threshold(s_d: torch.Tensor, s_dp: torch.Tensor, delta: float) -> flo
         eps = epsilon_lower_bound(fp, s_dp.numel(), fn, s_d.numel(), delta=delta)
         if eps > best_eps:
             best, best_eps = c, eps
-    return best
+    return best, best_eps
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -125,7 +128,8 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def run_audit(sc: Scenario, *, trials: int, seed: int | None = None) -> AuditResult:
-    """Audit ``sc`` with ``trials`` generations on each input: a quarter select the test, the rest measure it."""
+    """Audit ``sc`` with ``trials`` generations on each input: a quarter select the test (on every candidate pair of
+    inputs), the rest measure it (on the chosen pair)."""
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 8:
         raise ConfigurationError(f"trials must be an integer ≥ 8 (runs on each of the two inputs), got {trials!r}")
     threads = torch.get_num_threads()
@@ -145,14 +149,22 @@ def _run(sc: Scenario, trials: int, seed: int | None) -> AuditResult:
     delta = float(guarantee.delta) if math.isfinite(claimed) and guarantee.delta > 0 else DELTA
     n_sel = max(4, trials // 4)
     n_eval = trials - n_sel
-    k, v = sc.d.shape
     t = sc.max_new_tokens
-    sel_d = run_trials(mech, sc.d, t, n_sel, gen)
-    sel_dp = run_trials(mech, sc.d_prime, t, n_sel, gen)
-    table = log_ratio_table(sel_d, sel_dp, v + 1)
-    threshold = choose_threshold(scores(table, sel_d), scores(table, sel_dp), delta)
-    ev_d = scores(table, run_trials(mech, sc.d, t, n_eval, gen))
-    ev_dp = scores(table, run_trials(mech, sc.d_prime, t, n_eval, gen))
+    chosen = None
+    for pair in sc.pairs:
+        symbols = pair.d.shape[1] + 1
+        sel_d = run_trials(mech, pair.d, t, n_sel, gen)
+        sel_dp = run_trials(mech, pair.d_prime, t, n_sel, gen)
+        half = n_sel // 2  # the table on one half, the threshold on the other: neither sees its own noise
+        table = log_ratio_table(sel_d[:half], sel_dp[:half], symbols)
+        threshold, eps = choose_threshold(scores(table, sel_d[half:]), scores(table, sel_dp[half:]), delta)
+        if chosen is None or eps > chosen[0]:
+            chosen = (eps, pair, table, threshold)
+    assert chosen is not None  # a scenario has at least one pair
+    _, pair, table, threshold = chosen
+    k, v = pair.d.shape
+    ev_d = scores(table, run_trials(mech, pair.d, t, n_eval, gen))
+    ev_dp = scores(table, run_trials(mech, pair.d_prime, t, n_eval, gen))
     fp, fn = _errors(ev_d, ev_dp, threshold)
     return AuditResult(
         mechanism=sc.mechanism,
@@ -173,5 +185,6 @@ def _run(sc: Scenario, trials: int, seed: int | None) -> AuditResult:
         num_contexts=k,
         adjacency=sc.adjacency,
         inputs=sc.inputs,
+        input_pair=pair.label,
         seconds=time.perf_counter() - start,
     )

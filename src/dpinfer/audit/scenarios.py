@@ -11,6 +11,10 @@ clipped difference sits at ±C). Its neighbour D′ follows the mechanism's adja
   null reference, whose row is the public row; reference 2 is the same mild row in both.
 * DP-Decoding, DP-Prompt, the sampler (local DP, any two inputs, K = 1): two different rows, one favouring X and one
   favouring A (at the clip bounds for DP-Prompt).
+
+The batch and group mechanisms get two candidate pairs, a public row with logit 2 on A ("moderate": X keeps enough
+mass for a clipped or mollified shift to show) and one with logit 8 ("peaked": X is nearly impossible publicly, so
+an unbounded shift or a corrupted public row shows); the runner picks one on the selection trials only.
 """
 
 from __future__ import annotations
@@ -42,14 +46,22 @@ FAR = 4000.0
 
 
 @dataclass(frozen=True)
+class InputPair:
+    """Two neighbouring inputs: the ``(K, V)`` logits of D and of D′ (the same at every step)."""
+
+    label: str
+    d: torch.Tensor
+    d_prime: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Scenario:
-    """What one audit runs: a fresh mechanism per call of ``build``, and the logits of D and D′ (``(K, V)``)."""
+    """What one audit runs: a fresh mechanism per call of ``build``, and candidate pairs of neighbouring inputs."""
 
     mechanism: str
     variant: str | None
     build: Callable[[], Mechanism]
-    d: torch.Tensor
-    d_prime: torch.Tensor
+    pairs: tuple[InputPair, ...]
     max_new_tokens: int
     adjacency: str
     inputs: str
@@ -67,28 +79,36 @@ def _far_row() -> torch.Tensor:
     return z
 
 
-def _public() -> torch.Tensor:
-    return _row(TOKEN_A, 8.0)
+PUBLIC_HEIGHTS = {"moderate": 2.0, "peaked": 8.0}
+"""The public row's logit on A in the candidate pairs of the batch and group mechanisms."""
 
 
-def _mild() -> torch.Tensor:
-    return _public() + torch.linspace(-1.0, 1.0, VOCAB, dtype=torch.float64)
+def _group_pairs() -> tuple[InputPair, ...]:
+    out = []
+    for label, height in PUBLIC_HEIGHTS.items():
+        pub = _row(TOKEN_A, height)
+        out.append(InputPair(label, torch.stack([pub, _far_row()]), torch.stack([pub, pub])))
+    return tuple(out)
 
 
-def _group_pair() -> tuple[torch.Tensor, torch.Tensor]:
-    pub = _public()
-    return torch.stack([pub, _far_row()]), torch.stack([pub, pub])
+def _batch_pairs() -> tuple[InputPair, ...]:
+    out = []
+    for label, height in PUBLIC_HEIGHTS.items():
+        pub = _row(TOKEN_A, height)
+        mild = pub + torch.linspace(-1.0, 1.0, VOCAB, dtype=torch.float64)
+        out.append(InputPair(label, torch.stack([pub, _far_row(), mild]), torch.stack([pub, pub, mild])))
+    return tuple(out)
 
 
-def _batch_pair() -> tuple[torch.Tensor, torch.Tensor]:
-    pub = _public()
-    return torch.stack([pub, _far_row(), _mild()]), torch.stack([pub, pub, _mild()])
+def _local_pair(d: torch.Tensor, d_prime: torch.Tensor) -> tuple[InputPair, ...]:
+    return (InputPair("local", d[None], d_prime[None]),)
 
 
-_GROUP_INPUTS = ("public row: logit 8 on A, 0 elsewhere; D: private row ±4000 (+ on X); D′: private row = public "
-                 "row (the group's values replaced by placeholders)")
-_BATCH_INPUTS = ("public row: logit 8 on A, 0 elsewhere; D: reference 1 ±4000 (+ on X); D′: reference 1 = the null "
-                 "reference (public row); reference 2: a mild row, the same in both")
+_GROUP_INPUTS = ("public row: logit 2 (moderate) or 8 (peaked) on A, 0 elsewhere; D: private row ±4000 (+ on X); "
+                 "D′: private row = public row (the group's values replaced by placeholders)")
+_BATCH_INPUTS = ("public row: logit 2 (moderate) or 8 (peaked) on A, 0 elsewhere; D: reference 1 ±4000 (+ on X); "
+                 "D′: reference 1 = the null reference (public row); reference 2: the public row + a ramp from −1 to "
+                 "1, the same in both")
 _LOCAL = "any two inputs (local DP)"
 
 
@@ -99,8 +119,7 @@ def _dp_fusion(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return cls.calibrated({"GROUP": EPSILON}, max_new_tokens=t, delta=DELTA, alpha=8.0)
 
-    d, dp = _group_pair()
-    return Scenario("dp-fusion", variant, build, d, dp, t, "replace-by-null of one group (K = m + 1 = 2)",
+    return Scenario("dp-fusion", variant, build, _group_pairs(), t, "replace-by-null of one group (K = m + 1 = 2)",
                     _GROUP_INPUTS + "; α = 8")
 
 
@@ -111,8 +130,7 @@ def _invisibleink(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return cls.calibrated(epsilon=EPSILON, delta=DELTA, batch_size=2, max_new_tokens=t, top_k=None)
 
-    d, dp = _batch_pair()
-    return Scenario("invisibleink", variant, build, d, dp, t, "replace-by-null of one reference (B = 2)",
+    return Scenario("invisibleink", variant, build, _batch_pairs(), t, "replace-by-null of one reference (B = 2)",
                     _BATCH_INPUTS + "; full vocabulary")
 
 
@@ -122,8 +140,7 @@ def _amin(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return AminSVT.calibrated(epsilon=EPSILON, delta=DELTA, batch_size=2, max_new_tokens=t)
 
-    d, dp = _batch_pair()
-    return Scenario("amin", variant, build, d, dp, t, "replace-by-null of one reference (B = 2)",
+    return Scenario("amin", variant, build, _batch_pairs(), t, "replace-by-null of one reference (B = 2)",
                     _BATCH_INPUTS + "; SVT on (σ = 0.3, θ = 0.7)")
 
 
@@ -133,8 +150,7 @@ def _adapmixed(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return AdaPMixED(batch_size=2, epsilon=EPSILON, delta=DELTA, top_k=None)
 
-    d, dp = _batch_pair()
-    return Scenario("adapmixed", variant, build, d, dp, t, "replace-by-null of one reference (B = 2)",
+    return Scenario("adapmixed", variant, build, _batch_pairs(), t, "replace-by-null of one reference (B = 2)",
                     _BATCH_INPUTS + f"; data-dependent budget ε = {EPSILON:g} (no ex-ante claim)")
 
 
@@ -144,8 +160,8 @@ def _dp_decoding(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return DPDecoding.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, vocab_size=VOCAB)
 
-    d, dp = _row(TOKEN_X, 40.0)[None], _row(TOKEN_A, 40.0)[None]
-    return Scenario("dp-decoding", variant, build, d, dp, t, _LOCAL,
+    pairs = _local_pair(_row(TOKEN_X, 40.0), _row(TOKEN_A, 40.0))
+    return Scenario("dp-decoding", variant, build, pairs, t, _LOCAL,
                     "D: logit 40 on X, 0 elsewhere; D′: logit 40 on A, 0 elsewhere")
 
 
@@ -155,10 +171,8 @@ def _dp_prompt(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return DPPrompt.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, clip_min=0.0, clip_max=4.0)
 
-    hi = 4.0
-    d = _row(TOKEN_X, hi)[None]
-    dp = (hi - _row(TOKEN_X, hi))[None]
-    return Scenario("dp-prompt", variant, build, d, dp, t, _LOCAL,
+    pairs = _local_pair(_row(TOKEN_X, 4.0), 4.0 - _row(TOKEN_X, 4.0))
+    return Scenario("dp-prompt", variant, build, pairs, t, _LOCAL,
                     "clip bounds [0, 4]; D: 4 on X, 0 elsewhere; D′: 0 on X, 4 elsewhere")
 
 
@@ -168,8 +182,8 @@ def _sampler(variant: str | None) -> Scenario:
     def build() -> Mechanism:
         return Sampler(temperature=1.0)
 
-    d, dp = _row(TOKEN_X, 8.0)[None], _row(TOKEN_A, 8.0)[None]
-    return Scenario("sampler", variant, build, d, dp, t, _LOCAL,
+    pairs = _local_pair(_row(TOKEN_X, 8.0), _row(TOKEN_A, 8.0))
+    return Scenario("sampler", variant, build, pairs, t, _LOCAL,
                     "D: logit 8 on X, 0 elsewhere; D′: logit 8 on A, 0 elsewhere; τ = 1")
 
 
