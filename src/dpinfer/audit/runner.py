@@ -105,19 +105,23 @@ def _errors(s_d: torch.Tensor, s_dp: torch.Tensor, threshold: float) -> tuple[in
     return int((s_dp >= threshold).sum()), int((s_d < threshold).sum())
 
 
-def choose_threshold(s_d: torch.Tensor, s_dp: torch.Tensor, delta: float) -> tuple[float, float]:
-    """The threshold with the largest ε lower bound on these (selection) scores, and that bound."""
+def choose_threshold(s_d: torch.Tensor, s_dp: torch.Tensor, delta: float) -> tuple[float, tuple[float, float]]:
+    """The threshold with the largest ε lower bound on these (selection) scores, and its key (that bound, then the
+    ε of the add-½ error rates: ties, e.g. every bound 0 when the inputs are hard to tell apart, go to the better
+    smoothed estimate, so the test is not degenerate)."""
     cands = torch.unique(torch.cat([s_d, s_dp]))
     if cands.numel() > MAX_THRESHOLDS:
         q = torch.linspace(0.0, 1.0, MAX_THRESHOLDS, dtype=torch.float64)
         cands = torch.unique(torch.quantile(cands, q))
-    best, best_eps = float(cands.max()), -1.0
+    best, best_key = float(cands.max()), (-1.0, -1.0)
+    n_d, n_dp = s_d.numel(), s_dp.numel()
     for c in cands.tolist():
         fp, fn = _errors(s_d, s_dp, c)
-        eps = epsilon_lower_bound(fp, s_dp.numel(), fn, s_d.numel(), delta=delta)
-        if eps > best_eps:
-            best, best_eps = c, eps
-    return best, best_eps
+        key = (epsilon_lower_bound(fp, n_dp, fn, n_d, delta=delta),
+               epsilon_from_rates((fp + 0.5) / (n_dp + 1), (fn + 0.5) / (n_d + 1), delta))
+        if key > best_key:
+            best, best_key = c, key
+    return best, best_key
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -157,9 +161,9 @@ def _run(sc: Scenario, trials: int, seed: int | None) -> AuditResult:
         sel_dp = run_trials(mech, pair.d_prime, t, n_sel, gen)
         half = n_sel // 2  # the table on one half, the threshold on the other: neither sees its own noise
         table = log_ratio_table(sel_d[:half], sel_dp[:half], symbols)
-        threshold, eps = choose_threshold(scores(table, sel_d[half:]), scores(table, sel_dp[half:]), delta)
-        if chosen is None or eps > chosen[0]:
-            chosen = (eps, pair, table, threshold)
+        threshold, key = choose_threshold(scores(table, sel_d[half:]), scores(table, sel_dp[half:]), delta)
+        if chosen is None or key > chosen[0]:
+            chosen = (key, pair, table, threshold)
     assert chosen is not None  # a scenario has at least one pair
     _, pair, table, threshold = chosen
     k, v = pair.d.shape
