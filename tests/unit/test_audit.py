@@ -13,7 +13,7 @@ import torch
 
 from dpinfer.audit import audit, broken_variants, scenario
 from dpinfer.audit.broken import BROKEN, shared_scale_int8
-from dpinfer.audit.command import BROKEN_HELP
+from dpinfer.audit.command import BROKEN_HELP, MECHANISMS_HELP
 from dpinfer.audit.runner import run_audit
 from dpinfer.audit.stats import clopper_pearson, epsilon_from_rates, epsilon_lower_bound
 from dpinfer.cli import main
@@ -115,6 +115,10 @@ def test_unknown_names_fail_with_a_message():
         scenario("amin", "no-clip")
     with pytest.raises(ConfigurationError, match="trials"):
         audit("sampler", trials=2)
+
+
+def test_help_names_every_registered_mechanism():
+    assert MECHANISMS_HELP.split(", ") == available_mechanisms()
 
 
 def test_broken_help_names_every_variant():

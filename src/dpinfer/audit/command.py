@@ -19,13 +19,14 @@ from typing import Any
 
 EXIT_REFUTED = 3
 BROKEN_HELP = "dp-fusion and invisibleink: no-clip, int8-public"
+MECHANISMS_HELP = "adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, invisibleink, sampler"
+"""The registered mechanisms, spelled out so that building the parser needs no torch (a test keeps it true)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``audit`` sub-command's arguments (no heavy import here: the parser is built on every call)."""
     parser.add_argument("mechanism", metavar="MECHANISM",
-                        help="a registered mechanism: adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, "
-                             "invisibleink, sampler")
+                        help=f"a registered mechanism: {MECHANISMS_HELP}")
     parser.add_argument("--trials", type=int, default=20000,
                         help="runs on each of the two inputs (default 20000; a quarter select the test, on each "
                              "candidate pair of inputs, the rest measure it)")
