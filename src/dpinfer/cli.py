@@ -634,6 +634,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model", default=None, help="model to prepare (default: the embedded one)")
     m.set_defaults(func=cmd_models)
 
+    from dpinfer.audit import command as audit_command  # light: torch loads only when the audit runs
+
+    au = sub.add_parser("audit", parents=[common], help="empirical privacy audit: audited ε lower bound vs the claim",
+                        description=audit_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    audit_command.add_arguments(au)
+    au.set_defaults(func=audit_command.run)
+
     b = sub.add_parser("bench", help="benchmarks (print what they measured, with their baseline, in one run)")
     bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
     from dpinfer.bench import engine as bench_engine
