@@ -20,7 +20,7 @@ from dpinfer.engine import Engine
 from dpinfer.mechanisms import available_mechanisms, get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 
-STEPS = 6
+STEPS = 4
 PUBLIC = ("<|im_start|>user\nRewrite the document. The applicant, Mr ____, was born in ____ and lives in ____."
           "<|im_end|>\n<|im_start|>assistant\n")
 PRIVATE_SETS = (
@@ -88,7 +88,7 @@ def test_every_registered_joint_private_mechanism_is_covered():
         assert mech.mode == "joint" and mech.public_row
 
 
-OPTIONS = list(itertools.product(["float32", "int8"], [True, False], [True, False], [True, False], [None, 64]))
+OPTIONS = list(itertools.product(["float32", "int8"], [True, False], [True, False], [True, False], [None, 128]))
 
 
 @pytest.mark.parametrize("mechanism", sorted(JOINT_PRIVATE))
@@ -112,3 +112,20 @@ def test_public_logits_never_depend_on_private_rows(lms, mechanism, model, split
     assert len(runs[0]) == len(runs[1]) == STEPS
     for step, (a, b) in enumerate(zip(*runs, strict=True)):
         assert torch.equal(a, b), f"public logits differ at step {step}"
+
+
+def test_synth_pads_to_a_public_width_that_fits_cut_references(tiny_lm):
+    """``synthesize`` gives the engine a padding width from the template and ``max_reference_tokens`` only; references
+    cut to that many tokens fit it, so the K rows decode in one batch."""
+    import inspect
+
+    from dpinfer.pipelines.synthesize import TEMPLATES, Reference, batch_contexts, public_pad_width
+
+    assert list(inspect.signature(public_pad_width).parameters) == ["lm", "template", "labels", "max_reference_tokens"]
+    template = TEMPLATES["generic"]
+    refs = [Reference(t) for t in ("Short.", " ".join(PRIVATE_SETS[1]) * 3, "The quick brown fox " * 20, "é" * 90)]
+    for cut in (4, 16, 64):
+        width = public_pad_width(tiny_lm, template, refs[0].labels, cut)
+        rows = batch_contexts(tiny_lm, template, refs, cut)
+        assert max(map(len, rows)) <= width
+    assert public_pad_width(tiny_lm, template, refs[0].labels, None) is None
