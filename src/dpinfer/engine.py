@@ -12,6 +12,16 @@ The engine owns the model; a :class:`~dpinfer.mechanisms.Mechanism` owns the cho
    * ``joint`` mode: the mechanism returns ONE token, appended to every row; generation stops at EOS or ``T_max``.
    * ``independent`` mode: one token per row; a row stops at its own EOS, the run when every row has stopped.
 
+**Public row** (joint mechanisms whose row 0 is the public context, :attr:`Mechanism.public_row`; K > 1): nothing the
+public row's computation sees may depend on the private rows 1..K−1, bit for bit (their content AND their length).
+The public row is prefilled alone, in one forward pass over its own tokens (no shared-prefix split, no padding); each
+private row is prefilled alone too, reusing the public row's keys for the prefix it shares with it. Decode steps run
+the K rows in one batch left-padded to a PUBLIC width ``max(len(row 0), pad_width)`` (``pad_width``: a bound the
+caller derives from public parameters, e.g. template length + ``max_reference_tokens``); the public row's padding
+holds zeros and every shape of the batch (K, width, step) is public. A private row longer than that width keeps its
+slot in the batch filled with a copy of the public row (ignored) and is decoded in a second batch of its own. With
+int8 layers every row has its own quantisation scale (:func:`dpinfer.models.quantize_int8`).
+
 Randomness comes only from a per-run :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
 CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
 """
@@ -92,6 +102,21 @@ def _common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
+@dataclass
+class _Batch:
+    """Rows decoded in one forward call: ``dest[j]`` is the row slot ``j`` computes (``None``: a filler slot whose
+    output is ignored), with its cache, attention mask and next position ids."""
+
+    dest: list[int | None]
+    cache: Any
+    mask: torch.Tensor
+    pos: torch.Tensor
+
+    @property
+    def identity(self) -> bool:
+        return self.dest == list(range(len(self.dest)))
+
+
 def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -138,16 +163,16 @@ class Engine:
         # the bytes of the float32 public row alone: no split there
         return isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
-    def _split_step(self, next_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
-                    mechanism: Mechanism, generated: list[list[int]], processors: Sequence[Any],
-                    eos: torch.Tensor | None) -> torch.Tensor:
+    def _split_step(self, next_ids: torch.Tensor, batches: Sequence[_Batch], mechanism: Mechanism,
+                    generated: list[list[int]], processors: Sequence[Any], eos: torch.Tensor | None) -> torch.Tensor:
         """One decode step whose output head runs on the public row in full and on the private rows only for the
         columns the mechanism asks for (:meth:`Mechanism.private_columns`, decided from the public row after the same
         public processors); the other private entries are ``-inf``."""
         model = self.lm.model
-        out = model.get_decoder()(input_ids=next_ids, attention_mask=mask, position_ids=pos.unsqueeze(1),
-                                  past_key_values=cache, use_cache=True)
-        hidden = out.last_hidden_state[:, -1, :]
+        decoder = model.get_decoder()
+        hidden = self._gather(next_ids, batches, lambda b, ids: decoder(
+            input_ids=ids, attention_mask=b.mask, position_ids=b.pos.unsqueeze(1), past_key_values=b.cache,
+            use_cache=True).last_hidden_state[:, -1, :])
         head = model.get_output_embeddings()
         public = head(hidden[:1])
         probe = public.to(torch.float64)
@@ -165,9 +190,93 @@ class Engine:
         logits[1:, cols] = private
         return logits
 
+    @staticmethod
+    def _gather(next_ids: torch.Tensor, batches: Sequence[_Batch], run: Any) -> torch.Tensor:
+        """Run ``run(batch, input_ids)`` on every batch (after extending its mask) and return its last-position
+        outputs in row order (filler slots dropped)."""
+        outs = []
+        for b in batches:
+            b.mask = torch.cat([b.mask, b.mask.new_ones((b.mask.shape[0], 1))], dim=1)
+            ids = next_ids if b.identity else next_ids[[0 if d is None else d for d in b.dest]]
+            outs.append(run(b, ids))
+            b.pos = b.pos + 1
+        if len(batches) == 1 and batches[0].identity:
+            return outs[0]
+        result = outs[0].new_empty((next_ids.shape[0], *outs[0].shape[1:]))
+        for b, o in zip(batches, outs, strict=True):
+            slots = [j for j, d in enumerate(b.dest) if d is not None]
+            result[[b.dest[j] for j in slots]] = o[slots]
+        return result
+
     # ------------------------------------------------------------------ prefill
     def _forward(self, **kwargs: Any) -> Any:
         return self.lm.model(use_cache=True, logits_to_keep=1, return_dict=True, **kwargs)
+
+    def _prefill_public(self, rows: Sequence[Sequence[int]], max_new_tokens: int, pad_width: int
+                        ) -> tuple[torch.Tensor, list[_Batch], int]:
+        """Prefill for a mechanism with a public row 0 (see the module docstring): return (last logits (K, V), the
+        decode batches, the shortest prefix a private row reuses from the public row)."""
+        from transformers import DynamicCache
+
+        device, config = self.lm.device, self.lm.model.config
+        public = rows[0]
+        pub_cache = DynamicCache(config=config)
+        ids = torch.as_tensor([public], dtype=torch.long, device=device)
+        out = self._forward(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=pub_cache)
+        last = [out.logits[0, -1, :]]
+        layers = [[(layer.keys, layer.values) for layer in pub_cache.layers]]
+        reused = []
+        for row in rows[1:]:
+            shared = 0
+            if self.prefix_sharing:  # the private row reads the public row's keys; the public row reads nothing
+                shared = min(_common_prefix_length([row, public]), len(row) - 1)
+                shared = shared if shared >= MIN_SHARED_PREFIX else 0
+            reused.append(shared)
+            row_cache = DynamicCache(config=config)
+            for j, layer in enumerate(pub_cache.layers):
+                if shared:
+                    row_cache.update(layer.keys[:, :, :shared], layer.values[:, :, :shared], j)
+            ids = torch.as_tensor([row[shared:]], dtype=torch.long, device=device)
+            positions = torch.arange(shared, len(row), device=device).unsqueeze(0)
+            out = self._forward(input_ids=ids, attention_mask=torch.ones((1, len(row)), dtype=torch.long,
+                                                                         device=device),
+                                position_ids=positions, past_key_values=row_cache)
+            last.append(out.logits[0, -1, :])
+            layers.append([(layer.keys, layer.values) for layer in row_cache.layers])
+        width = max(len(public), pad_width)
+        lengths = [len(r) for r in rows]
+        main = [i if i == 0 or lengths[i] <= width else None for i in range(len(rows))]
+        batches = [self._batch(main, [layers[0] if d is None else layers[d] for d in main],
+                               [lengths[0] if d is None else lengths[d] for d in main], width, max_new_tokens)]
+        over = [i for i in range(1, len(rows)) if lengths[i] > width]
+        if over:  # never seen by the public row: its batch above has the same shapes either way
+            batches.append(self._batch(over, [layers[i] for i in over], [lengths[i] for i in over],
+                                       max(lengths[i] for i in over), max_new_tokens))
+        return torch.stack(last), batches, min(reused, default=0)
+
+    def _batch(self, dest: list[int | None], layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+               lengths: Sequence[int], width: int, max_new_tokens: int) -> _Batch:
+        """A decode batch from per-row caches: keys and values right-aligned in ``width`` slots (zeros before), in a
+        static cache of ``width + max_new_tokens`` slots (or a dynamic cache)."""
+        from transformers import DynamicCache, StaticCache
+
+        device, config = self.lm.device, self.lm.model.config
+        n = len(dest)
+        cache = (StaticCache(config=config, max_cache_len=width + max_new_tokens) if self.static_cache
+                 else DynamicCache(config=config))
+        for j in range(len(layers[0])):
+            k0, v0 = layers[0][j]
+            keys = k0.new_zeros((n, k0.shape[1], width, k0.shape[-1]))
+            values = v0.new_zeros((n, v0.shape[1], width, v0.shape[-1]))
+            for i, row in enumerate(layers):
+                keys[i, :, width - lengths[i]:] = row[j][0][0]
+                values[i, :, width - lengths[i]:] = row[j][1][0]
+            cache.update(keys, values, j)
+        mask = torch.zeros((n, width), dtype=torch.long, device=device)
+        for i, length in enumerate(lengths):
+            mask[i, width - length:] = 1
+        return _Batch(dest=dest, cache=cache, mask=mask,
+                      pos=torch.as_tensor(list(lengths), dtype=torch.long, device=device))
 
     def _prefill(self, rows: Sequence[Sequence[int]], max_new_tokens: int
                  ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, int]:
@@ -260,6 +369,7 @@ class Engine:
         generator: Randomness | None = None,
         stop_on_eos: bool = True,
         processors: Sequence[Any] = (),
+        pad_width: int | None = None,
         result: list[EngineOutput] | None = None,
     ) -> Iterator[StepEvent]:
         """Generate step by step, yielding a :class:`StepEvent` per token; the final :class:`EngineOutput` is
@@ -276,6 +386,10 @@ class Engine:
             processors: callables ``(generated, logits) -> logits`` applied before the mechanism, where
                 ``generated`` holds the tokens generated so far (one list in joint mode, applied to every row alike;
                 one list per row in independent mode). They see released tokens only, never a prompt.
+            pad_width: with a public row (:attr:`Mechanism.public_row`, K > 1), a PUBLIC bound on the private rows'
+                lengths (from parameters, never from the private rows): the decode batch is left-padded to
+                ``max(len(row 0), pad_width)``; a private row longer than that is decoded in a second batch (slower,
+                still exact). Default: the public row's length (DP-Fusion's rows all have it).
         """
         rows = [list(map(int, c)) for c in contexts]
         if not rows:
@@ -286,6 +400,8 @@ class Engine:
             raise ConfigurationError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         if not 0 <= min_new_tokens <= max_new_tokens:
             raise ConfigurationError("min_new_tokens must be between 0 and max_new_tokens")
+        if pad_width is not None and (isinstance(pad_width, bool) or not isinstance(pad_width, int) or pad_width < 0):
+            raise ConfigurationError(f"pad_width must be an integer ≥ 0 or None, got {pad_width!r}")
         longest = max(len(r) for r in rows)
         if longest + max_new_tokens > self.lm.context_window:
             raise ContextTooLongError(
@@ -301,13 +417,18 @@ class Engine:
         pad = self.lm.pad_token_id
 
         split = joint and k > 1 and self.split_head and mechanism.restricts_private_columns and self._head_splits()
+        public_row = joint and k > 1 and mechanism.public_row
         sequences: list[list[int]] = [[] for _ in range(k)]
         reasons = ["length"] * k
         steps: list[dict[str, Any]] = []
         finished = torch.zeros(k, dtype=torch.bool, device=device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            logits, cache, mask, pos, shared = self._prefill(rows, max_new_tokens)
+            if public_row:
+                logits, batches, shared = self._prefill_public(rows, max_new_tokens, pad_width or 0)
+            else:
+                logits, cache, mask, pos, shared = self._prefill(rows, max_new_tokens)
+                batches = [_Batch(dest=list(range(k)), cache=cache, mask=mask, pos=pos)]
             t_prefill = time.perf_counter() - t0
             for t in range(max_new_tokens):
                 scores = logits.to(torch.float64)
@@ -355,15 +476,13 @@ class Engine:
                     next_ids = toks.unsqueeze(1)
                 if t == max_new_tokens - 1:
                     break
-                mask = torch.cat([mask, mask.new_ones((k, 1))], dim=1)
                 if split:
-                    logits = self._split_step(next_ids, mask, pos, cache, mechanism, sequences[:1], processors,
+                    logits = self._split_step(next_ids, batches, mechanism, sequences[:1], processors,
                                               eos if t + 1 < min_new_tokens else None)
                 else:
-                    out = self._forward(input_ids=next_ids, attention_mask=mask, position_ids=pos.unsqueeze(1),
-                                        past_key_values=cache)
-                    logits = out.logits[:, -1, :]
-                pos = pos + 1
+                    logits = self._gather(next_ids, batches, lambda b, ids: self._forward(
+                        input_ids=ids, attention_mask=b.mask, position_ids=b.pos.unsqueeze(1),
+                        past_key_values=b.cache).logits[:, -1, :])
         total = time.perf_counter() - t0
         if result is not None:
             result.append(EngineOutput(

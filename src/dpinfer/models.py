@@ -274,15 +274,16 @@ FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class _FusedInt8:
     """One dynamic int8 linear for sibling projections that read the same input (q/k/v, gate/up).
 
-    Dynamic int8 quantises the input with one scale per call and the weights per output channel, so one call on the
-    concatenated weights gives every sibling exactly the output of its own call (same input scale, same per-channel
-    weight scales, exact int32 accumulation): fewer, larger kernel calls per decode step. The first sibling called
-    with an input computes all outputs; the others take their slice if they are called with the SAME tensor object
-    (identity, not equality), otherwise they recompute. Not a module: the siblings keep their own float32 layers.
+    The int8 call quantises each input row with its own scale (:func:`_int8_call`) and the weights per output channel,
+    so one call on the concatenated weights gives every sibling exactly the output of its own call (same row scales,
+    same per-channel weight scales, exact int32 accumulation): fewer, larger kernel calls per decode step. The first
+    sibling called with an input computes all outputs; the others take their slice if they are called with the SAME
+    tensor object (identity, not equality), otherwise they recompute. Not a module: the siblings keep their own
+    float32 layers.
     """
 
-    def __init__(self, qlinear: Any, sizes: list[int]) -> None:
-        self.int8_call = _int8_call(qlinear)
+    def __init__(self, qlinear: Any, sizes: list[int], bias: Any = None) -> None:
+        self.int8_call = _int8_call(qlinear, bias)
         self.sizes = sizes
         self._last: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -294,21 +295,54 @@ class _FusedInt8:
         return last[1][index]
 
 
-def _int8_call(qlinear: Any) -> Any:
-    """``x ↦ qlinear(x)`` for a ``torch.ao`` dynamic int8 Linear (qint8 weights, module version ≥ 4), calling its
-    kernel directly: the same op and arguments as the module's ``forward`` (``reduce_range=True``), without its
-    per-call Python checks and the op-packet dispatch (~8 µs of a ~25 µs call on this CPU)."""
+PIN = 127 / 126
+"""The two range pins of :func:`_int8_call`: every input row is scaled to ``[-1, 1]`` and two extra input columns hold
+``-PIN`` and ``+PIN``, so the int8 kernel's per-call range is ``[-PIN, PIN]`` whatever the rows hold: uint8 scale
+``2 PIN / 127 = 1/63`` with ``reduce_range`` and zero point 64, on which a row's ends ``±1`` are exact (codes 1 and
+127)."""
+
+
+def _int8_call(qlinear: Any, bias: Any = None) -> Any:
+    """``x ↦ W x + b`` on the int8 weights of ``qlinear`` with ONE ACTIVATION SCALE PER ROW: row ``i`` of the output
+    depends on row ``i`` of ``x`` only, bit for bit, whatever the other rows hold and however many there are.
+
+    PyTorch's dynamic int8 kernel (fbgemm/onednn ``quantized::linear_dynamic``) picks one uint8 scale and zero point
+    per call from the min and max of the WHOLE input, so a batched call would let one row's values move every other
+    row's rounding (a public row's logits would depend on the private rows stepped with it). Here each row is divided
+    by its own absolute maximum, and ``qlinear`` carries two extra zero weight columns fed with ``-PIN`` and ``+PIN``
+    (:data:`PIN`): the kernel's range is then the same in every call, so its scale and zero point are constants; the
+    output row is multiplied back by the row's absolute maximum and the bias (kept out of ``qlinear``) is added
+    unscaled. One kernel call for all rows (the weights are read once), called directly: the same op and arguments
+    as the module's ``forward`` (``reduce_range=True``) without its per-call Python checks.
+    """
     import torch
 
     op = torch.ops.quantized.linear_dynamic.default
-    packed = qlinear._packed_params._packed_params
     if qlinear._packed_params.dtype != torch.qint8 or (qlinear.version or 0) < 4:
-        return qlinear
+        raise ConfigurationError("int8 quantisation needs torch's qint8 dynamic Linear (module version ≥ 4)")
+    packed = qlinear._packed_params._packed_params
+    pins = torch.tensor([-PIN, PIN])
 
     def call(x: Any) -> Any:
-        return op(x, packed, True)
+        scale = x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # an all-zero row stays zero
+        pin = pins if pins.dtype == x.dtype else pins.to(x.dtype)
+        y = op(torch.cat([x / scale, pin.expand(*x.shape[:-1], 2)], dim=-1), packed, True).mul_(scale)
+        return y if bias is None else y.add_(bias)
 
     return call
+
+
+def _pinned_linear(linear: Any) -> Any:
+    """A bias-free float ``nn.Linear`` with the weights of ``linear`` and two extra zero input columns (the range pins
+    of :func:`_int8_call`), to be quantised."""
+    import torch
+
+    w = linear.weight
+    pinned = torch.nn.Linear(w.shape[1] + 2, w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        pinned.weight.zero_()
+        pinned.weight[:, : w.shape[1]].copy_(w)
+    return pinned
 
 
 @functools.cache
@@ -319,10 +353,13 @@ def _decode_int8_linear_cls() -> type:
         """An ``nn.Linear`` with a dynamic int8 twin: one-position inputs (decode steps, shape ``(..., 1, in)``)
         use the int8 kernel, longer inputs (prompt processing) the float32 layer.
 
-        Dynamic int8 quantises activations with ONE scale per call; SmolLM2 (like most LLMs) has a few activation
-        channels hundreds of times larger than the rest at some prompt positions, which wipes out the resolution of
-        every other token of a prompt chunk. One new token per row does not have that problem. Siblings that read
-        the same input share one fused int8 call (``fused``, :class:`_FusedInt8`); then ``int8_linear`` is None.
+        The int8 call quantises each row with its own scale (:func:`_int8_call`: rows never share a quantisation
+        scale, so stepping a public row with private rows cannot move its output). Within one row, SmolLM2 (like
+        most LLMs) has a few activation channels hundreds of times larger than the rest at some prompt positions,
+        which would wipe out the resolution of every other token of a prompt chunk quantised with one scale: prompt
+        processing stays float32. ``int8_linear`` is the quantised layer with two extra zero input columns (the
+        range pins of :func:`_int8_call`) and no bias. Siblings that read the same input share one fused int8 call
+        (``fused``, :class:`_FusedInt8`); then ``int8_linear`` is None.
         """
 
         def __init__(self, linear: Any, qlinear: Any = None) -> None:
@@ -333,7 +370,9 @@ def _decode_int8_linear_cls() -> type:
 
         def set_int8(self, qlinear: Any) -> None:
             self.int8_linear = qlinear
-            self.__dict__["int8_call"] = None if qlinear is None else _int8_call(qlinear)  # the kernel, not a module
+            bias = self.float_linear.bias
+            self.__dict__["int8_call"] = (None if qlinear is None  # the kernel, not a module
+                                          else _int8_call(qlinear, None if bias is None else bias.detach()))
 
         @property
         def weight(self) -> Any:  # what callers of get_output_embeddings().weight expect
@@ -380,7 +419,8 @@ def _fuse_siblings(model: Any, quantize_one: Any) -> int:
                 big.weight.copy_(torch.cat([lin.weight for lin in lins]))
                 if big.bias is not None:
                     big.bias.copy_(torch.cat([lin.bias for lin in lins]))
-            group = _FusedInt8(quantize_one(big), [lin.out_features for lin in lins])
+            group = _FusedInt8(quantize_one(big), [lin.out_features for lin in lins],
+                               None if big.bias is None else big.bias.detach())
             for i, m in enumerate(mods):
                 m.set_int8(None)
                 m.__dict__["fused"] = (group, i)
@@ -391,11 +431,12 @@ def _fuse_siblings(model: Any, quantize_one: Any) -> int:
 def quantize_int8(model: Any, *, fuse: bool = True) -> int:
     """Give every ``nn.Linear`` of ``model`` (lm_head included) a dynamic int8 twin used for decode steps, in place.
 
-    Weights: int8 per output channel (symmetric); activations: uint8 with one scale per call, computed on the fly
-    (PyTorch's fbgemm/onednn dynamic kernels). Inputs with more than one position per row (prompt processing) keep
-    the float32 layer, so the KV cache of the prompt is exactly the float32 one. With ``fuse`` (default), sibling
-    projections that read the same input (q/k/v, gate/up) share one int8 call with the same result
-    (:class:`_FusedInt8`). Returns the number of layers.
+    Weights: int8 per output channel (symmetric); activations: uint8 with one scale PER ROW, computed on the fly
+    (PyTorch's fbgemm/onednn dynamic kernel, each row normalised by its own absolute maximum: see
+    :func:`_int8_call`), so every row's output depends on that row only, bit for bit. Inputs with more than one
+    position per row (prompt processing) keep the float32 layer, so the KV cache of the prompt is exactly the float32
+    one. With ``fuse`` (default), sibling projections that read the same input (q/k/v, gate/up) share one int8 call
+    with the same result (:class:`_FusedInt8`). Returns the number of layers.
     """
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
@@ -404,11 +445,9 @@ def quantize_int8(model: Any, *, fuse: bool = True) -> int:
     cls = _decode_int8_linear_cls()
 
     def quantize_one(linear: Any) -> Any:
-        linear.qconfig = per_channel_dynamic_qconfig
-        try:
-            return DynamicInt8Linear.from_float(linear)
-        finally:
-            del linear.qconfig
+        pinned = _pinned_linear(linear)  # the bias stays out: added in float32 after the row's rescaling
+        pinned.qconfig = per_channel_dynamic_qconfig
+        return DynamicInt8Linear.from_float(pinned)
 
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is torch.nn.Linear]

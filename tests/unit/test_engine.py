@@ -172,6 +172,16 @@ def test_no_repeat_ngram_processor_applies_to_every_row(tiny_lm):
         assert torch.equal(logits[0].isfinite(), logits[1].isfinite())
 
 
+class _SameTokenEveryRow(Recorder):
+    """Independent-mode recorder (the engine's batched/per-row prefill path): row 0's argmax for every row."""
+
+    mode = "independent"
+
+    def step(self, logits, info, generator):
+        self.logits.append(logits.clone())
+        return StepResult(tokens=logits[0].argmax().repeat(logits.shape[0]))
+
+
 @pytest.mark.parametrize("with_prefix", [False, True])
 def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.MonkeyPatch, with_prefix: bool):
     """Rows of very different lengths are prefilled one at a time into the static cache; the logits of every step
@@ -181,7 +191,7 @@ def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.Mo
     head = tiny_lm.encode(PROMPTS[1]) if with_prefix else []
     rows = [head + tiny_lm.encode(PROMPTS[2]), head + tiny_lm.encode(PROMPTS[0] * 3), head + tiny_lm.encode("The")]
     assert sum(map(len, rows)) < engine_module.PER_ROW_PREFILL * 3 * max(map(len, rows))
-    per_row, batched = Recorder(), Recorder()
+    per_row, batched = _SameTokenEveryRow(), _SameTokenEveryRow()  # independent mode: no public row 0
     o1 = Engine(tiny_lm).generate(rows, per_row, max_new_tokens=8, min_new_tokens=8)
     monkeypatch.setattr(engine_module, "PER_ROW_PREFILL", 0.0)  # never per row: one left-padded batch
     o2 = Engine(tiny_lm).generate(rows, batched, max_new_tokens=8, min_new_tokens=8)
@@ -248,3 +258,29 @@ def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypa
     for a, b in zip(runs[0].steps, runs[1].steps, strict=True):
         assert a["lambda"] == pytest.approx(b["lambda"], abs=1e-4)  # float32 head rounding, λ tolerance 1e-6
     assert not DPFusion(bounds=[0.3], group_names=["A"]).restricts_private_columns
+
+
+@pytest.mark.parametrize(("pad_width", "sharing", "static"),
+                         [(None, True, True), (None, False, False), (200, True, False), (200, False, True)])
+def test_public_row_layout_matches_each_row_alone(tiny_lm, pad_width, sharing, static):
+    """With a public row (joint mode) the rows are prefilled one by one and decoded at the public width: rows longer
+    than it (here row 1 when ``pad_width`` is None) go to a second batch. Every row still gets its own logits."""
+    head = tiny_lm.encode(PROMPTS[0])
+    rows = [head + tiny_lm.encode(" in Izmir"), head + tiny_lm.encode(PROMPTS[1] * 2), head + tiny_lm.encode(" The")]
+    assert len(rows[1]) > len(rows[0]) > len(rows[2])
+    batched = Recorder()
+    out = Engine(tiny_lm, prefix_sharing=sharing, static_cache=static).generate(
+        rows, batched, max_new_tokens=6, min_new_tokens=6, pad_width=pad_width)
+    assert out.shared_prefix == (len(head) if sharing else 0)
+    for i, r in enumerate(rows):
+        forced = _Forced([int(s[0].argmax()) for s in batched.logits])
+        Engine(tiny_lm).generate([r], forced, max_new_tokens=6, min_new_tokens=6)
+        for a, b in zip(forced.logits, batched.logits, strict=True):
+            torch.testing.assert_close(a[0], b[i], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_pad_width(tiny_lm):
+    ids = tiny_lm.encode(PROMPTS[2])
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigurationError, match="pad_width"):
+            Engine(tiny_lm).generate([ids, ids], Recorder(), max_new_tokens=2, pad_width=bad)

@@ -33,11 +33,10 @@ def test_int8_replaces_every_linear(int8_lm, tiny_lm):
     assert len(fused) == 2 * 5 and all(m.int8_linear is None for m in fused)
     assert len({id(m.fused[0]) for m in fused}) == 2 * 2
     assert len(_linears(int8_lm.model, DynamicInt8Linear)) == n_float - len(fused)
-    # the direct kernel call is the module's own forward
+    # the quantised layer carries the two range pins (zero weight columns) and no bias
     head = int8_lm.model.lm_head
-    x = torch.randn(3, 1, head.in_features)
-    with torch.inference_mode():
-        assert torch.equal(head(x), head.int8_linear(x))
+    assert head.int8_linear.in_features == head.in_features + 2
+    assert torch.equal(head.int8_linear.weight().dequantize()[:, -2:], torch.zeros(head.out_features, 2))
     # the float32 layers stay (prompt processing) and the model still looks like an ordinary HF model
     assert int8_lm.vocab_size == tiny_lm.vocab_size and int8_lm.dtype == torch.float32
 
@@ -146,3 +145,37 @@ def test_bench_sanitize_perf_records_quantize(tiny_model_dir, shared_data, tmp_p
     assert res["settings"]["quantize"] == "int8"
     assert "int8 decode steps" in res["markdown"]
     assert [r["config"] for r in res["rows"]] == ["original", "dp-fusion m=1", "dp-fusion m=4"]
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_int8_rows_never_share_a_scale(tiny_model_dir, fuse):
+    """Each row of an int8 decode call is quantised with its own scale: row 0's output is bit-identical whatever the
+    other rows hold (values of any size, zeros, other row counts) and equals row 0 run alone (rule 2: a public row
+    stepped with private rows). The original kernel call (one scale per call) fails this."""
+    lm = models.load_model(str(tiny_model_dir), device="cpu")
+    models.quantize_int8(lm.model, fuse=fuse)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        layers = lm.model.model.layers
+        for module in [lm.model.lm_head, layers[0].self_attn.k_proj, layers[1].mlp.up_proj]:
+            x0 = torch.randn(1, 1, module.in_features, generator=gen)
+            alone = module(x0)
+            for others in (torch.zeros(2, 1, module.in_features), 1e3 * torch.randn(4, 1, module.in_features),
+                           -1e-3 * torch.rand(1, 1, module.in_features)):
+                assert torch.equal(module(torch.cat([x0.clone(), others]))[:1], alone)
+            ref = module.float_linear(x0)
+            assert (alone - ref).abs().max() <= 0.05 * ref.abs().max()  # still an accurate int8 product
+            zero = module(torch.zeros(1, 1, module.in_features))
+            expected = module.float_linear.bias if module.float_linear.bias is not None else torch.zeros(())
+            assert torch.equal(zero[0, 0], expected.expand_as(zero[0, 0]))
+
+
+def test_int8_bias_is_added_unscaled():
+    lin = torch.nn.Linear(16, 8)
+    torch.nn.init.normal_(lin.bias, std=3.0)
+    holder = torch.nn.Sequential(lin)
+    models.quantize_int8(holder)
+    x = torch.randn(3, 1, 16)
+    with torch.inference_mode():
+        got, ref = holder(x), lin(x)
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()

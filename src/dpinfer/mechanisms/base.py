@@ -97,6 +97,13 @@ class Mechanism(ABC):
         mechanism that always reads every column is cheaper with one head call for all rows)."""
         return type(self).private_columns is not Mechanism.private_columns
 
+    @property
+    def public_row(self) -> bool:
+        """Whether row 0 is a public context whose logits must not depend on rows 1..K−1 in any way, bit for bit
+        (rule 2): every joint mechanism (DP-Fusion, InvisibleInk, Amin, AdaPMixED; the joint sampler reads row 0
+        only). The engine then prefills row 0 alone and decodes it at a public width (:mod:`dpinfer.engine`)."""
+        return self.mode == "joint"
+
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
         from dpinfer.accounting import Guarantee

@@ -377,6 +377,22 @@ def batch_contexts(lm: LM, template: PromptTemplate, batch: Sequence[Reference],
     return rows
 
 
+REFERENCE_SLACK = 8
+"""Tokens added to ``max_reference_tokens`` in :func:`public_pad_width` for merges at the template boundaries."""
+
+
+def public_pad_width(lm: LM, template: PromptTemplate, labels: Mapping[str, str],
+                     max_reference_tokens: int | None) -> int | None:
+    """The engine's padding width for a batch, from PUBLIC parameters only (rule 2: the public row's computation never
+    sees the private rows' lengths): the private template with an empty reference, plus ``max_reference_tokens`` and
+    :data:`REFERENCE_SLACK`. A private context longer than that still decodes exactly (in a second batch, slower).
+    ``None`` when references are not cut (no public bound: the engine pads to the public row)."""
+    if max_reference_tokens is None:
+        return None
+    empty = lm.encode(lm.instruction_prompt(template.render_private("", labels)) + template.render_prefix(labels))
+    return len(empty) + max_reference_tokens + REFERENCE_SLACK
+
+
 def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
                     top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> Any:
     """The calibrated mechanism of ``method`` (``public``: the plain sampler)."""
@@ -504,6 +520,7 @@ def synthesize(
         if method == "public":
             contexts = contexts[:1]
         out = engine.generate(contexts, mech, max_new_tokens=max_new_tokens,
+                              pad_width=public_pad_width(model, template, labels, max_reference_tokens),
                               seed=None if seed is None else base_seed * 1_000_003 + b)
         ids = out.sequences[0]
         private = None
