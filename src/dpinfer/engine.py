@@ -74,7 +74,8 @@ class EngineOutput:
         finish_reasons: per row, ``"eos"``, ``"length"`` or ``"budget"`` (the mechanism stopped the run).
         steps: per-step data-dependent statistics from the mechanism (``[]`` when it reports none).
         prompt_lengths: prompt tokens per row (before padding).
-        shared_prefix: tokens prefilled once for all rows.
+        shared_prefix: tokens prefilled once for all rows (with a public row: the shortest prefix a private row reuses
+            from the public row's cache). It reads the private rows: a diagnostic, never part of a release.
         prefill_seconds, decode_seconds: wall-clock time of the two phases.
     """
 

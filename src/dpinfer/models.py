@@ -295,25 +295,21 @@ class _FusedInt8:
         return last[1][index]
 
 
-PIN = 127 / 126
-"""The two range pins of :func:`_int8_call`: every input row is scaled to ``[-1, 1]`` and two extra input columns hold
-``-PIN`` and ``+PIN``, so the int8 kernel's per-call range is ``[-PIN, PIN]`` whatever the rows hold: uint8 scale
-``2 PIN / 127 = 1/63`` with ``reduce_range`` and zero point 64, on which a row's ends ``±1`` are exact (codes 1 and
-127)."""
-
-
 def _int8_call(qlinear: Any, bias: Any = None) -> Any:
     """``x ↦ W x + b`` on the int8 weights of ``qlinear`` with ONE ACTIVATION SCALE PER ROW: row ``i`` of the output
     depends on row ``i`` of ``x`` only, bit for bit, whatever the other rows hold and however many there are.
 
     PyTorch's dynamic int8 kernel (fbgemm/onednn ``quantized::linear_dynamic``) picks one uint8 scale and zero point
-    per call from the min and max of the WHOLE input, so a batched call would let one row's values move every other
-    row's rounding (a public row's logits would depend on the private rows stepped with it). Here each row is divided
-    by its own absolute maximum, and ``qlinear`` carries two extra zero weight columns fed with ``-PIN`` and ``+PIN``
-    (:data:`PIN`): the kernel's range is then the same in every call, so its scale and zero point are constants; the
-    output row is multiplied back by the row's absolute maximum and the bias (kept out of ``qlinear``) is added
-    unscaled. One kernel call for all rows (the weights are read once), called directly: the same op and arguments
-    as the module's ``forward`` (``reduce_range=True``) without its per-call Python checks.
+    per call from the min and max of the WHOLE input (and 0), so a batched call would let one row's values move every
+    other row's rounding (a public row's logits would depend on the private rows stepped with it). Here each row is
+    mapped onto ``[0, 1]`` by its own range, ``x = lo + d · u`` (``u = (x − lo) / d`` is exactly 0 at the row's
+    minimum and exactly 1 at its maximum), and ``qlinear`` carries two extra zero weight columns, fed with ``1`` and
+    ``0`` (range pins, for rows that are constant): the kernel's range is ``[0, 1]`` in every call, so its scale
+    (1/127 with ``reduce_range``) and zero point (0) are constants and every row uses all 128 codes. The output row
+    is ``d · (Wq u) + lo · (Wq 1)`` with the row sums of the int8 weights ``Wq`` (the weights' rounding then applies
+    to ``x`` itself, not to the offset), plus the bias (kept out of ``qlinear``). One kernel call for all rows (the
+    weights are read once), called directly: the same op and arguments as the module's ``forward``
+    (``reduce_range=True``) without its per-call Python checks.
     """
     import torch
 
@@ -321,12 +317,17 @@ def _int8_call(qlinear: Any, bias: Any = None) -> Any:
     if qlinear._packed_params.dtype != torch.qint8 or (qlinear.version or 0) < 4:
         raise ConfigurationError("int8 quantisation needs torch's qint8 dynamic Linear (module version ≥ 4)")
     packed = qlinear._packed_params._packed_params
-    pins = torch.tensor([-PIN, PIN])
+    row_sums = qlinear.weight().dequantize()[:, :-2].double().sum(1).float()
+    pins: dict[tuple[Any, ...], Any] = {}  # (shape, dtype) -> the (..., 2) block of [1, 0] pins
 
     def call(x: Any) -> Any:
-        scale = x.abs().amax(-1, keepdim=True).clamp_min_(1e-30)  # an all-zero row stays zero
-        pin = pins if pins.dtype == x.dtype else pins.to(x.dtype)
-        y = op(torch.cat([x / scale, pin.expand(*x.shape[:-1], 2)], dim=-1), packed, True).mul_(scale)
+        lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+        d = hi.sub_(lo).clamp_min_(1e-30)  # a constant row: u = 0
+        key = (x.shape[:-1], x.dtype)
+        pin = pins.get(key)
+        if pin is None:
+            pin = pins.setdefault(key, torch.tensor([1.0, 0.0], dtype=x.dtype).expand(*x.shape[:-1], 2))
+        y = op(torch.cat([x.sub(lo).div_(d), pin], dim=-1), packed, True).mul_(d).addcmul_(lo, row_sums)
         return y if bias is None else y.add_(bias)
 
     return call
@@ -370,9 +371,9 @@ def _decode_int8_linear_cls() -> type:
 
         def set_int8(self, qlinear: Any) -> None:
             self.int8_linear = qlinear
-            bias = self.float_linear.bias
+            lin = self.float_linear
             self.__dict__["int8_call"] = (None if qlinear is None  # the kernel, not a module
-                                          else _int8_call(qlinear, None if bias is None else bias.detach()))
+                                          else _int8_call(qlinear, None if lin.bias is None else lin.bias.detach()))
 
         @property
         def weight(self) -> Any:  # what callers of get_output_embeddings().weight expect

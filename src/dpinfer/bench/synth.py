@@ -104,11 +104,12 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
 def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, template: str, seed: int,
              repeats: int, epsilon: float, top_k: int | None) -> dict[str, Any]:
     from dpinfer.engine import Engine
-    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, build_mechanism, partition
+    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, build_mechanism, partition, public_pad_width
 
     batches, _ = partition(refs, batch_size, seed)
     public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]])
     engine = Engine(lm)
+    pad = public_pad_width(lm, TEMPLATES[template], refs[batches[0][0]].labels, 512)  # batch_contexts' default cut
     out: dict[str, list[float]] = {"public": [], "invisibleink": []}
     for r in range(repeats):
         for method in ("public", "invisibleink"):
@@ -117,7 +118,7 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
             contexts = [public] if method == "public" else [public, *private]
             t0 = time.perf_counter()
             res = engine.generate(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  seed=seed + r)
+                                  seed=seed + r, pad_width=pad)
             out[method].append(res.num_generated / (time.perf_counter() - t0))
     plain = statistics.median(out["public"])
     ink = statistics.median(out["invisibleink"])
