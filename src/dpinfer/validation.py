@@ -111,6 +111,28 @@ def _optional_k(value: object, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ commands
+def check_groups(groups: object) -> None:
+    """``groups`` (group name → TAB labels) is None or a mapping of non-empty names to label lists, no label twice."""
+    if groups is None:
+        return
+    from dpinfer.taggers.base import TAB_LABELS
+
+    if not isinstance(groups, Mapping):
+        raise InvalidInputError("groups must map group names to lists of labels")
+    seen: dict[str, str] = {}
+    for gname, labels in groups.items():
+        if not isinstance(gname, str) or not gname:
+            raise InvalidInputError("group names must be non-empty strings")
+        if isinstance(labels, str) or not isinstance(labels, Iterable):
+            raise InvalidInputError(f"group {gname!r} must list its labels, e.g. ['PERSON', 'CODE']")
+        for label in labels:
+            if label not in TAB_LABELS:
+                raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
+            if label in seen:
+                raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
+            seen[label] = gname
+
+
 def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = None,
                           group_epsilon: Mapping[str, object] | None = None, delta: object = 1e-5,
                           alpha: object = 2.0, temperature: object = None, top_k: object = "default",
@@ -132,21 +154,7 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
         positive_number(epsilon, n("epsilon"))
     from dpinfer.taggers.base import TAB_LABELS
 
-    if groups is not None:
-        if not isinstance(groups, Mapping):
-            raise InvalidInputError("groups must map group names to lists of labels")
-        seen: dict[str, str] = {}
-        for gname, labels in groups.items():
-            if not isinstance(gname, str) or not gname:
-                raise InvalidInputError("group names must be non-empty strings")
-            if isinstance(labels, str) or not isinstance(labels, Iterable):
-                raise InvalidInputError(f"group {gname!r} must list its labels, e.g. ['PERSON', 'CODE']")
-            for label in labels:
-                if label not in TAB_LABELS:
-                    raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
-                if label in seen:
-                    raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
-                seen[label] = gname
+    check_groups(groups)
     if group_epsilon is not None:
         if not isinstance(group_epsilon, Mapping):
             raise ConfigurationError("group_epsilon must map group names or labels to numbers")

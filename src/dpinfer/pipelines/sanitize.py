@@ -188,17 +188,12 @@ def resolve_groups(spans: Sequence[Span], groups: Mapping[str, Sequence[str]] | 
     present = sorted({s.label for s in spans}, key=TAB_LABELS.index)
     if groups is None:
         return {label: [label] for label in present}
-    seen: dict[str, str] = {}
+    from dpinfer.validation import check_groups
+
+    check_groups(groups)
+    seen = {label: name for name, labels in groups.items() for label in labels}
     out: dict[str, list[str]] = {}
     for name, labels in groups.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidInputError("group names must be non-empty strings")
-        for label in labels:
-            if label not in TAB_LABELS:
-                raise InvalidInputError(f"unknown label {label!r} in group {name!r}; labels: {', '.join(TAB_LABELS)}")
-            if label in seen:
-                raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {name!r})")
-            seen[label] = name
         members = [lab for lab in labels if lab in present]
         if members:
             out[name] = members
