@@ -46,7 +46,9 @@ def test_identical_contexts_joint_rows_agree(embedded_lm):
             return super().step(logits, info, generator)
 
     Engine(embedded_lm).generate([ids] * 3, Check(temperature=0, mode="joint"), max_new_tokens=6)
-    assert max(seen) < 1e-6
+    # the public row 0 is prefilled alone and decoded in its own batch layout (rule 2), so rows 1-2 run other float32
+    # kernels: they agree to float32 rounding (1.2e-6 measured on this CPU), not bit for bit
+    assert 0 < len(seen) and max(seen) < 1e-5
 
 
 def test_cli_sanitize_example_document(embedded_lm, capsys):

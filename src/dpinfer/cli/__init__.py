@@ -9,6 +9,7 @@ JSON object on standard output instead of text.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -502,6 +503,13 @@ def _add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, choices=["int8"], help=QUANTIZE_HELP)
 
 
+COMMAND_MODULES: tuple[str, ...] = ()
+"""Command modules, one per command (``dpinfer.cli.<name>``). Each defines ``add_parser(sub, common)``, which adds its
+subcommand to ``sub`` (parents ``[common]`` for ``--json``) with ``set_defaults(func=run)``, where ``run(args) -> int``
+returns the exit status, and optionally ``add_bench_parser(bench_sub, common)`` for its ``dpinfer bench`` entry. A
+command module imports torch, models and pipelines lazily inside ``run`` (parameter errors come in under a second)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
@@ -671,6 +679,11 @@ def build_parser() -> argparse.ArgumentParser:
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         bench_tagger.add_arguments(bt)
         bt.set_defaults(func=_bench_tagger)
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.add_parser(sub, common)
+        if hasattr(module, "add_bench_parser"):
+            module.add_bench_parser(bsub, common)
     return parser
 
 
