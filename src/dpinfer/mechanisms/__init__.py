@@ -7,60 +7,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.registry import REGISTRY, MechanismEntry, MechanismRegistry
 
-_REGISTRY: dict[str, type[Mechanism]] = {}
-
-
-def register(name: str) -> Callable[[type[Mechanism]], type[Mechanism]]:
-    """Class decorator adding a mechanism to the registry under ``name``."""
-
-    def deco(cls: type[Mechanism]) -> type[Mechanism]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ConfigurationError(f"mechanism name {name!r} is already registered")
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+register = REGISTRY.register
+"""``@register(name, tasks=(...), summary="...")``: add a mechanism class to :data:`REGISTRY`."""
 
 
-def _load_builtin() -> None:
-    # Importing the modules registers their classes.
-    from dpinfer.mechanisms import (  # noqa: F401
-        adapmixed,
-        amin,
-        dp_decoding,
-        dp_fusion,
-        dp_prompt,
-        invisibleink,
-        sampler,
-    )
-
-
-def available_mechanisms() -> list[str]:
-    """Names accepted by :func:`get_mechanism`."""
-    _load_builtin()
-    return sorted(_REGISTRY)
+def available_mechanisms(task: str | None = None) -> list[str]:
+    """Names accepted by :func:`get_mechanism` (those serving ``task`` when given)."""
+    return REGISTRY.names(task)
 
 
 def get_mechanism(name: str, **params: Any) -> Mechanism:
     """Build the registered mechanism ``name`` with ``params`` (validated by its constructor)."""
-    _load_builtin()
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ConfigurationError(
-            f"unknown mechanism {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    return cls(**params)
+    return REGISTRY.build(name, **params)
 
 
 __all__ = [
+    "REGISTRY",
     "Mechanism",
+    "MechanismEntry",
+    "MechanismRegistry",
     "Mode",
     "StepInfo",
     "StepResult",

@@ -37,7 +37,11 @@ ORDERS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.
 """Rényi orders at which the realised loss is tracked (the conversion takes the best)."""
 
 
-@register("adapmixed")
+@register(
+    "adapmixed",
+    tasks=("synthesize",),
+    summary="AdaPMixED (Flemings et al. 2024): data-dependent, no ex-ante guarantee",
+)
 class AdaPMixED(Mechanism):
     """AdaPMixED adapted to generation: per-reference mollified mixtures, noisy screening, data-dependent budget.
 

@@ -76,7 +76,11 @@ def rho_per_private_token(
     return rho
 
 
-@register("amin")
+@register(
+    "amin",
+    tasks=("synthesize",),
+    summary="Amin et al. 2024: clipped average with a sparse-vector test",
+)
 class AminSVT(Mechanism):
     """Amin et al. 2024: recentre-clip-aggregate, exponential-mechanism sampling, SVT for free public tokens.
 

@@ -124,7 +124,11 @@ def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLos
     return PureDp(epsilon_per_token(lam, vocab_size)).times(positive_int(num_tokens, "the number of tokens"))
 
 
-@register("dp-decoding")
+@register(
+    "dp-decoding",
+    tasks=("sanitize",),
+    summary="DP-Decoding (Majmudar et al. 2022): mix with the uniform distribution",
+)
 class DPDecoding(Mechanism):
     """DP-Decoding (Majmudar et al. 2022): sample from ``λ·softmax(z/τ) + (1 − λ)·uniform(V)``; pure ε_tok-DP per token.
 

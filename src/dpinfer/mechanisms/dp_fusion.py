@@ -814,7 +814,11 @@ def _sample(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
 # the mechanism
 
 
-@register("dp-fusion")
+@register(
+    "dp-fusion",
+    tasks=("sanitize",),
+    summary="DP-Fusion: per-group mollified mixture of public and private contexts",
+)
 class DPFusion(Mechanism):
     """DP-Fusion (Thareja et al.): mollify each privacy group's distribution towards the public one, average, sample.
 

@@ -113,7 +113,11 @@ def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
     return PureDp(epsilon_tok, bounded_range=True).times(positive_int(num_tokens, "the number of tokens"))
 
 
-@register("dp-prompt")
+@register(
+    "dp-prompt",
+    tasks=("sanitize", "prompt"),
+    summary="DP-Prompt (Utpala et al. 2023): clipped logits, full-vocabulary sampling",
+)
 class DPPrompt(Mechanism):
     """DP-Prompt (Utpala et al. 2023): clip the logits to ``[b_min, b_max]``, sample at τ from the full vocabulary.
 

@@ -116,7 +116,11 @@ def rho_for_clip_norm(clip_norm: float, *, batch_size: int, temperature: float, 
     return max_new_tokens * clip_norm**2 / (2.0 * batch_size**2 * temperature**2)
 
 
-@register("invisibleink")
+@register(
+    "invisibleink",
+    tasks=("synthesize",),
+    summary="InvisibleInk: DClip + Top-k+ exponential mechanism",
+)
 class InvisibleInk(Mechanism):
     """InvisibleInk: DClip + Top-k⁺ + exponential-mechanism sampling over B references (ALGORITHMS §2).
 

@@ -107,7 +107,11 @@ def sample_rows(logits: torch.Tensor, generator: Randomness) -> torch.Tensor:
     return sample_probs(torch.softmax(logits, dim=-1), generator)
 
 
-@register("sampler")
+@register(
+    "sampler",
+    tasks=("generate", "sanitize", "synthesize"),
+    summary="plain sampling (no privacy); the original / NER-scrub / public baselines",
+)
 class Sampler(Mechanism):
     """Plain decoding: ``temperature == 0`` is greedy (argmax, ties to the lowest id, as in transformers).
 
