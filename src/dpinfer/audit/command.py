@@ -19,7 +19,9 @@ from typing import Any
 
 EXIT_REFUTED = 3
 BROKEN_HELP = "dp-fusion and invisibleink: no-clip, int8-public"
-MECHANISMS_HELP = "adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, invisibleink, sampler"
+MECHANISMS_HELP = (
+    "adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, invisibleink, pad, pad-as-published, sampler, static"
+)
 """The registered mechanisms, spelled out so that building the parser needs no torch (a test keeps it true)."""
 
 

@@ -33,7 +33,9 @@ from dpinfer.mechanisms.dp_decoding import DPDecoding
 from dpinfer.mechanisms.dp_fusion import DPFusion
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.invisibleink import InvisibleInk
+from dpinfer.mechanisms.pad import Pad, PadAsPublished
 from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.mechanisms.static_noise import StaticNoise
 
 VOCAB = 16
 """V of the stand-in."""
@@ -187,6 +189,40 @@ def _sampler(variant: str | None) -> Scenario:
                     "D: logit 8 on X, 0 elsewhere; D′: logit 8 on A, 0 elsewhere; τ = 1")
 
 
+def _pad(variant: str | None) -> Scenario:
+    t = 4
+
+    def build() -> Mechanism:
+        return Pad.calibrated(epsilon=EPSILON, delta=DELTA, max_new_tokens=t, top_k=None)
+
+    return Scenario("pad", variant, build, _group_pairs(), t,
+                    "replace-by-null of one answer's retrieved context (K = 2)",
+                    _GROUP_INPUTS.replace("the group's values replaced by placeholders", "no retrieved context")
+                    + "; σ = 1.5, argmax, full vocabulary")
+
+
+def _pad_as_published(variant: str | None) -> Scenario:
+    t = 2
+
+    def build() -> Mechanism:
+        return PadAsPublished()
+
+    pairs = _local_pair(_row(TOKEN_X, 8.0), _row(TOKEN_A, 8.0))
+    return Scenario("pad-as-published", variant, build, pairs, t, "none (heuristic); any two retrieved contexts, K = 1",
+                    "D: logit 8 on X, 0 elsewhere; D′: logit 8 on A, 0 elsewhere; the authors' defaults, greedy")
+
+
+def _static(variant: str | None) -> Scenario:
+    t = 1
+
+    def build() -> Mechanism:
+        return StaticNoise(sigma=1.0)
+
+    pairs = _local_pair(_row(TOKEN_X, 8.0), _row(TOKEN_A, 8.0))
+    return Scenario("static", variant, build, pairs, t, "none; any two retrieved contexts, K = 1",
+                    "D: logit 8 on X, 0 elsewhere; D′: logit 8 on A, 0 elsewhere; σ = 1, argmax")
+
+
 _SCENARIOS: dict[str, Callable[[str | None], Scenario]] = {
     "adapmixed": _adapmixed,
     "amin": _amin,
@@ -194,7 +230,10 @@ _SCENARIOS: dict[str, Callable[[str | None], Scenario]] = {
     "dp-fusion": _dp_fusion,
     "dp-prompt": _dp_prompt,
     "invisibleink": _invisibleink,
+    "pad": _pad,
+    "pad-as-published": _pad_as_published,
     "sampler": _sampler,
+    "static": _static,
 }
 
 

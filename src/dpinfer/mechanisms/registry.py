@@ -36,7 +36,9 @@ BUILTIN_MODULES = (
     "dp_fusion",
     "dp_prompt",
     "invisibleink",
+    "pad",
     "sampler",
+    "static_noise",
 )
 """Modules under :mod:`dpinfer.mechanisms` whose import registers the built-in mechanisms into :data:`REGISTRY`."""
 

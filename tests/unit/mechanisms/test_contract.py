@@ -30,6 +30,9 @@ FACTORIES: dict[str, tuple[Callable[[], Mechanism], int, int]] = {
     "invisibleink": (lambda: get_mechanism("invisibleink", clip_norm=0.5, batch_size=3, top_k=5), 4, 3),
     "amin": (lambda: get_mechanism("amin", clip_norm=0.5, batch_size=3), 4, 2),
     "adapmixed": (lambda: get_mechanism("adapmixed", batch_size=3, epsilon=50.0, top_k=None), 4, 5),
+    "pad": (lambda: get_mechanism("pad", clip_norm=0.5, sigma=1.5, top_k=5), 2, 3),
+    "pad-as-published": (lambda: get_mechanism("pad-as-published"), 1, 2),
+    "static": (lambda: get_mechanism("static", sigma=1.0), 1, 2),
 }
 
 

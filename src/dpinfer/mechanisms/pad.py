@@ -1,0 +1,405 @@
+"""PAD — privacy-aware decoding for retrieval-augmented generation (ALGORITHMS §3; issue 12).
+
+Two registered mechanisms:
+
+* ``pad`` (the default, rigorous). Joint mode, K = 2: row 0 is the question WITHOUT the retrieved documents (public),
+  row 1 the question with them (private). Per token, from the raw logits ``ℓ_pub = ℓ_0`` and ``ℓ_ctx = ℓ_1``:
+
+  1. **Support** ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C}`` (Top-k⁺, from the public row only: free). It holds
+     the top-k tokens of ``ℓ_pub + c`` for every shift ``c`` with ``‖c‖₂ ≤ C`` (a token outside gains at most C, one
+     inside loses at most C).
+  2. **Centre and clip** the shift on V⁺: ``s = ℓ_ctx − ℓ_pub``, ``s ← s − mean(s)`` (softmax is shift-invariant; the
+     centring reads the private row only, and the null context's ``s = 0`` stays 0), ``s ← s·min(1, C/‖s‖₂)``.
+  3. **Release** ``ℓ̃ = ℓ_pub + s + N(0, σ²I)`` on V⁺, the noise from the run's secure source.
+  4. **Choose** ``argmax ℓ̃`` (τ = 0, the default, as the authors decode) or sample from ``softmax(ℓ̃/τ)``: both are
+     post-processing of the Gaussian release.
+
+  Privacy. Adjacency ``replace-by-null`` (default): the retrieved context of one answer replaced by nothing, so the
+  neighbour's private row IS the public row, its shift is 0, and the released vector moves by ``‖s‖₂ ≤ C``: a
+  Gaussian mechanism with ℓ2 sensitivity Δ = C, hence ``Δ²/(2σ²)``-zCDP per step (Bun & Steinke 2016, Prop. 1.6).
+  ``replace-one`` (one retrieved context replaced by any other, which also covers a different retrieval): both shifts
+  are clipped, Δ = 2C. Over at most ``T_max`` tokens (adaptive composition; restricting to V⁺ and choosing a token are
+  post-processing of public data and of the release):
+
+      ρ = T_max · Δ² / (2σ²)
+
+  converted to (ε, δ) by the accountant over all orders. The guarantee is computed from (C, σ, T_max, adjacency)
+  only. Calibration fixes σ (default 1.5) and solves C: ``ρ* = zcdp_rho_for_target(ε, δ)``, ``Δ = σ·sqrt(2ρ*/T_max)``,
+  ``C = Δ`` (replace-by-null) or ``Δ/2`` (replace-one). (Solving σ for a fixed C gives σ ≫ 1 and gibberish.)
+
+* ``pad-as-published``: the authors' step exactly (ALGORITHMS §3), on the private row alone (K = 1). It never clips
+  the logits and its screening and noise scale read the private logits, so its figure ``Σ charges + ln(1/δ)/(α−1)``
+  is data-dependent: it is reported by :meth:`PadAsPublished.spend` as such, never as ε, and the guarantee is none.
+  The accountant is reset per answer (:meth:`~dpinfer.mechanisms.base.Mechanism.start`) unless ``carry_over=True``,
+  which reproduces the authors' code (one accountant for the whole run).
+
+>>> mech = Pad.calibrated(epsilon=64.0, delta=1e-5, max_new_tokens=64)
+>>> round(mech.clip_norm, 3), mech.sigma
+(1.431, 1.5)
+>>> g = mech.guarantee(64)
+>>> round(g.epsilon, 2), round(g.parameters["rho"], 3)
+(64.0, 29.117)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from dpinfer.accounting import DataDependentSpend, Guarantee, Zcdp, zcdp_rho_for_target
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms import register
+from dpinfer.mechanisms._checks import check_delta, positive_int
+from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.invisibleink import topk_plus
+from dpinfer.mechanisms.randomness import Randomness, as_random_source
+from dpinfer.mechanisms.sampler import sample_probs
+
+ADJACENCIES = {
+    "replace-by-null": "replace-by-null of one answer's retrieved context (the documents replaced by nothing)",
+    "replace-one": "replace-one of one answer's retrieved context (the documents replaced by any others, which also "
+                   "covers a different retrieval)",
+}
+DEFAULT_SIGMA = 1.5
+"""σ of the rigorous PAD: fixed, and C solved from the target (issue 12)."""
+SHIFT_LIMIT = 1e6
+"""Private logits that are −inf (or absurdly large) on the support are brought to ±this before centring; the clip
+makes the value irrelevant."""
+
+
+def _positive(value: object, name: str, hint: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}{hint}")
+    return float(value)
+
+
+def _temperature(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ConfigurationError(f"temperature must be a finite number ≥ 0 (0 = argmax), got {value!r}")
+    return float(value)
+
+
+def _check_logits(logits: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    if logits.ndim != 2 or logits.shape[0] != rows:
+        raise InvalidInputError(f"{name} needs logits of shape ({rows}, V), got {tuple(logits.shape)}")
+    z = logits.to(torch.float64)
+    total = float(z.sum())  # NaN, or +inf, anywhere shows in the sum
+    if math.isnan(total) or total == math.inf:
+        raise InvalidInputError("the logits contain NaN or +inf; nothing is released")
+    return z
+
+
+def centre_and_clip(shift: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """``s − mean(s)`` scaled to L2 norm at most ``clip_norm`` (non-finite entries first brought to ±1e6).
+
+    >>> s = centre_and_clip(torch.tensor([3.0, -1.0, 1.0], dtype=torch.float64), 1.0)
+    >>> [round(x, 4) for x in s.tolist()], round(float(s.norm()), 6)
+    ([0.7071, -0.7071, 0.0], 1.0)
+    >>> centre_and_clip(torch.tensor([5.0, 5.0], dtype=torch.float64), 1.0).tolist()
+    [0.0, 0.0]
+    """
+    s = torch.nan_to_num(shift.to(torch.float64), nan=0.0, posinf=SHIFT_LIMIT, neginf=-SHIFT_LIMIT)
+    s = s.clamp(-SHIFT_LIMIT, SHIFT_LIMIT)
+    s = s - s.mean()
+    norm = float(s.norm())
+    if norm > clip_norm:
+        s = s * (clip_norm / norm)
+    return s
+
+
+def clip_norm_for_target(epsilon: float, delta: float, *, max_new_tokens: int, sigma: float = DEFAULT_SIGMA,
+                         adjacency: str = "replace-by-null") -> float:
+    """The clip norm C whose ``T_max``-token answer with noise σ meets (ε, δ): ``C = σ·sqrt(2ρ*/T_max) / m`` with ρ*
+    the accountant's largest zCDP ρ for the target and m = 1 (replace-by-null) or 2 (replace-one).
+
+    >>> round(clip_norm_for_target(8.0, 1e-5, max_new_tokens=64), 3)
+    0.294
+    >>> round(clip_norm_for_target(8.0, 1e-5, max_new_tokens=64, adjacency="replace-one"), 3)
+    0.147
+    """
+    rho = zcdp_rho_for_target(_positive(epsilon, "the target ε"), check_delta(delta))
+    t = positive_int(max_new_tokens, "max_new_tokens")
+    scale = 2.0 if _adjacency(adjacency) == "replace-one" else 1.0
+    return _positive(sigma, "σ") * math.sqrt(2.0 * rho / t) / scale
+
+
+def _adjacency(value: object) -> str:
+    if value not in ADJACENCIES:
+        raise ConfigurationError(f"adjacency must be one of {', '.join(ADJACENCIES)}, got {value!r}")
+    return str(value)
+
+
+@register(
+    "pad",
+    tasks=("rag",),
+    summary="PAD (rigorous): clipped context shift on a public Top-k+ support + Gaussian noise, zCDP per answer",
+)
+class Pad(Mechanism):
+    """Rigorous PAD: release ``ℓ_pub + clip(centre(ℓ_ctx − ℓ_pub), C) + N(0, σ²I)`` on a public support.
+
+    Args:
+        clip_norm: C > 0, the L2 bound on the centred shift (use :meth:`calibrated` to derive it from (ε, δ)).
+        sigma: σ > 0, the Gaussian noise scale (default 1.5).
+        top_k: k of the public Top-k⁺ support (``None``: the full vocabulary).
+        temperature: 0 (default) releases the argmax of the noisy logits; τ > 0 samples from ``softmax(ℓ̃/τ)``.
+        delta: δ of the reported (ε, δ) guarantee.
+        adjacency: ``"replace-by-null"`` (default, sensitivity C) or ``"replace-one"`` (sensitivity 2C).
+
+    ``StepResult.stats``: ``support`` (|V⁺|, public) and ``clipped`` (1.0 when the shift was scaled down:
+    DATA-DEPENDENT, a diagnostic only).
+
+    >>> mech = Pad(clip_norm=1.0, sigma=1.5, top_k=2)
+    >>> mech.start(num_contexts=2, vocab_size=4)
+    >>> z = torch.tensor([[4.0, 3.0, 0.0, -1.0], [0.0, 9.0, 0.0, 0.0]], dtype=torch.float64)
+    >>> idx, pub, pre = mech.pre_noise_logits(z)
+    >>> idx.tolist(), round(float((pre - pub).norm()), 6)
+    ([0, 1], 1.0)
+    >>> round(mech.rho(10), 4)
+    2.2222
+    """
+
+    name = "pad"
+    mode = "joint"
+
+    def __init__(
+        self,
+        *,
+        clip_norm: float,
+        sigma: float = DEFAULT_SIGMA,
+        top_k: int | None = 20,
+        temperature: float = 0.0,
+        delta: float = 1e-5,
+        adjacency: str = "replace-by-null",
+    ) -> None:
+        self.clip_norm = _positive(
+            clip_norm, "clip_norm C", " (use Pad.calibrated(epsilon=..., max_new_tokens=...) to derive it from ε)"
+        )
+        self.sigma = _positive(sigma, "sigma σ", f"; the default {DEFAULT_SIGMA} keeps answers readable")
+        self.top_k = None if top_k is None else positive_int(top_k, "top_k (None for the full vocabulary)")
+        self.temperature = _temperature(temperature)
+        self.delta = check_delta(delta)
+        self.adjacency = _adjacency(adjacency)
+
+    @classmethod
+    def calibrated(cls, *, epsilon: float, max_new_tokens: int, delta: float = 1e-5, sigma: float = DEFAULT_SIGMA,
+                   adjacency: str = "replace-by-null", **kw: Any) -> Pad:
+        """The PAD whose answer of at most ``max_new_tokens`` tokens is (ε, δ)-DP for its retrieved context: σ fixed,
+        C solved (:func:`clip_norm_for_target`)."""
+        clip = clip_norm_for_target(epsilon, delta, max_new_tokens=max_new_tokens, sigma=sigma, adjacency=adjacency)
+        return cls(clip_norm=clip, sigma=sigma, delta=delta, adjacency=adjacency, **kw)
+
+    @property
+    def sensitivity(self) -> float:
+        """Δ: the L2 distance the released mean can move between adjacent contexts (C or 2C)."""
+        return self.clip_norm * (2.0 if self.adjacency == "replace-one" else 1.0)
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:
+        if num_contexts != 2:
+            raise ConfigurationError(
+                f"PAD steps K = 2 contexts (row 0 the question alone, public; row 1 with the retrieved documents), "
+                f"got {num_contexts}"
+            )
+
+    def _support(self, public: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        mask, kth = topk_plus(public, self.top_k, self.clip_norm, 1)
+        return mask, kth is None and bool(mask.all())
+
+    def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
+        """The ids of V⁺ (from the public row only): the private row is read there and nowhere else."""
+        mask, everything = self._support(public_scores)
+        return None if everything else mask.nonzero().squeeze(-1)
+
+    def pre_noise_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids of V⁺, ``ℓ_pub`` on V⁺, ``ℓ_pub + clip(centre(s))`` on V⁺) for ``(2, V)`` logits: the release before
+        noise. ``‖released − ℓ_pub‖₂ ≤ C`` always."""
+        z = _check_logits(logits, 2, "PAD")
+        mask, _ = self._support(z[0])
+        if not bool(mask.any()):
+            raise InvalidInputError("the public row has no finite logit; nothing can be released")
+        idx = mask.nonzero().squeeze(-1)
+        cols = z.index_select(1, idx)
+        pub = cols[0]
+        return idx, pub, pub + centre_and_clip(cols[1] - pub, self.clip_norm)
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        """Release ``ℓ_pub + clip(s) + N(0, σ²I)`` on V⁺ and choose its argmax (or sample at τ)."""
+        idx, pub, pre = self.pre_noise_logits(logits)
+        src = as_random_source(generator)
+        noisy = pre + self.sigma * src.normal(pre.shape, device=pre.device)
+        if self.temperature == 0.0:
+            j = torch.argmax(noisy)
+        else:
+            j = sample_probs(torch.softmax(noisy / self.temperature, dim=-1), src)
+        stats = {"support": float(idx.numel()),
+                 "clipped": float(float((pre - pub).norm()) >= self.clip_norm * (1 - 1e-12))}
+        return StepResult(tokens=idx[j].to(torch.long), stats=stats)
+
+    def rho(self, max_new_tokens: int) -> float:
+        """``ρ = T_max·Δ²/(2σ²)``."""
+        return positive_int(max_new_tokens, "max_new_tokens") * self.sensitivity**2 / (2.0 * self.sigma**2)
+
+    def loss(self, max_new_tokens: int) -> Zcdp:
+        """The ex-ante zCDP loss of one answer of at most ``max_new_tokens`` tokens."""
+        return Zcdp(self.rho(max_new_tokens))
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """ρ-zCDP for one answer's retrieved context over at most ``T_max`` tokens, converted to (ε, δ)."""
+        t = positive_int(max_new_tokens, "max_new_tokens")
+        return Guarantee.from_loss(
+            self.loss(t), delta=self.delta, mechanism=self.name, adjacency=ADJACENCIES[self.adjacency],
+            parameters={"clip_norm": self.clip_norm, "sigma": self.sigma, "top_k": self.top_k,
+                        "temperature": self.temperature, "adjacency": self.adjacency, "rho": self.rho(t), "T_max": t},
+            max_new_tokens=t,
+        )
+
+
+# ------------------------------------------------------------------------------------------------ as published
+PUBLISHED = {
+    "epsilon": 0.2, "amplification": 3.0, "min_sensitivity": 0.4, "alpha": 10.0, "delta": 1e-5,
+    "confidence_threshold": 0.9, "margin_threshold": 2.0, "entropy_weight": 0.3, "position_weight": 0.2,
+    "confidence_weight": 0.3, "min_sigma": 0.01, "max_sigma": 10.0,
+}
+"""The authors' defaults (ALGORITHMS §3)."""
+HEURISTIC = ("none (heuristic): the authors' per-answer figure is computed from the private logits (data-dependent) "
+             "and the logits are never clipped")
+
+
+def published_step_parameters(logits: torch.Tensor, step: int, **overrides: float) -> tuple[bool, float, float, float]:
+    """The authors' per-token decision for ``(V,)`` logits at 0-based position ``step``:
+    (charged, Δ, σ, charge). Reads the logits, so every output is DATA-DEPENDENT.
+
+    Screening: ``p1 > τ_conf`` and margin ``m > τ_margin`` → (False, 0, σ_min, 0). Otherwise
+    ``Δ = max(Δ_min, min(1, 1/(1 + ln(1 + m))))``,
+    ``c = clip(1 − w_H + w_H·H(p)/ln V + w_pos/(1 + 0.1·t) + w_conf·(1 − p1), 0.1, 2)``,
+    ``σ = clip((0.01/max(ε, 0.01))·c·(Δ/ε)·λ_amp, σ_min, σ_max)``, charge ``α·Δ²/(2σ²)``.
+
+    Uniform logits over 4 tokens at t = 0: m = 0, Δ = 1, H/ln V = 1, p1 = 1/4, so c = 0.7 + 0.3 + 0.2 + 0.225 = 1.425,
+    σ = 0.05·1.425·5·3 = 1.06875, charge = 10/(2·1.06875²):
+
+    >>> charged, d, s, ch = published_step_parameters(torch.zeros(4, dtype=torch.float64), 0)
+    >>> charged, d, round(s, 5), round(ch, 4)
+    (True, 1.0, 1.06875, 4.3774)
+    >>> published_step_parameters(torch.tensor([10.0, 0.0, 0.0], dtype=torch.float64), 3)[0]
+    False
+    """
+    p = {**PUBLISHED, **overrides}
+    z = logits.to(torch.float64)
+    finite = torch.isfinite(z)
+    vocab = int(finite.sum())
+    if vocab < 1:
+        raise InvalidInputError("no finite logit; nothing can be released")
+    logp = torch.log_softmax(z, dim=-1)
+    probs = logp.exp()
+    p1 = float(probs.max())
+    top2 = torch.topk(z, min(2, z.numel())).values
+    margin = float(top2[0] - top2[1]) if top2.numel() > 1 and math.isfinite(float(top2[1])) else math.inf
+    if p1 > p["confidence_threshold"] and margin > p["margin_threshold"]:
+        return False, 0.0, p["min_sigma"], 0.0
+    sens = max(p["min_sensitivity"], min(1.0, 1.0 / (1.0 + math.log1p(margin))))
+    entropy = float(-(probs[finite] * logp[finite]).sum())
+    norm_entropy = entropy / math.log(vocab) if vocab > 1 else 0.0
+    calib = (1.0 - p["entropy_weight"]) + p["entropy_weight"] * norm_entropy \
+        + p["position_weight"] / (1.0 + 0.1 * step) + p["confidence_weight"] * (1.0 - p1)
+    calib = min(max(calib, 0.1), 2.0)
+    eps = p["epsilon"]
+    sigma = (0.01 / max(eps, 0.01)) * calib * (sens / eps) * p["amplification"]
+    sigma = min(max(sigma, p["min_sigma"]), p["max_sigma"])
+    return True, sens, sigma, p["alpha"] * sens**2 / (2.0 * sigma**2)
+
+
+@register(
+    "pad-as-published",
+    tasks=("rag",),
+    summary="PAD as published by its authors (no clipping, data-dependent screening): no guarantee, heuristic figure",
+)
+class PadAsPublished(Mechanism):
+    """The PAD authors' decoding step, exactly (ALGORITHMS §3), on the private row alone (K = 1).
+
+    Args:
+        epsilon: the authors' ε knob (default 0.2): it scales the noise; it is NOT a guarantee.
+        delta, alpha: of the authors' reported figure ``Σ charges + ln(1/δ)/(α−1)``.
+        temperature: 0 (default, the authors decode greedily) or τ > 0 to sample from the noisy logits.
+        carry_over: keep the charges across answers (the authors' code never resets its accountant); default False:
+            reset per answer in :meth:`start`.
+        **overrides: any other key of :data:`PUBLISHED` (amplification, min_sensitivity, ...).
+
+    The guarantee is none; :meth:`spend` returns the authors' figure as a :class:`DataDependentSpend`. Per-step stats
+    (``charged``, ``sigma``, ``charge``) are DATA-DEPENDENT.
+
+    >>> mech = PadAsPublished()
+    >>> mech.start(1, 4)
+    >>> out = mech.step(torch.zeros(1, 4, dtype=torch.float64), StepInfo(0, 8, 1), torch.Generator().manual_seed(0))
+    >>> round(mech.spend().value, 4), mech.charged_share()
+    (5.6566, 1.0)
+    >>> print(mech.guarantee(8))
+    pad-as-published: no privacy guarantee.
+    """
+
+    name = "pad-as-published"
+    mode = "joint"
+
+    def __init__(self, *, epsilon: float = PUBLISHED["epsilon"], delta: float = PUBLISHED["delta"],
+                 alpha: float = PUBLISHED["alpha"], temperature: float = 0.0, carry_over: bool = False,
+                 **overrides: float) -> None:
+        unknown = sorted(set(overrides) - set(PUBLISHED))
+        if unknown:
+            raise ConfigurationError(f"unknown PAD parameter(s) {unknown}; known: {', '.join(sorted(PUBLISHED))}")
+        self.params = {**PUBLISHED, **{k: _positive(v, k) for k, v in overrides.items()}}
+        self.params["epsilon"] = _positive(epsilon, "the authors' ε knob")
+        self.params["delta"] = check_delta(delta)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 1.0 < alpha < math.inf:
+            raise ConfigurationError(f"alpha must be a finite Rényi order > 1, got {alpha!r}")
+        self.params["alpha"] = float(alpha)
+        self.temperature = _temperature(temperature)
+        if not isinstance(carry_over, bool):
+            raise ConfigurationError(f"carry_over must be True or False, got {carry_over!r}")
+        self.carry_over = carry_over
+        self._charges: list[float] = []
+        self._steps = 0
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:
+        if num_contexts != 1:
+            raise ConfigurationError(
+                f"pad-as-published decodes one context (the question with its retrieved documents), got {num_contexts}"
+            )
+        if not self.carry_over:
+            self._charges, self._steps = [], 0
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        z = _check_logits(logits, 1, "pad-as-published")[0]
+        overrides = {k: v for k, v in self.params.items() if k != "delta"}
+        charged, _, sigma, charge = published_step_parameters(z, info.step, **overrides)
+        src = as_random_source(generator)
+        finite = torch.isfinite(z)
+        noisy = torch.where(finite, z + sigma * src.normal(z.shape, device=z.device), z)
+        if self.temperature == 0.0:
+            tok = torch.argmax(noisy)
+        else:
+            tok = sample_probs(torch.softmax(noisy / self.temperature, dim=-1), src)
+        self._steps += 1
+        if charged:
+            self._charges.append(charge)
+        return StepResult(tokens=tok.to(torch.long),
+                          stats={"charged": float(charged), "sigma": sigma, "charge": charge})
+
+    def charged_share(self) -> float:
+        """γ: the share of steps that were charged (data-dependent)."""
+        return len(self._charges) / self._steps if self._steps else 0.0
+
+    def spend(self) -> DataDependentSpend:
+        """The authors' reported figure ``Σ charges + ln(1/δ)/(α−1)`` since the last reset: DATA-DEPENDENT."""
+        a, d = self.params["alpha"], self.params["delta"]
+        return DataDependentSpend(
+            self.name, f"authors' heuristic figure (sum of per-step charges at order {a:g} + ln(1/δ)/(α−1), "
+                       f"δ = {d:g}; read from the private logits)",
+            math.fsum(self._charges) + math.log(1.0 / d) / (a - 1.0),
+        )
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """None: the authors' figure is computed from the private logits (:meth:`spend`)."""
+        t = positive_int(max_new_tokens, "max_new_tokens")
+        return Guarantee(math.inf, 0.0, self.name, HEURISTIC, parameters={**self.params, "carry_over": self.carry_over,
+                                                                         "temperature": self.temperature},
+                         max_new_tokens=t)
