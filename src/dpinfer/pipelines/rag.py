@@ -1,0 +1,503 @@
+"""Private retrieval-augmented generation: answers about private documents with a guarantee for their context.
+
+:class:`PrivateRAG` keeps the documents in a persistent Chroma store (:mod:`dpinfer.rag.store`, offline embeddings),
+retrieves the ``top_k`` nearest (default 6), reranks them offline to ``top_n`` (default 3, :mod:`dpinfer.rag.rerank`)
+and answers with one of the methods below. Prompts follow the PAD paper (``Context:\\n…\\n\\nQuestion: …\\nAnswer:``),
+used verbatim (``RagTemplate(chat=True)`` wraps them in the model's chat template).
+
+What is protected (``pad``): the retrieved context of ONE answer, i.e. the documents shown to the model for it, under
+replace-by-null (the context replaced by nothing; default) or replace-one (replaced by any other context: this also
+covers a document that changes which documents are retrieved). What is not: the question (it is the public row), which
+documents exist and which were retrieved (``doc_ids``, for the store's owner: not part of the release), the store
+itself, and timing. A session of k answers composes: :meth:`PrivateRAG.session_guarantee` adds the answers' zCDP ρ.
+
+Methods (``mechanism=``):
+
+* ``pad`` (default): rigorous PAD, K = 2 (the question alone is the public row 0; with the documents, row 1),
+  calibrated from (ε, δ, T_max) with σ fixed (:class:`dpinfer.mechanisms.pad.Pad`).
+* ``pad-as-published``: the authors' decoding step; no guarantee, its figure reported as data-dependent.
+* ``static``: fixed Gaussian noise on every logit (baseline, no guarantee).
+* ``none``: greedy decoding with the documents (no defence). ``public``: greedy from the question alone (nothing is
+  retrieved: ε = 0). ``summarize``: each retrieved document is first condensed by the LM to what the question needs,
+  then ``none`` on the condensations (Zeng et al. 2024). ``distance-threshold``: documents farther than ``theta``
+  (Euclidean distance between unit embeddings) are dropped, then ``none`` (Zeng et al. 2024). These have no guarantee.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.errors import ConfigurationError, InvalidInputError
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee, PrivacyLoss
+    from dpinfer.models import LM
+    from dpinfer.rag.store import AddReport, DocumentStore, Hit
+
+METHODS = ("pad", "pad-as-published", "static", "none", "public", "summarize", "distance-threshold")
+"""Answering methods: the registered ``rag`` mechanisms and the pipeline baselines."""
+DEFAULT_EPSILON = 64.0
+"""ε per answer of the default ``pad`` (at δ = 1e-5, T_max = 64, σ = 1.5: C ≈ 1.43); see docs/rag.md, "choosing ε"."""
+DEFAULT_THETA = 0.9
+"""Distance threshold of ``distance-threshold`` (Euclidean, unit vectors: cos ≥ 1 − θ²/2 ≈ 0.6)."""
+DOC_SLACK = 8
+"""Tokens per document added to ``max_doc_tokens`` in the public padding width (merges at the boundaries)."""
+SUMMARY_TOKENS = 48
+
+
+@dataclass(frozen=True)
+class RagTemplate:
+    """The prompts: ``private`` with ``{context}`` and ``{question}``, ``public`` with ``{question}`` only (the
+    null context). ``chat``: wrap both in the model's chat template (one user turn); off by default, as in the PAD
+    paper, whose prompts are plain completions.
+
+    >>> t = RagTemplate()
+    >>> t.render_private("Doc A", "Why?")
+    'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:'
+    >>> t.render_public("Why?")
+    'Question: Why?\\nAnswer:'
+    """
+
+    private: str = "Context:\n{context}\n\nQuestion: {question}\nAnswer:"
+    public: str = "Question: {question}\nAnswer:"
+    summary: str = ("Text:\n{document}\n\nQuestion: {question}\nIn one or two sentences, state only the facts of the "
+                    "text that help answer the question.")
+    separator: str = "\n\n"
+    chat: bool = False
+
+    def __post_init__(self) -> None:
+        if "{context}" not in self.private or "{question}" not in self.private:
+            raise ConfigurationError("the private template must contain {context} and {question}")
+        if "{context}" in self.public or "{question}" not in self.public:
+            raise ConfigurationError("the public template must contain {question} and not {context}")
+
+    def render_private(self, context: str, question: str) -> str:
+        return self.private.replace("{context}", context).replace("{question}", question)
+
+    def render_public(self, question: str) -> str:
+        return self.public.replace("{question}", question)
+
+    def wrap(self, lm: LM, text: str) -> str:
+        return lm.instruction_prompt(text) if self.chat else text
+
+
+@dataclass
+class RagAnswer:
+    """One answer. ``text`` is the release; ``guarantee`` its ex-ante (ε, δ) for the retrieved context.
+
+    ``doc_ids`` (the documents shown to the model) and ``retrieved`` (their text and distance) are for the store's
+    owner: they are NOT covered by the guarantee and must not be released with the answer. ``data_dependent`` holds
+    figures computed from private data (e.g. pad-as-published's own figure): diagnostics, never a guarantee.
+    """
+
+    text: str
+    doc_ids: list[str]
+    guarantee: Guarantee
+    mechanism: str
+    settings: dict[str, Any]
+    seconds: float
+    generation_seconds: float
+    tokens: int
+    finish_reason: str
+    token_ids: list[int] = field(default_factory=list, repr=False)
+    retrieved: list[Hit] = field(default_factory=list, repr=False)
+    data_dependent: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self, *, doc_ids: bool = False) -> dict[str, Any]:
+        """The release (text, guarantee, settings), plus ``doc_ids`` only when asked."""
+        out: dict[str, Any] = {"text": self.text, "mechanism": self.mechanism, "guarantee": self.guarantee.to_dict(),
+                               "settings": dict(self.settings), "tokens": self.tokens,
+                               "finish_reason": self.finish_reason, "seconds": round(self.seconds, 3)}
+        if doc_ids:
+            out["doc_ids"] = list(self.doc_ids)
+        if self.data_dependent:
+            out["data_dependent"] = dict(self.data_dependent)
+        return out
+
+
+def _number(value: object, name: str, *, minimum: float = 0.0, strict: bool = True) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= minimum if strict else value < minimum):  # type: ignore[operator]
+        raise ConfigurationError(f"{name} must be a finite number {'>' if strict else '≥'} {minimum:g}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _int(value: object, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+def check_ask_params(*, mechanism: object = "pad", epsilon: object = None, delta: object = 1e-5,
+                     max_new_tokens: object = 64, seed: object = None, temperature: object = 0.0,
+                     sigma: object = 1.5, support_top_k: object = 20, adjacency: object = "replace-by-null",
+                     theta: object = DEFAULT_THETA, static_sigma: object = 1.0, cli: bool = False) -> None:
+    """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
+
+    >>> check_ask_params(epsilon=8)
+    >>> check_ask_params(mechanism="pda")
+    Traceback (most recent call last):
+    dpinfer.errors.ConfigurationError: unknown method 'pda'; choose one of pad, pad-as-published, static, none, public, summarize, distance-threshold
+    """
+    def n(name: str) -> str:
+        return "--" + name.replace("_", "-") if cli else name
+
+    if mechanism not in METHODS:
+        raise ConfigurationError(f"unknown method {mechanism!r}; choose one of {', '.join(METHODS)}")
+    if epsilon is not None:
+        _number(epsilon, n("epsilon"))
+        if mechanism not in ("pad", "pad-as-published"):
+            raise ConfigurationError(f"{n('epsilon')} applies to pad (and to pad-as-published's noise knob), not to "
+                                     f"{mechanism}, which has no guarantee")
+    from dpinfer.mechanisms._checks import check_delta
+
+    check_delta(delta)
+    _int(max_new_tokens, n("max_new_tokens"))
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigurationError(f"{n('seed')} must be an integer, got {seed!r}")
+    _number(temperature, n("temperature"), strict=False)
+    _number(sigma, n("sigma"))
+    if support_top_k is not None:
+        _int(support_top_k, n("support_top_k"))
+    if adjacency not in ("replace-by-null", "replace-one"):
+        raise ConfigurationError(f"{n('adjacency')} must be replace-by-null or replace-one, got {adjacency!r}")
+    _number(theta, n("theta"))
+    _number(static_sigma, n("static_sigma"))
+
+
+def build_mechanism(method: str, *, epsilon: float | None, delta: float, max_new_tokens: int, temperature: float,
+                    sigma: float, support_top_k: int | None, adjacency: str, static_sigma: float) -> Any:
+    """The mechanism that decodes ``method``'s answer (calibrated from public parameters only)."""
+    from dpinfer.mechanisms import get_mechanism
+    from dpinfer.mechanisms.pad import Pad
+
+    if method == "pad":
+        return Pad.calibrated(epsilon=DEFAULT_EPSILON if epsilon is None else epsilon, delta=delta,
+                              max_new_tokens=max_new_tokens, sigma=sigma, top_k=support_top_k,
+                              temperature=temperature, adjacency=adjacency)
+    if method == "pad-as-published":
+        kw: dict[str, Any] = {"delta": delta, "temperature": temperature}
+        if epsilon is not None:
+            kw["epsilon"] = epsilon
+        return get_mechanism("pad-as-published", **kw)
+    if method == "static":
+        return get_mechanism("static", sigma=static_sigma, temperature=temperature)
+    return get_mechanism("sampler", temperature=temperature, mode="joint")
+
+
+def _public_guarantee(delta: float, t_max: int) -> Guarantee:
+    from dpinfer.accounting import Guarantee
+
+    return Guarantee(epsilon=0.0, delta=delta, mechanism="public",
+                     adjacency="any change to the store (the question alone is decoded; nothing is retrieved)",
+                     parameters={"T_max": t_max}, max_new_tokens=t_max)
+
+
+class PrivateRAG:
+    """Question answering over a private document store with PAD (see the module docstring).
+
+    >>> # rag = dpinfer.PrivateRAG("my-store")
+    >>> # rag.add(["Patient: ... Doctor: ...", ...])
+    >>> # answer = rag.ask("What helps against migraines?", epsilon=64)
+    >>> # answer.text, answer.guarantee.epsilon, rag.session_guarantee().epsilon
+
+    Args:
+        path: the store's folder (created on the first :meth:`add`).
+        lm: model (default: the embedded SmolLM2-135M-Instruct), loaded on the first :meth:`ask`.
+        embedder: sentence encoder with ``encode(texts)`` (default: offline all-MiniLM-L6-v2).
+        top_k: documents retrieved by embedding distance (default 6).
+        top_n: documents kept after reranking and shown to the model (default 3).
+        reranker: ``"maxp"`` (default, :class:`dpinfer.rag.rerank.PassageReranker`), ``"none"`` or a callable.
+        max_doc_tokens: each retrieved document is cut to this many tokens (a public bound on the private row's
+            length, so the public row's padding never depends on it).
+        template: the prompts (:class:`RagTemplate`).
+    """
+
+    def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None, top_k: int = 6,
+                 top_n: int = 3, reranker: str | Callable[..., Any] = "maxp", max_doc_tokens: int = 256,
+                 template: RagTemplate | None = None) -> None:
+        from dpinfer.rag.store import DocumentStore
+
+        self.top_k = _int(top_k, "top_k")
+        self.top_n = _int(top_n, "top_n")
+        if self.top_n > self.top_k:
+            raise ConfigurationError(f"top_n ({top_n}) cannot exceed top_k ({top_k}): reranking keeps a subset")
+        if not (reranker in ("maxp", "none") or callable(reranker)):
+            raise ConfigurationError(f"unknown reranker {reranker!r}; use 'maxp', 'none' or a callable")
+        self.reranker = reranker
+        self.max_doc_tokens = _int(max_doc_tokens, "max_doc_tokens")
+        self.template = template or RagTemplate()
+        self.store: DocumentStore = DocumentStore(path, embedder=embedder, create=True)
+        self._lm_arg = lm
+        self._lm: LM | None = None
+        self._engine: Any = None
+        self._session: list[tuple[str, PrivacyLoss | None, float, str]] = []
+        self._deltas: list[float] = []
+
+    # ------------------------------------------------------------------ store
+    def add(self, texts_or_records: Sequence[str] | Sequence[Mapping[str, Any]], *, ids: Sequence[str] | None = None,
+            text_field: str = "text", id_field: str | None = None) -> AddReport:
+        """Add documents: strings, or records (mappings) whose ``text_field`` holds the text and, optionally,
+        ``id_field`` the id. Ids default to a hash of the text (re-adding changes nothing)."""
+        if isinstance(texts_or_records, (str, bytes)) or not isinstance(texts_or_records, Sequence):
+            raise InvalidInputError("add() takes a list of texts or of records (mappings)")
+        texts: list[str] = []
+        rec_ids: list[str] = []
+        for i, item in enumerate(texts_or_records):
+            if isinstance(item, str):
+                texts.append(item)
+                continue
+            if not isinstance(item, Mapping):
+                raise InvalidInputError(f"document {i} is a {type(item).__name__}, not a string or a mapping")
+            if text_field not in item or not isinstance(item[text_field], str):
+                raise InvalidInputError(f"record {i}: no text field {text_field!r} holding a string")
+            texts.append(item[text_field])
+            if id_field is not None:
+                if id_field not in item or item[id_field] in (None, ""):
+                    raise InvalidInputError(f"record {i}: no id field {id_field!r}")
+                rec_ids.append(str(item[id_field]))
+        if ids is None and id_field is not None:
+            ids = rec_ids
+        return self.store.add(texts, ids=ids)
+
+    def add_files(self, paths: Sequence[str | Path], *, text_field: str = "text",
+                  id_field: str | None = None) -> AddReport:
+        """Add the documents of ``.jsonl`` / ``.csv`` files (one record per line / row) and ``.txt`` files (one
+        document each). Every file is read and checked before anything is stored."""
+        texts, ids = read_documents(paths, text_field=text_field, id_field=id_field)
+        return self.store.add(texts, ids=ids)
+
+    def info(self) -> dict[str, Any]:
+        return {**self.store.info(), "top_k": self.top_k, "top_n": self.top_n,
+                "reranker": self.reranker if isinstance(self.reranker, str) else "custom"}
+
+    # ------------------------------------------------------------------ retrieval
+    def retrieve(self, question: str) -> list[Hit]:
+        """The ``top_n`` documents for ``question``: ``top_k`` by embedding distance, reranked (PRIVATE)."""
+        from dpinfer.rag.rerank import rerank
+        from dpinfer.validation import check_text
+
+        check_text(question, "the question")
+        hits = self.store.query(question, self.top_k)
+        return rerank(question, hits, self.top_n, self.store.embed_query, self.reranker)
+
+    # ------------------------------------------------------------------ generation
+    @property
+    def lm(self) -> LM:
+        if self._lm is None:
+            from dpinfer.generation import resolve_lm
+
+            self._lm = resolve_lm(self._lm_arg)
+        return self._lm
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from dpinfer.engine import Engine
+
+            self._engine = Engine(self.lm)
+        return self._engine
+
+    def _cut(self, text: str) -> str:
+        ids = self.lm.encode(text)
+        return text if len(ids) <= self.max_doc_tokens else self.lm.decode(ids[:self.max_doc_tokens])
+
+    def public_ids(self, question: str) -> list[int]:
+        """Token ids of the public row: the question alone (the null context)."""
+        return self.lm.encode(self.template.wrap(self.lm, self.template.render_public(question)))
+
+    def private_ids(self, question: str, documents: Sequence[str]) -> list[int]:
+        """Token ids of the private row: the question with ``documents`` (each cut to ``max_doc_tokens``)."""
+        context = self.template.separator.join(self._cut(d) for d in documents)
+        return self.lm.encode(self.template.wrap(self.lm, self.template.render_private(context, question)))
+
+    def pad_width(self, question: str) -> int:
+        """The engine's padding width, from PUBLIC quantities only: the private template with an empty context for
+        this question, plus ``top_n · (max_doc_tokens + slack)``."""
+        empty = self.lm.encode(self.template.wrap(self.lm, self.template.render_private("", question)))
+        return len(empty) + self.top_n * (self.max_doc_tokens + DOC_SLACK)
+
+    def _summaries(self, question: str, hits: Sequence[Hit], seed: int | None) -> list[str]:
+        from dpinfer.mechanisms.sampler import Sampler
+
+        out = []
+        for hit in hits:
+            prompt = self.template.summary.replace("{document}", self._cut(hit.text)).replace("{question}", question)
+            ids = self.lm.encode(self.template.wrap(self.lm, prompt))
+            gen = self.engine.generate([ids], Sampler(temperature=0.0, mode="joint"), max_new_tokens=SUMMARY_TOKENS,
+                                       seed=seed)
+            text = self.lm.decode(gen.sequences[0]).strip()
+            if text:
+                out.append(text)
+        return out
+
+    def ask(self, question: str, *, mechanism: str = "pad", epsilon: float | None = None, delta: float = 1e-5,
+            max_new_tokens: int = 64, seed: int | None = None, temperature: float = 0.0, sigma: float = 1.5,
+            support_top_k: int | None = 20, adjacency: str = "replace-by-null", theta: float = DEFAULT_THETA,
+            static_sigma: float = 1.0, min_new_tokens: int = 0) -> RagAnswer:
+        """Answer ``question`` from the store with ``mechanism`` (see the module docstring).
+
+        Args:
+            epsilon: target ε per answer for ``pad`` (default :data:`DEFAULT_EPSILON`); for ``pad-as-published``
+                the authors' noise knob (default 0.2), which is not a guarantee.
+            delta: δ of the guarantee.
+            max_new_tokens: ``T_max``: the guarantee is computed for it.
+            seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
+            temperature: 0 (default): argmax / greedy; τ > 0 samples.
+            sigma: PAD's noise σ (C is solved from ε). support_top_k: k of PAD's public Top-k⁺ support.
+            adjacency: ``replace-by-null`` (default) or ``replace-one`` (sensitivity 2C).
+            theta: ``distance-threshold``'s maximum Euclidean distance. static_sigma: ``static``'s noise.
+            min_new_tokens: benchmarks only: EOS is masked (for every row alike) before this many tokens.
+        """
+        from dpinfer.validation import check_text
+
+        t0 = time.perf_counter()
+        check_text(question, "the question")
+        check_ask_params(mechanism=mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens, seed=seed,
+                         temperature=temperature, sigma=sigma, support_top_k=support_top_k, adjacency=adjacency,
+                         theta=theta, static_sigma=static_sigma)
+        # calibrated before anything private is read or the model loads (an unreachable ε is refused at once)
+        mech = build_mechanism(mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens,
+                               temperature=temperature, sigma=sigma, support_top_k=support_top_k,
+                               adjacency=adjacency, static_sigma=static_sigma)
+        if mechanism == "public":
+            guarantee = _public_guarantee(delta, max_new_tokens)
+        else:
+            guarantee = mech.guarantee(max_new_tokens)
+        if mechanism != "public" and self.store.count() == 0:
+            raise InvalidInputError(f"the store {self.store.path} holds no documents; add some with: "
+                                    f"dpinfer rag add {self.store.path} FILES...")
+        hits: list[Hit] = [] if mechanism == "public" else self.retrieve(question)
+        if mechanism == "distance-threshold":
+            hits = [h for h in hits if h.distance <= theta]
+        public = self.public_ids(question)
+        if mechanism == "summarize":
+            documents = self._summaries(question, hits, seed)
+        else:
+            documents = [h.text for h in hits]
+        if mechanism == "public" or (not documents and mechanism != "pad"):
+            rows, width = [public], None  # nothing retrieved (or all dropped): the question alone
+        elif mechanism == "pad":
+            rows = [public, self.private_ids(question, documents) if documents else public]
+            width = self.pad_width(question)
+        else:
+            rows, width = [self.private_ids(question, documents)], None
+        g0 = time.perf_counter()
+        out = self.engine.generate(rows, mech, max_new_tokens=max_new_tokens, seed=seed, pad_width=width,
+                                   min_new_tokens=min(min_new_tokens, max_new_tokens))
+        gen_seconds = time.perf_counter() - g0
+        ids = out.sequences[0]
+        dd: dict[str, Any] = {}
+        if mechanism == "pad-as-published":
+            dd["authors_figure"] = mech.spend().to_dict()
+            dd["charged_share"] = mech.charged_share()
+        if seed is not None:
+            guarantee = dataclasses.replace(guarantee, seeded=True)
+        loss = getattr(mech, "loss", None)
+        self._deltas.append(float(delta))
+        self._session.append((mechanism, loss(max_new_tokens) if mechanism == "pad" and loss else None,
+                              float(guarantee.epsilon), adjacency if mechanism == "pad" else ""))
+        settings = {"mechanism": mechanism, "epsilon": epsilon if epsilon is not None else (
+                        DEFAULT_EPSILON if mechanism == "pad" else None),
+                    "delta": delta, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                    "top_k": self.top_k, "top_n": self.top_n, "max_doc_tokens": self.max_doc_tokens,
+                    "model": self.lm.name}  # never the seed
+        if mechanism == "pad":
+            settings.update(sigma=sigma, support_top_k=support_top_k, adjacency=adjacency,
+                            clip_norm=mech.clip_norm)
+        elif mechanism == "distance-threshold":
+            settings["theta"] = theta
+        elif mechanism == "static":
+            settings["static_sigma"] = static_sigma
+        return RagAnswer(text=self.lm.decode(ids).strip(), doc_ids=[h.id for h in hits], guarantee=guarantee,
+                         mechanism=mechanism, settings=settings, seconds=time.perf_counter() - t0,
+                         generation_seconds=gen_seconds, tokens=len(ids), finish_reason=out.finish_reasons[0],
+                         token_ids=list(ids), retrieved=list(hits), data_dependent=dd)
+
+    # ------------------------------------------------------------------ session
+    @property
+    def answers(self) -> int:
+        """Answers given in this session (this object)."""
+        return len(self._session)
+
+    def session_guarantee(self) -> Guarantee:
+        """The guarantee of every answer of this session together: the answers' zCDP losses add (sequential,
+        adaptive composition), converted once. Any answer without a guarantee voids it (ε = ∞); ``public`` answers
+        cost nothing. The adjacency is each answer's own, applied to every answer at once: a document retrieved for
+        several answers is covered by the total."""
+        from dpinfer.accounting import Guarantee, Zcdp, compose
+
+        delta = max(self._deltas, default=1e-5)
+        if not self._session:
+            return Guarantee(0.0, delta, "rag-session", "no answer given yet", parameters={"answers": 0})
+        if any(loss is None and method != "public" for method, loss, _, _ in self._session):
+            return Guarantee.no_privacy("rag-session")
+        losses = [loss for _, loss, _, _ in self._session if loss is not None]
+        total = compose(*losses) if losses else Zcdp(0.0)
+        adjacencies = sorted({adj for _, _, _, adj in self._session if adj})
+        adjacency = (" and ".join(adjacencies) or "any change to the store") + \
+            f" of the retrieved context of each of the {len(self._session)} answers, all at once"
+        rho = float(getattr(total, "rho", math.nan))
+        return Guarantee.from_loss(total, delta=delta, mechanism="rag-session", adjacency=adjacency,
+                                   parameters={"answers": len(self._session), "rho": rho}, max_new_tokens=None)
+
+
+# ------------------------------------------------------------------------------------------------------ files
+TEXT_SUFFIXES = (".jsonl", ".csv", ".txt", ".md")
+
+
+def read_documents(paths: Sequence[str | Path], *, text_field: str = "text",
+                   id_field: str | None = None) -> tuple[list[str], list[str] | None]:
+    """Texts (and ids when ``id_field`` is given) of ``.jsonl`` / ``.csv`` records and ``.txt`` / ``.md`` files.
+
+    Refused with a one-line message naming the file (never its content): a missing file, a folder, another suffix,
+    a binary or non-UTF-8 file, an empty file, a record without the field.
+    """
+    from dpinfer.pipelines.synthesize import load_references
+    from dpinfer.validation import input_file
+
+    if isinstance(paths, (str, Path)) or not paths:
+        raise InvalidInputError("give one or more files to add")
+    texts: list[str] = []
+    ids: list[str] = []
+    for raw in paths:
+        p = input_file(raw, "document")
+        suffix = p.suffix.lower()
+        if suffix not in TEXT_SUFFIXES:
+            raise InvalidInputError(f"{p.name}: give .jsonl, .csv, .txt or .md files (got {suffix or 'no suffix'})")
+        if suffix in (".jsonl", ".csv"):
+            refs = load_references(p, text_field=text_field, label_fields=(id_field,) if id_field else ())
+            for r in refs:
+                texts.append(r.text)
+                if id_field:
+                    ids.append(r.labels[id_field])
+            continue
+        data = p.read_bytes()
+        if b"\x00" in data:
+            raise InvalidInputError(f"{p.name} looks binary (it contains NUL bytes); give a UTF-8 text file")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(f"{p.name} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+        if not text.strip():
+            raise InvalidInputError(f"{p.name} is empty")
+        texts.append(text)
+        if id_field:
+            ids.append(p.stem)
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise InvalidInputError(f"document {i} is empty (or only white space)")
+    return texts, (ids if id_field else None)
