@@ -148,9 +148,9 @@ def check_ask_params(*, mechanism: object = "pad", epsilon: object = None, delta
     """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
 
     >>> check_ask_params(epsilon=8)
-    >>> check_ask_params(mechanism="pda")
+    >>> check_ask_params(mechanism="pda")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    dpinfer.errors.ConfigurationError: unknown method 'pda'; choose one of pad, pad-as-published, static, none, public, summarize, distance-threshold
+    dpinfer.errors.ConfigurationError: unknown method 'pda'; choose one of pad, pad-as-published, static, ...
     """
     def n(name: str) -> str:
         return "--" + name.replace("_", "-") if cli else name

@@ -14,7 +14,7 @@ def test_add_is_idempotent_and_ids_are_content_hashes(tmp_path, embedder, docs):
     first = store.add(docs)
     assert (first.added, first.skipped, first.total) == (5, 0, 5)
     calls = embedder.calls
-    again = DocumentStore(tmp_path / "s", embedder=embedder).add(docs + [docs[0]])
+    again = DocumentStore(tmp_path / "s", embedder=embedder).add([*docs, docs[0]])
     assert (again.added, again.skipped, again.total) == (0, 6, 5)
     assert embedder.calls == calls  # nothing re-embedded
     got = store._open().get(ids=[content_id(docs[2])], include=["documents"])
@@ -46,7 +46,7 @@ def test_a_crash_during_add_leaves_a_usable_store(tmp_path, make_embedder, docs)
 
 
 def test_one_line_errors(tmp_path, embedder, docs):
-    with pytest.raises(DataNotFoundError, match="no store at .*dpinfer rag add"):
+    with pytest.raises(DataNotFoundError, match=r"no store at .*dpinfer rag add"):
         DocumentStore(tmp_path / "missing", embedder=embedder)
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidInputError, match="is a file"):
