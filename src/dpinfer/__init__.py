@@ -28,6 +28,8 @@ _LAZY = {
     "SynthesisResult": "dpinfer.pipelines.synthesize",
     "Reference": "dpinfer.pipelines.synthesize",
     "PromptTemplate": "dpinfer.pipelines.synthesize",
+    "PrivateRAG": "dpinfer.pipelines.rag",
+    "RagAnswer": "dpinfer.pipelines.rag",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]
