@@ -225,7 +225,8 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['claimed_guarantee']} | {r['retrieved_contexts']} | "
-            f"{_fmt_share(r['repeat_prompts'])} | {r['repeat_contexts']} | {_fmt_share(r['rouge_prompts_0.5'])} | {r['rouge_contexts_0.5']} | "
+            f"{_fmt_share(r['repeat_prompts'])} | {r['repeat_contexts']} | "
+            f"{_fmt_share(r['rouge_prompts_0.5'])} | {r['rouge_contexts_0.5']} | "
             f"{_fmt_share(r['rouge_prompts_0.2'])} | {r['rouge_contexts_0.2']} | {r['ppl']:.2f} | "
             f"{r['loop_share_4gram']:.3f} | {r['empty_answers']} | {r['benign_rouge_l']:.3f} | "
             f"{r['tokens_per_second']:.1f} |")
