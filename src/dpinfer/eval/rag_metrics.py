@@ -102,7 +102,12 @@ _DISEASE = re.compile(
     r"think i have|may have|appears to be|sounds like|symptoms of|consistent with)\s+"
     r"(?:a |an |the )?([a-z][a-z'\- ]{2,60}?)(?:[.,;!?]| and | or | which | that | but |$)", re.IGNORECASE)
 _STOP = {"been", "some", "this", "that", "it", "you", "your", "been experiencing", "experiencing", "a", "an", "the",
-         "these symptoms", "symptoms", "any", "no", "not", "to", "my", "had"}
+         "these symptoms", "symptoms", "any", "no", "not", "to", "my", "had", "wrong", "reason", "problem",
+         "difficulty", "injured", "dislocated", "me", "lot", "trouble", "pain", "noticed", "felt", "feeling", "also"}
+_VAGUE = {"wrong", "reason", "problem", "symptom", "symptoms", "me", "my", "your", "difficulty", "issue", "condition"}
+_LEADING = ("developed ", "having ", "history of ", "a lot of ", "lot of ", "a case of ", "high incidence of ",
+            "suffering from ", "due to ")
+_BAD_WORDS = {"cause", "causing", "prescribed", "taking", "appeared", "recently", "mentioned", "painful", "it", "this"}
 
 
 def disease_of(record_input: str, record_output: str) -> str | None:
@@ -114,8 +119,11 @@ def disease_of(record_input: str, record_output: str) -> str | None:
     for text in (record_output, record_input):
         for m in _DISEASE.finditer(text):
             cand = m.group(1).strip().lower()
-            first = cand.split()[0] if cand.split() else ""
-            if cand in _STOP or first in _STOP or len(cand) < 4 or len(cand.split()) > 6:
+            for lead in _LEADING:
+                cand = cand.removeprefix(lead)
+            parts = cand.split()
+            first = parts[0] if parts else ""
+            if cand in _STOP or first in _STOP or len(cand) < 4 or len(parts) > 5 or (_VAGUE | _BAD_WORDS) & set(parts):
                 continue
             return cand
     return None
