@@ -48,7 +48,8 @@ DEFAULT_THETA = 0.9
 """Distance threshold of ``distance-threshold`` (Euclidean, unit vectors: cos ≥ 1 − θ²/2 ≈ 0.6)."""
 DOC_SLACK = 8
 """Tokens per document added to ``max_doc_tokens`` in the public padding width (merges at the boundaries)."""
-SUMMARY_TOKENS = 48
+SUMMARY_TOKENS = 32
+"""Length cap of each condensation of the summarize baseline."""
 
 
 @dataclass(frozen=True)
