@@ -219,15 +219,16 @@ class AminSVT(Mechanism):
     def _laplace(self, scale: float, generator: Randomness) -> float:
         return float(as_random_source(generator).laplace(scale, 1)[0])
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        """One private or public token; ``stop`` once the private-token cap is spent."""
+    def distributions(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The private ``p̄ = softmax(ℓ̄/τ)`` and public ``p_pub = softmax(ℓ_pub/τ_pub)`` (after ``public_top_k``)
+        distributions over the full vocabulary, for ``(B + 1, V)`` logits: a token is drawn from one of them.
+
+        Tokens a public processor forbade (``-inf`` in row 0) have probability 0 in both.
+        """
         if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
             raise InvalidInputError(
                 f"Amin et al. with B = {self.batch_size} needs logits of shape (B + 1, V), got {tuple(logits.shape)}"
             )
-        cap = self.max_private_tokens if self.svt else info.max_new_tokens
-        if self._count >= cap:
-            return StepResult(tokens=torch.tensor(-1), stats={"private": 0.0}, stop=True)
         z = logits.to(torch.float64)
         if bool(torch.isnan(z).any()) or bool(torch.isposinf(z).any()):
             raise InvalidInputError("the logits contain NaN or +inf; nothing is sampled")
@@ -238,7 +239,18 @@ class AminSVT(Mechanism):
         if self.public_top_k is not None and self.public_top_k < int(allowed.sum()):
             kth = torch.topk(pub, self.public_top_k).values[-1]
             pub = pub.masked_fill(pub < kth, -math.inf)
-        p_pub = torch.softmax(pub / self.public_temperature, dim=-1)
+        return p_priv, torch.softmax(pub / self.public_temperature, dim=-1)
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        """One private or public token; ``stop`` once the private-token cap is spent."""
+        if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
+            raise InvalidInputError(
+                f"Amin et al. with B = {self.batch_size} needs logits of shape (B + 1, V), got {tuple(logits.shape)}"
+            )
+        cap = self.max_private_tokens if self.svt else info.max_new_tokens
+        if self._count >= cap:
+            return StepResult(tokens=torch.tensor(-1), stats={"private": 0.0}, stop=True)
+        p_priv, p_pub = self.distributions(logits)
         distance = float((p_priv - p_pub).abs().sum())
         private = True
         if self.svt:
