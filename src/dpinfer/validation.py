@@ -1,8 +1,10 @@
 """Checks shared by the command line and the API, run before any model loads.
 
 Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
-plain Python: no model, no torch, a few microseconds. Budget checks (:func:`check_sanitize_budget`,
-:func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they import torch, still no model).
+plain Python: no model, a few microseconds; the method is checked last (:func:`check_method`: a method other than
+the default and the baselines is looked up in the mechanism registry, which imports torch once). Budget checks
+(:func:`check_sanitize_budget`, :func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they
+import torch, still no model).
 Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
 results atomically (a temporary file in the same folder, then :func:`os.replace`).
 
@@ -25,9 +27,6 @@ from dpinfer.errors import ConfigurationError, InvalidInputError
 MAX_TEXT_BYTES = 4 * 1024 * 1024
 """Largest document or prompt file read whole (4 MiB, far beyond any supported model's context window)."""
 
-SANITIZE_METHODS = ("dp-fusion", "original", "ner-scrub", "dp-decoding", "dp-prompt")
-SANITIZE_DP_METHODS = ("dp-fusion", "dp-decoding", "dp-prompt")
-SYNTH_METHODS = ("invisibleink", "amin", "adapmixed", "public")
 
 
 # ------------------------------------------------------------------------------------------------------ scalars
@@ -111,6 +110,18 @@ def _optional_k(value: object, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ commands
+def check_method(task: str, method: object, name: str = "method") -> str:
+    """``method`` as one of ``task``'s methods (:func:`dpinfer.methods.method_names`: the mechanisms registered for
+    the task and its baselines); an unknown one is refused with the list. The default method and the baselines are
+    known without reading the registry; any other name is looked up there (the first lookup imports the registered
+    mechanisms, and so torch: about as long as ``import torch``)."""
+    from dpinfer.methods import DEFAULT_METHODS, is_baseline, method_names
+
+    if is_baseline(task, method) or (method == DEFAULT_METHODS.get(task) and isinstance(method, str)):
+        return method  # type: ignore[return-value]
+    return one_of(method, name, method_names(task))
+
+
 def check_groups(groups: object) -> None:
     """``groups`` (group name → TAB labels) is None or a mapping of non-empty names to label lists, no label twice."""
     if groups is None:
@@ -148,8 +159,9 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
     """
+    from dpinfer.methods import is_baseline
+
     n = _namer(cli)
-    one_of(method, n("method"), SANITIZE_METHODS)
     if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
     from dpinfer.taggers.base import TAB_LABELS
@@ -166,7 +178,8 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     check_delta(delta, n("delta"))
     check_alpha(alpha, n("alpha"))
     if temperature is not None:
-        check_temperature(temperature, n("temperature"), allow_zero=method not in SANITIZE_DP_METHODS)
+        # greedy decoding only for a baseline (a private mechanism must sample)
+        check_temperature(temperature, n("temperature"), allow_zero=is_baseline("sanitize", method))
     _optional_k(top_k, n("top_k"))
     if max_new_tokens is not None:
         int_at_least(max_new_tokens, n("max_new_tokens"), 1)
@@ -181,6 +194,7 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
         from dpinfer.taggers.registry import available_taggers
 
         one_of(tagger, n("tagger"), available_taggers())
+    check_method("sanitize", method, n("method"))
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
@@ -237,19 +251,20 @@ def check_synth_params(*, method: object = "invisibleink", epsilon: object = Non
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: batch_size must be an integer ≥ 1, got 0
     """
+    from dpinfer.methods import is_baseline
+
     n = _namer(cli)
-    one_of(method, n("method"), SYNTH_METHODS)
-    if method != "public":
-        if epsilon is None:
-            raise ConfigurationError("epsilon (the target ε per reference) is required, except with method 'public'")
-        positive_number(epsilon, n("epsilon"))
-    elif epsilon is not None:
+    public = is_baseline("synthesize", method)  # reads no reference: needs no ε
+    if epsilon is None and not public:
+        raise ConfigurationError(f"{n('epsilon')} is required (the target ε per reference), except with "
+                                 f"{n('method')} {', '.join(_baselines('synthesize'))}")
+    if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
     check_delta(delta, n("delta"))
     int_at_least(batch_size, n("batch_size"), 1)
     int_at_least(max_new_tokens, n("max_new_tokens"), 1)
     _optional_k(top_k, n("top_k"))
-    check_temperature(temperature, n("temperature"), allow_zero=method == "public")
+    check_temperature(temperature, n("temperature"), allow_zero=public)
     check_seed(seed, n("seed"))
     if max_texts is not None:
         int_at_least(max_texts, n("max_texts"), 1)
@@ -257,6 +272,22 @@ def check_synth_params(*, method: object = "invisibleink", epsilon: object = Non
         int_at_least(max_reference_tokens, n("max_reference_tokens"), 1, " (None: no cut)")
     if limit is not None:
         int_at_least(limit, n("limit"), 1)
+    check_method("synthesize", method, n("method"))
+
+
+def _baselines(task: str) -> list[str]:
+    from dpinfer.methods import BASELINES
+
+    return list(BASELINES[task])
+
+
+def check_corpus_size(*, method: str, references: int, batch_size: int) -> None:
+    """At least one batch of B references for a method that reads them (before the model loads)."""
+    from dpinfer.methods import is_baseline
+
+    if not is_baseline("synthesize", method) and references < batch_size:
+        raise InvalidInputError(f"{references} references are fewer than one batch of B = {batch_size}; lower "
+                                "--batch-size or add references")
 
 
 def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,

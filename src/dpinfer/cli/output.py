@@ -5,6 +5,8 @@ Light on import (no torch, no rich until used): the parser is built on every cal
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -127,3 +129,28 @@ def add_model_arguments(p: Any, *, quantize: bool = True, device_help: str | Non
 
 SEED_HELP = ("for tests and benchmarks only: the guarantee then holds only while the seed is secret "
              "(default: noise from the OS's secure generator)")
+
+
+class LazyHelpFormatter(argparse.HelpFormatter):
+    """A help formatter that computes an option's help only when help is printed: an action with a ``lazy_help``
+    callable gets its text from it (e.g. the methods read from the mechanism registry, which imports torch: building
+    the parser must not)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        lazy = getattr(action, "lazy_help", None)
+        if lazy is not None:
+            action = copy.copy(action)
+            action.help = str(lazy()).replace("%", "%%")
+        return super()._format_action(action)
+
+
+def add_method_argument(p: argparse.ArgumentParser, task: str) -> argparse.Action:
+    """``--method`` of a task's command: its methods (registered mechanisms and baselines, from
+    :func:`dpinfer.methods.method_names`) are listed in ``--help`` and checked by :mod:`dpinfer.validation`; the parser
+    needs ``formatter_class=LazyHelpFormatter``."""
+    from dpinfer.methods import DEFAULT_METHODS, methods_help
+
+    default = DEFAULT_METHODS[task]
+    action = p.add_argument("--method", default=default, metavar="METHOD", help=f"the method (default {default})")
+    action.lazy_help = lambda: methods_help(task)  # type: ignore[attr-defined]
+    return action

@@ -9,6 +9,8 @@ from typing import Any
 
 from dpinfer.cli.output import (
     SEED_HELP,
+    LazyHelpFormatter,
+    add_method_argument,
     add_model_arguments,
     cli_k,
     console,
@@ -36,7 +38,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                "bound at α = 2, and measured attacks stay near chance (LOSS attack 0.24 at ε = 40, "
                                "0.22 at ε = 12, chance 0.20; docs/sanitize.md). Lower ε (> 10.13 at α = 2; with "
                                "--alpha 8 down to ≈ 1.22) protects more and reads worse; --group-epsilon tightens "
-                               "the groups that matter most.")
+                               "the groups that matter most.",
+                        formatter_class=LazyHelpFormatter)
     sz.add_argument("file", help="the document (UTF-8 text), or '-' for standard input")
     sz.add_argument("--epsilon", type=float, default=None,
                     help="target ε per group (default 40: a per-group bound e^40 on the odds; see below and "
@@ -50,8 +53,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                                   "entity_mentions) for THIS document (its text/span_text must "
                                                   "match); replaces the tagger; overlapping spans are merged")
     sz.add_argument("--tagger", default="presidio", help="presidio (default) | regex")
-    sz.add_argument("--method", default="dp-fusion",
-                    help="dp-fusion (default) | original | ner-scrub | dp-decoding | dp-prompt")
+    add_method_argument(sz, "sanitize")
     sz.add_argument("--max-new-tokens", type=int, default=None,
                     help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
                          "for dp-decoding and dp-prompt: a fixed 256 (the length is private under theirs)")

@@ -8,7 +8,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dpinfer.cli.output import SEED_HELP, add_model_arguments, cli_k, console, print_json, write_failure
+from dpinfer.cli.output import (
+    SEED_HELP,
+    LazyHelpFormatter,
+    add_method_argument,
+    add_model_arguments,
+    cli_k,
+    console,
+    print_json,
+    write_failure,
+)
 from dpinfer.errors import InvalidInputError
 
 
@@ -17,7 +26,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         description="Generate synthetic texts that resemble a private corpus (InvisibleInk by "
                                     "default), one text per disjoint batch of B references. The (ε, δ) guarantee per "
                                     "reference is computed before the corpus is read and written into the output "
-                                    "file's first line, with the settings.")
+                                    "file's first line, with the settings.",
+                        formatter_class=LazyHelpFormatter)
     sy.add_argument("file", help="the private corpus: a .jsonl or .csv file")
     sy.add_argument("--text-field", required=True, help="the field holding each reference's text")
     sy.add_argument("--label-fields", action="append", metavar="F1,F2",
@@ -28,8 +38,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sy.add_argument("--batch-size", type=int, default=8, help="B references per text (compute ≈ B + 1 LM calls per "
                                                               "token; default 8)")
     sy.add_argument("--max-new-tokens", type=int, default=200, help="T_max per text (default 200)")
-    sy.add_argument("--method", default="invisibleink", choices=["invisibleink", "amin", "adapmixed", "public"],
-                    help="invisibleink (default) | amin | adapmixed (data-dependent, no guarantee) | public")
+    add_method_argument(sy, "synthesize")
     sy.add_argument("--top-k", type=int, default=50, help="k of Top-k+ (default 50; 0 = full vocabulary)")
     sy.add_argument("--temperature", type=float, default=1.0, help="τ (default 1.0)")
     sy.add_argument("--template", default="generic", choices=["generic", "yelp", "tab"],
@@ -80,11 +89,9 @@ def template_arg(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpinfer.validation import check_output_path, check_synth_budget, check_synth_params
+    from dpinfer.validation import check_corpus_size, check_output_path, check_synth_budget, check_synth_params
 
     # every parameter and path is checked here, before the corpus is read and before the model loads
-    if args.method != "public" and args.epsilon is None:
-        raise InvalidInputError("--epsilon is required (the target ε per reference), except with --method public")
     top_k = cli_k(args.top_k, "--top-k")
     max_ref = cli_k(args.max_reference_tokens, "--max-reference-tokens")
     check_synth_params(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
@@ -96,9 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     refs = load_references(args.file, text_field=args.text_field, label_fields=label_fields(args.label_fields),
                            limit=args.limit)
-    if args.method != "public" and len(refs) < args.batch_size:
-        raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {args.batch_size}; lower "
-                                "--batch-size or add references")
+    check_corpus_size(method=args.method, references=len(refs), batch_size=args.batch_size)
     check_synth_budget(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature)
     from dpinfer.cli.output import count_progress
@@ -131,19 +136,28 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(args: argparse.Namespace, res: Any) -> None:
     """What was written, and the guarantee in words."""
+    import math
+
+    from dpinfer.methods import is_baseline
+
     con = console()
     g = res.guarantee
+    public = is_baseline("synthesize", args.method)
     con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, "
               f"{res.lm_calls_per_token} LM calls per token) written to {args.out}")
-    if res.references_left_out and args.method != "public":
+    if res.references_left_out and not public:
         con.print(f"[dim]{res.references_left_out} references were left out (label groups not filling a batch of "
                   f"{args.batch_size}, or --max-texts)[/dim]")
-    if args.method == "adapmixed":
-        con.print("Guarantee: none ex ante. AdaPMixED's privacy loss depends on the references; each text records its "
-                  "realised (data-dependent) figure, which is not a differential-privacy guarantee.")
-    elif args.method == "public":
+    if public:
         con.print("Guarantee: the texts were generated from the public prompt only; they reveal nothing about the "
                   "references (ε = 0).")
+    elif math.isinf(g.epsilon):
+        if any(t.data_dependent.get("spent") for t in res.texts):
+            con.print(f"Guarantee: none ex ante. The privacy loss of {args.method} depends on the references; each "
+                      "text records its realised (data-dependent) figure, which is not a differential-privacy "
+                      "guarantee.")
+        else:
+            con.print(f"Guarantee: none. {args.method} states no differential-privacy guarantee.")
     else:
         con.print(f"Guarantee: {g}")
         con.print("It holds for every reference at once: the batches are disjoint and chosen without reading the "

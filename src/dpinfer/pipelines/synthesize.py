@@ -13,7 +13,9 @@ Steps of :func:`synthesize`:
    tokens (a function of that reference alone).
 3. **Decode** each batch with the chosen method on the engine: B + 1 contexts, one KV cache, left padding.
 
-Methods: ``invisibleink`` (default), ``amin`` (Amin et al. 2024, sparse-vector test, fixed private-token cap),
+Methods: every mechanism registered for ``"synthesize"`` and the baseline of :data:`dpinfer.methods.BASELINES`
+(:func:`dpinfer.methods.method_names`; :data:`BUILDERS` holds each mechanism's construction): ``invisibleink``
+(default), ``amin`` (Amin et al. 2024, sparse-vector test, fixed private-token cap),
 ``adapmixed`` (Flemings et al. 2024; data-dependent: no guarantee ex ante, the realised figure is reported as such)
 and ``public`` (the public prompt only: no reference is read, the zero-privacy floor of utility, 1 LM call per token).
 """
@@ -35,10 +37,9 @@ from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputEr
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.mechanisms.base import Mechanism
     from dpinfer.models import LM
 
-METHODS = ("invisibleink", "amin", "adapmixed", "public")
-BATCH_METHODS = ("invisibleink", "amin", "adapmixed")
 
 
 @dataclass(frozen=True)
@@ -393,27 +394,77 @@ def public_pad_width(lm: LM, template: PromptTemplate, labels: Mapping[str, str]
     return len(empty) + max_reference_tokens + REFERENCE_SLACK
 
 
+@dataclass(frozen=True)
+class BuildArgs:
+    """What a builder reads to construct a synthesis mechanism: parameters only (no reference, no model)."""
+
+    epsilon: float
+    delta: float
+    batch_size: int
+    max_new_tokens: int
+    top_k: int | None
+    temperature: float
+    options: dict[str, Any]
+
+
+def _build_invisibleink(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.get("invisibleink").cls.calibrated(  # type: ignore[attr-defined]
+        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature, top_k=a.top_k, **a.options)
+
+
+def _build_amin(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.get("amin").cls.calibrated(  # type: ignore[attr-defined]
+        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature, **a.options)
+
+
+def _build_adapmixed(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.build("adapmixed", batch_size=a.batch_size, epsilon=a.epsilon, delta=a.delta,
+                          temperature=a.temperature, top_k=a.top_k, **a.options)
+
+
+def _build_calibrated(name: str) -> Callable[[BuildArgs], Mechanism]:
+    def build(a: BuildArgs) -> Mechanism:
+        from dpinfer.mechanisms import REGISTRY
+
+        return REGISTRY.get(name).cls.calibrated(  # type: ignore[attr-defined]
+            epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+            temperature=a.temperature, **a.options)
+
+    return build
+
+
+BUILDERS: dict[str, Callable[[BuildArgs], Mechanism]] = {
+    "invisibleink": _build_invisibleink,
+    "amin": _build_amin,
+    "adapmixed": _build_adapmixed,
+}
+"""Synthesis-specific construction per registered mechanism. One registered for ``"synthesize"`` without an entry is
+built as ``cls.calibrated(epsilon=, delta=, batch_size=, max_new_tokens=, temperature=, **options)``."""
+
+
 def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
                     top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> Any:
-    """The calibrated mechanism of ``method`` (``public``: the plain sampler)."""
+    """The calibrated mechanism of ``method`` (a baseline: its registered mechanism, the plain sampler)."""
     from dpinfer.mechanisms import get_mechanism
-    from dpinfer.mechanisms.adapmixed import AdaPMixED
-    from dpinfer.mechanisms.amin import AminSVT
-    from dpinfer.mechanisms.invisibleink import InvisibleInk
+    from dpinfer.methods import baseline
+    from dpinfer.validation import check_method
 
-    opts = dict(options or {})
-    if method == "public":
-        return get_mechanism("sampler", temperature=temperature, top_k=top_k, mode="joint")
+    check_method("synthesize", method)
+    b = baseline("synthesize", method)
+    if b is not None:
+        return get_mechanism(b.mechanism, temperature=temperature, top_k=top_k, mode="joint")
     eps = _check_positive(epsilon, "epsilon")
-    if method == "invisibleink":
-        return InvisibleInk.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                       temperature=temperature, top_k=top_k, **opts)
-    if method == "amin":
-        return AminSVT.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, **opts)
-    if method == "adapmixed":
-        return AdaPMixED(batch_size=batch_size, epsilon=eps, delta=delta, temperature=temperature, top_k=top_k, **opts)
-    raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    args = BuildArgs(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens, top_k=top_k,
+                     temperature=temperature, options=dict(options or {}))
+    return BUILDERS.get(method, _build_calibrated(method))(args)
 
 
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
@@ -466,11 +517,13 @@ def synthesize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
-    from dpinfer.validation import check_synth_params
+    from dpinfer.methods import is_baseline
+    from dpinfer.validation import check_corpus_size, check_synth_params
 
     check_synth_params(method=method, epsilon=epsilon, delta=delta, batch_size=batch_size,
                        max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                        max_texts=max_texts, max_reference_tokens=max_reference_tokens)
+    public = is_baseline("synthesize", method)  # the public prompt only: reads no reference
     if isinstance(references, (str, bytes)) or not isinstance(references, Sequence):
         raise InvalidInputError(f"references must be a list of Reference objects or strings, got "
                                 f"{type(references).__name__}")
@@ -483,9 +536,7 @@ def synthesize(
     refs = [r if isinstance(r, Reference) else Reference(r) for r in references]
     if not refs:
         raise InvalidInputError("the reference corpus is empty (no references)")
-    if method in BATCH_METHODS and len(refs) < batch_size:
-        raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {batch_size}; lower "
-                                "--batch-size or add references")
+    check_corpus_size(method=method, references=len(refs), batch_size=batch_size)
     if isinstance(prompt_template, str):
         if prompt_template not in TEMPLATES:
             raise ConfigurationError(f"unknown prompt template {prompt_template!r}; choose one of "
@@ -507,7 +558,7 @@ def synthesize(
     mech = build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore
                            max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
     model = resolve_lm(lm)
-    guarantee = _public_guarantee(delta, max_new_tokens) if method == "public" else mech.guarantee(max_new_tokens)
+    guarantee = _public_guarantee(delta, max_new_tokens) if public else mech.guarantee(max_new_tokens)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
     engine = Engine(model)
@@ -517,7 +568,7 @@ def synthesize(
     for b, members in enumerate(batches):
         labels = refs[members[0]].labels
         contexts = batch_contexts(model, template, [refs[i] for i in members], max_reference_tokens)
-        if method == "public":
+        if public:
             contexts = contexts[:1]
         out = engine.generate(contexts, mech, max_new_tokens=max_new_tokens,
                               pad_width=public_pad_width(model, template, labels, max_reference_tokens),
@@ -527,9 +578,9 @@ def synthesize(
         dd: dict[str, Any] = {}
         if out.steps and "private" in out.steps[0]:
             private = int(sum(s.get("private", 0.0) for s in out.steps))
-        if method == "adapmixed":
+        if callable(getattr(mech, "spend", None)):  # a data-dependent account (AdaPMixED): its realised figure
             dd["spent"] = mech.spend().to_dict()
-        if method == "invisibleink" and out.steps and "expanded" in out.steps[0]:
+        if out.steps and "expanded" in out.steps[0]:  # InvisibleInk's Top-k+ expansion
             dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
         texts.append(SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
                                    finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd))
@@ -541,7 +592,7 @@ def synthesize(
                 "max_reference_tokens": max_reference_tokens,
                 "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
                 "options": dict(options or {})}
-    used = 0 if method == "public" else sum(len(m) for m in batches)
+    used = 0 if public else sum(len(m) for m in batches)
     return SynthesisResult(texts=texts, guarantee=guarantee, method=method, settings=settings, references_used=used,
                            references_left_out=len(refs) - used,
-                           seconds=seconds, lm_calls_per_token=1 if method == "public" else batch_size + 1)
+                           seconds=seconds, lm_calls_per_token=1 if public else batch_size + 1)
