@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dpinfer.defaults import SANITIZE, SYNTH
 from dpinfer.errors import ConfigurationError
 
 Task = Literal["sanitize", "synthesize"]
@@ -53,8 +54,8 @@ BASELINES: dict[str, dict[str, Baseline]] = {
 }
 """Task → baseline name → :class:`Baseline`."""
 
-DEFAULT_METHODS: dict[str, str] = {"sanitize": "dp-fusion", "synthesize": "invisibleink"}
-"""The default method of each task (listed first)."""
+DEFAULT_METHODS: dict[str, str] = {"sanitize": SANITIZE.method, "synthesize": SYNTH.method}
+"""The default method of each task (listed first; :mod:`dpinfer.defaults`)."""
 
 
 def _check_task(task: str) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 
 MAX_TEXT_BYTES = 4 * 1024 * 1024
@@ -144,11 +145,11 @@ def check_groups(groups: object) -> None:
             seen[label] = gname
 
 
-def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = None,
-                          group_epsilon: Mapping[str, object] | None = None, delta: object = 1e-5,
-                          alpha: object = 2.0, temperature: object = None, top_k: object = "default",
+def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object = None,
+                          group_epsilon: Mapping[str, object] | None = None, delta: object = SANITIZE.delta,
+                          alpha: object = SANITIZE.alpha, temperature: object = None, top_k: object = "default",
                           max_new_tokens: object = None, no_repeat_ngram: object = "default", seed: object = None,
-                          accounting: object = "dpinfer", adjacency: object = "replace-by-null",
+                          accounting: object = SANITIZE.accounting, adjacency: object = SANITIZE.adjacency,
                           tagger: object = None, groups: Mapping[str, Any] | None = None,
                           cli: bool = False) -> None:
     """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model
@@ -209,9 +210,9 @@ def conversion_cost(alpha: float, delta: float) -> float:
     return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
 
 
-def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = None,
-                          group_epsilon: Mapping[str, float] | None = None, delta: float = 1e-5, alpha: float = 2.0,
-                          cli: bool = False) -> None:
+def check_sanitize_budget(*, method: str = SANITIZE.method, epsilon: float | None = None,
+                          group_epsilon: Mapping[str, float] | None = None, delta: float = SANITIZE.delta,
+                          alpha: float = SANITIZE.alpha, cli: bool = False) -> None:
     """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model, no torch).
 
     Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
@@ -221,8 +222,7 @@ def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = 
 
     if method != "dp-fusion":
         return
-    default = 40.0  # dpinfer.pipelines.sanitize.DEFAULTS["epsilon"] (a test keeps them equal)
-    targets = {"": default if epsilon is None else float(epsilon)}
+    targets = {"": SANITIZE.epsilon if epsilon is None else float(epsilon)}
     targets.update({str(k): float(v) for k, v in (group_epsilon or {}).items()})
     floor = conversion_cost(alpha, delta)
     for name, eps in targets.items():
@@ -239,10 +239,11 @@ def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = 
             )
 
 
-def check_synth_params(*, method: object = "invisibleink", epsilon: object = None, delta: object = 1e-6,
-                       batch_size: object = 8, max_new_tokens: object = 200, top_k: object = 50,
-                       temperature: object = 1.0, seed: object = None, max_texts: object = None,
-                       max_reference_tokens: object = 512, limit: object = None, cli: bool = False) -> None:
+def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None, delta: object = SYNTH.delta,
+                       batch_size: object = SYNTH.batch_size, max_new_tokens: object = SYNTH.max_new_tokens,
+                       top_k: object = SYNTH.top_k, temperature: object = SYNTH.temperature, seed: object = None,
+                       max_texts: object = None, max_reference_tokens: object = SYNTH.max_reference_tokens,
+                       limit: object = None, cli: bool = False) -> None:
     """Every parameter of :func:`dpinfer.synthesize` that can be checked without the corpus or the model
     (``cli=True``: messages name the command-line options).
 
@@ -299,8 +300,9 @@ def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batc
                     max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
 
 
-def check_generate_params(*, max_new_tokens: object = 256, temperature: object = 1.0, top_k: object = None,
-                          top_p: object = None, seed: object = None, cli: bool = False) -> None:
+def check_generate_params(*, max_new_tokens: object = GENERATE.max_new_tokens,
+                          temperature: object = GENERATE.temperature, top_k: object = GENERATE.top_k,
+                          top_p: object = GENERATE.top_p, seed: object = None, cli: bool = False) -> None:
     """Every parameter of plain :func:`dpinfer.generate`."""
     n = _namer(cli)
     int_at_least(max_new_tokens, n("max_new_tokens"), 1)

@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from dpinfer.cli.output import add_model_arguments, console, print_json, read_text_arg
+from dpinfer.cli.output import add_model_arguments, console, print_json, read_text_arg, show
+from dpinfer.defaults import GENERATE
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -17,10 +18,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     g.add_argument("--file", action="store_true", help="PROMPT is a file path")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     add_model_arguments(g, device_help="cpu / cuda (default: cuda when available)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (default 0.7)")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=0.9)
+    g.add_argument("--max-new-tokens", type=int, default=GENERATE.max_new_tokens,
+                   help=f"the most tokens generated (default {GENERATE.max_new_tokens})")
+    g.add_argument("--temperature", type=float, default=GENERATE.temperature,
+                   help=f"0 = greedy (default {show(GENERATE.temperature)})")
+    g.add_argument("--top-k", type=int, default=GENERATE.top_k,
+                   help=f"sample among the k likeliest tokens (default {show(GENERATE.top_k)})")
+    g.add_argument("--top-p", type=float, default=GENERATE.top_p,
+                   help=f"nucleus sampling: the smallest set of tokens holding probability p (default "
+                        f"{show(GENERATE.top_p)})")
     g.add_argument("--seed", type=int, default=None, help="reproduce the output (default: secure random)")
     g.set_defaults(func=run)
 

@@ -154,3 +154,16 @@ def add_method_argument(p: argparse.ArgumentParser, task: str) -> argparse.Actio
     action = p.add_argument("--method", default=default, metavar="METHOD", help=f"the method (default {default})")
     action.lazy_help = lambda: methods_help(task)  # type: ignore[attr-defined]
     return action
+
+
+def show(value: float | int | None) -> str:
+    """A default as ``--help`` prints it: ``1e-5``, ``0.7``, ``40``.
+
+    >>> show(1e-05), show(40.0), show(0.7), show(None)
+    ('1e-5', '40', '0.7', 'none')
+    """
+    if value is None:
+        return "none"
+    text = f"{value:g}"
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,8 +17,10 @@ from dpinfer.cli.output import (
     console,
     print_json,
     read_text_arg,
+    show,
     write_failure,
 )
+from dpinfer.defaults import SANITIZE
 from dpinfer.errors import InvalidInputError
 
 LABEL_STYLES = {"PERSON": "bold red", "CODE": "bold magenta", "LOC": "bold green", "ORG": "bold blue",
@@ -31,8 +34,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                     "group with its own ε. The guarantee is computed before the document is read. "
                                     "Not protected: the existence, position and token length of each span, and "
                                     "anything the tagger missed.",
-                        epilog="Choosing ε: the default ε = 40 per group means the rewrite changes the odds of any "
-                               "conclusion about one group's span contents by at most e^40 (≈ 2e17), except with "
+                        epilog=f"Choosing ε: the default ε = {show(SANITIZE.epsilon)} per group means the rewrite "
+                               "changes the odds of any conclusion about one group's span contents by at most "
+                               f"e^{show(SANITIZE.epsilon)} (≈ {show(float(f'{math.exp(SANITIZE.epsilon):.0e}'))}), "
+                               "except with "
                                "probability δ: a weak worst-case bound. It is still useful: it is per group, covers "
                                "the spans' contents only, about 10 of it is the fixed cost of converting the Rényi "
                                "bound at α = 2, and measured attacks stay near chance (LOSS attack 0.24 at ε = 40, "
@@ -42,30 +47,34 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         formatter_class=LazyHelpFormatter)
     sz.add_argument("file", help="the document (UTF-8 text), or '-' for standard input")
     sz.add_argument("--epsilon", type=float, default=None,
-                    help="target ε per group (default 40: a per-group bound e^40 on the odds; see below and "
-                         "docs/threat-model.md)")
+                    help=f"target ε per group (default {show(SANITIZE.epsilon)}: a per-group bound "
+                         f"e^{show(SANITIZE.epsilon)} on the odds; see below and docs/threat-model.md)")
     sz.add_argument("--group-epsilon", action="append", metavar="NAME=E",
                     help="ε for one group or label, e.g. --group-epsilon PERSON=10 (repeatable)")
     sz.add_argument("--group", action="append", metavar="NAME=L1,L2",
                     help="merge labels into one group, e.g. --group ID=PERSON,CODE (repeatable)")
-    sz.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
+    sz.add_argument("--delta", type=float, default=SANITIZE.delta, help=f"δ (default {show(SANITIZE.delta)})")
     sz.add_argument("--spans", default=None, help="JSON spans file (list of {start, end, label} or TAB "
                                                   "entity_mentions) for THIS document (its text/span_text must "
                                                   "match); replaces the tagger; overlapping spans are merged")
-    sz.add_argument("--tagger", default="presidio", help="presidio (default) | regex")
+    sz.add_argument("--tagger", default=SANITIZE.tagger, help=f"presidio | regex (default {SANITIZE.tagger})")
     add_method_argument(sz, "sanitize")
     sz.add_argument("--max-new-tokens", type=int, default=None,
                     help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
-                         "for dp-decoding and dp-prompt: a fixed 256 (the length is private under theirs)")
-    sz.add_argument("--alpha", type=float, default=2.0, help="Rényi order of DP-Fusion's bound (default 2)")
-    sz.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
+                         f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
+                         "length is private under theirs)")
+    sz.add_argument("--alpha", type=float, default=SANITIZE.alpha,
+                    help=f"Rényi order of DP-Fusion's bound (default {show(SANITIZE.alpha)})")
+    sz.add_argument("--temperature", type=float, default=None,
+                    help=f"sampling temperature (default {show(SANITIZE.temperature)})")
     sz.add_argument("--top-k", type=int, default=None,
-                    help="public top-k support (default 40; 0 = full vocabulary)")
+                    help=f"public top-k support (default {show(SANITIZE.top_k)}; 0 = full vocabulary)")
     sz.add_argument("--no-repeat-ngram", type=int, default=None,
-                    help="ban repeating any n-gram of the rewrite (public transform; default 3; 0 = off)")
-    sz.add_argument("--accounting", default="dpinfer", choices=["dpinfer", "as_published"],
+                    help=f"ban repeating any n-gram of the rewrite (public transform; default "
+                         f"{show(SANITIZE.no_repeat_ngram)}; 0 = off)")
+    sz.add_argument("--accounting", default=SANITIZE.accounting, choices=["dpinfer", "as_published"],
                     help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
-    sz.add_argument("--adjacency", default="replace-by-null", choices=["replace-by-null", "replace-one"],
+    sz.add_argument("--adjacency", default=SANITIZE.adjacency, choices=["replace-by-null", "replace-one"],
                     help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans replaced by "
                          "placeholders) or replace-one (a group's values swapped for any others; bound enforced at "
                          "order 2α, more noise for the same ε)")

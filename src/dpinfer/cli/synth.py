@@ -16,8 +16,10 @@ from dpinfer.cli.output import (
     cli_k,
     console,
     print_json,
+    show,
     write_failure,
 )
+from dpinfer.defaults import SYNTH
 from dpinfer.errors import InvalidInputError
 
 
@@ -34,21 +36,25 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="public label fields shown in the prompts (e.g. label1,label2 for Yelp); references are "
                          "batched within equal labels")
     sy.add_argument("--epsilon", type=float, default=None, help="target ε per reference (required but for public)")
-    sy.add_argument("--delta", type=float, default=1e-6, help="δ (default 1e-6)")
-    sy.add_argument("--batch-size", type=int, default=8, help="B references per text (compute ≈ B + 1 LM calls per "
-                                                              "token; default 8)")
-    sy.add_argument("--max-new-tokens", type=int, default=200, help="T_max per text (default 200)")
+    sy.add_argument("--delta", type=float, default=SYNTH.delta, help=f"δ (default {show(SYNTH.delta)})")
+    sy.add_argument("--batch-size", type=int, default=SYNTH.batch_size,
+                    help=f"B references per text (compute ≈ B + 1 LM calls per token; default {SYNTH.batch_size})")
+    sy.add_argument("--max-new-tokens", type=int, default=SYNTH.max_new_tokens,
+                    help=f"T_max per text (default {SYNTH.max_new_tokens})")
     add_method_argument(sy, "synthesize")
-    sy.add_argument("--top-k", type=int, default=50, help="k of Top-k+ (default 50; 0 = full vocabulary)")
-    sy.add_argument("--temperature", type=float, default=1.0, help="τ (default 1.0)")
-    sy.add_argument("--template", default="generic", choices=["generic", "yelp", "tab"],
-                    help="built-in prompt pair (default generic; yelp uses {label1} and {label2})")
+    sy.add_argument("--top-k", type=int, default=SYNTH.top_k,
+                    help=f"k of Top-k+ (default {show(SYNTH.top_k)}; 0 = full vocabulary)")
+    sy.add_argument("--temperature", type=float, default=SYNTH.temperature,
+                    help=f"τ (default {SYNTH.temperature:.1f})")
+    sy.add_argument("--template", default=SYNTH.template, choices=["generic", "yelp", "tab"],
+                    help=f"built-in prompt pair (default {SYNTH.template}; yelp uses {{label1}} and {{label2}})")
     sy.add_argument("--template-file", default=None,
                     help='JSON {"private": "... {reference} ...", "public": "...", "response_prefix": "..."} '
                          "(the prefix is optional); {field} names a label field")
     sy.add_argument("--max-texts", type=int, default=None, help="stop after this many texts")
-    sy.add_argument("--max-reference-tokens", type=int, default=512,
-                    help="cut each reference to this many tokens (default 512; 0 = no cut)")
+    sy.add_argument("--max-reference-tokens", type=int, default=SYNTH.max_reference_tokens or 0,
+                    help=f"cut each reference to this many tokens (default {SYNTH.max_reference_tokens or 0}; "
+                         "0 = no cut)")
     sy.add_argument("--limit", type=int, default=None, help="read only the first N records")
     sy.add_argument("--seed", type=int, default=None, help=SEED_HELP)
     add_model_arguments(sy, quantize=False)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.taggers.base import TAB_LABELS, Span, validate_spans
 
@@ -63,17 +64,7 @@ DEFAULT_INSTRUCTION = (
 )
 """Default rewriting instruction (chosen from the ε sweep of ``dpinfer bench sanitize``; see docs/sanitize.md)."""
 
-DEFAULTS: dict[str, Any] = {
-    "epsilon": 40.0,
-    "temperature": 0.7,
-    "top_k": 40,
-    "support_margin": 0.0,
-    "no_repeat_ngram": 3,
-}
-"""Decoding defaults for the embedded 135M model (see docs/sanitize.md for the sweep that chose them). The top-k
-support is computed from the PUBLIC context only and applied to every context, which keeps the guarantee."""
-
-BASELINE_MAX_NEW_TOKENS = 256
+BASELINE_MAX_NEW_TOKENS = SANITIZE.whole_document_max_new_tokens
 """Default ``T_max`` of ``dp-decoding`` and ``dp-prompt``: a fixed constant, since their adjacency is any two documents
 and a T_max (or a calibration) read from the document would reveal its length. Pass ``max_new_tokens`` to change it."""
 
@@ -227,7 +218,7 @@ def resolve_group_epsilon(group_names: Sequence[str], groups: Mapping[str, Seque
             hits = [given[lab] for lab in groups[name] if lab in given]
             value = min(hits) if hits else epsilon
         if value is None:
-            value = DEFAULTS["epsilon"]
+            value = SANITIZE.epsilon
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ConfigurationError(f"ε for group {name} must be a finite number > 0, got {value!r}")
         targets[name] = float(value)
@@ -332,9 +323,9 @@ def resolve_spans(
     text: str,
     *,
     spans: Any = None,
-    tagger: Any = "presidio",
+    tagger: Any = SANITIZE.tagger,
     label_map: Mapping[str, str | None] | None = None,
-    method: str = "dp-fusion",
+    method: str = SANITIZE.method,
     allow_untagged: bool = False,
 ) -> list[Span]:
     """The private spans of ``text``: the user's ``spans`` checked against THIS document, or the tagger's; fail closed.
@@ -379,21 +370,21 @@ def sanitize(
     text: str,
     *,
     lm: LM | str | None = None,
-    method: str = "dp-fusion",
+    method: str = SANITIZE.method,
     epsilon: float | None = None,
     group_epsilon: Mapping[str, float] | None = None,
-    delta: float = 1e-5,
+    delta: float = SANITIZE.delta,
     spans: Any = None,
-    tagger: Any = "presidio",
+    tagger: Any = SANITIZE.tagger,
     groups: Mapping[str, Sequence[str]] | None = None,
     instruction: str | None = None,
     max_new_tokens: int | None = None,
-    alpha: float = 2.0,
+    alpha: float = SANITIZE.alpha,
     temperature: float | None = None,
     top_k: int | str | None = "default",
     seed: int | None = None,
-    accounting: str = "dpinfer",
-    adjacency: str = "replace-by-null",
+    accounting: str = SANITIZE.accounting,
+    adjacency: str = SANITIZE.adjacency,
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
@@ -420,8 +411,8 @@ def sanitize(
             adjacency). Default for ``dp-decoding`` and ``dp-prompt``: the fixed :data:`BASELINE_MAX_NEW_TOKENS`
             (256), since under their adjacency (any two documents) the length is private.
         alpha: Rényi order at which DP-Fusion's bound is enforced and charged.
-        temperature, top_k: decoding transforms (defaults :data:`DEFAULTS`; DP-Fusion's top-k support is computed
-            from the public context only). ``top_k=None`` samples from the full vocabulary.
+        temperature, top_k: decoding transforms (defaults: :data:`dpinfer.defaults.SANITIZE`; DP-Fusion's top-k
+            support is computed from the public context only). ``top_k=None`` samples from the full vocabulary.
         seed: for tests and benchmarks only (the same seed reproduces the output). Without it (the default) the noise
             comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
             secret (``guarantee.seeded`` is set and the statement says so); the seed is never written into the result.
@@ -463,8 +454,8 @@ def sanitize(
                           tagger=tagger if spans is None else None, groups=groups)  # all before the model loads
     plan = method_plan(method)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
-    temp = DEFAULTS["temperature"] if temperature is None else float(temperature)
-    k = DEFAULTS["top_k"] if top_k == "default" else top_k
+    temp = SANITIZE.temperature if temperature is None else float(temperature)
+    k = SANITIZE.top_k if top_k == "default" else top_k
 
     # fail closed before the model loads: spans checked against this document, nothing tagged refused
     used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
@@ -491,11 +482,11 @@ def sanitize(
         settings["adjacency"] = adjacency
 
     contexts, mech = _mechanism(plan, BuildArgs(
-        lm=model, prep=prep, groups=group_map, epsilon=DEFAULTS["epsilon"] if epsilon is None else float(epsilon),
+        lm=model, prep=prep, groups=group_map, epsilon=SANITIZE.epsilon if epsilon is None else float(epsilon),
         group_epsilon=group_epsilon, delta=delta, max_new_tokens=t_max, alpha=alpha, temperature=temp, top_k=k,
         accounting=accounting, adjacency=adjacency, settings=settings))
     t0 = time.perf_counter()
-    ngram = DEFAULTS["no_repeat_ngram"] if no_repeat_ngram == "default" else no_repeat_ngram
+    ngram = SANITIZE.no_repeat_ngram if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
     processors = [NoRepeatNGram(int(ngram))] if ngram else []
     box: list[Any] = []

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ def _encode_reference(lm: LM, text: str, max_tokens: int | None) -> str:
 
 
 def batch_contexts(lm: LM, template: PromptTemplate, batch: Sequence[Reference],
-                   max_reference_tokens: int | None = 512) -> list[list[int]]:
+                   max_reference_tokens: int | None = SYNTH.max_reference_tokens) -> list[list[int]]:
     """Token ids of the public prompt (row 0) and of one private prompt per reference (rows 1..B).
 
     The labels of the batch's first reference fill the templates (a batch shares its labels). An empty reference is
@@ -479,17 +480,17 @@ def synthesize(
     references: Sequence[Reference | str],
     *,
     lm: LM | str | None = None,
-    method: str = "invisibleink",
+    method: str = SYNTH.method,
     epsilon: float | None = None,
-    delta: float = 1e-6,
-    batch_size: int = 8,
-    max_new_tokens: int = 200,
-    top_k: int | None = 50,
-    temperature: float = 1.0,
+    delta: float = SYNTH.delta,
+    batch_size: int = SYNTH.batch_size,
+    max_new_tokens: int = SYNTH.max_new_tokens,
+    top_k: int | None = SYNTH.top_k,
+    temperature: float = SYNTH.temperature,
     prompt_template: PromptTemplate | str | None = None,
     seed: int | None = None,
     max_texts: int | None = None,
-    max_reference_tokens: int | None = 512,
+    max_reference_tokens: int | None = SYNTH.max_reference_tokens,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SynthesisResult:
@@ -543,7 +544,7 @@ def synthesize(
                                      f"{', '.join(TEMPLATES)} or pass a PromptTemplate")
         template = TEMPLATES[prompt_template]
     else:
-        template = prompt_template or TEMPLATES["generic"]
+        template = prompt_template or TEMPLATES[SYNTH.template]
     missing = template.fields() - set(refs[0].labels)
     if missing:
         raise ConfigurationError(f"the prompt template uses label field(s) {sorted(missing)} that the records do not "
