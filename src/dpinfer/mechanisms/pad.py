@@ -48,10 +48,12 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import DataDependentSpend, Guarantee, Zcdp, zcdp_rho_for_target
+from dpinfer.accounting import DataDependentSpend, Guarantee, PrivacyLoss, zcdp_rho_for_target
+from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.gaussian import GaussianShiftEvent
+from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.invisibleink import topk_plus
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
@@ -111,18 +113,24 @@ def centre_and_clip(shift: torch.Tensor, clip_norm: float) -> torch.Tensor:
 
 def clip_norm_for_target(epsilon: float, delta: float, *, max_new_tokens: int, sigma: float = DEFAULT_SIGMA,
                          adjacency: str = "replace-by-null") -> float:
-    """The clip norm C whose ``T_max``-token answer with noise σ meets (ε, δ): ``C = σ·sqrt(2ρ*/T_max) / m`` with ρ*
-    the accountant's largest zCDP ρ for the target and m = 1 (replace-by-null) or 2 (replace-one).
+    """The clip norm C whose ``T_max``-token answer with noise σ meets (ε, δ), solved by the accountant
+    (:func:`~dpinfer.accounting.calibrate_event` on the composed :class:`GaussianShiftEvent`, so the reported ε never
+    exceeds the target). Close to ``σ·sqrt(2ρ*/T_max) / m`` with ρ* the largest zCDP ρ meeting the target and m = 1
+    (replace-by-null) or 2 (replace-one).
 
     >>> round(clip_norm_for_target(8.0, 1e-5, max_new_tokens=64), 3)
     0.294
     >>> round(clip_norm_for_target(8.0, 1e-5, max_new_tokens=64, adjacency="replace-one"), 3)
     0.147
     """
-    rho = zcdp_rho_for_target(_positive(epsilon, "the target ε"), check_delta(delta))
+    eps = _positive(epsilon, "the target ε", "; smaller ε is stronger privacy (e.g. 16 per answer)")
+    d = check_delta(delta)
     t = positive_int(max_new_tokens, "max_new_tokens")
+    sig = _positive(sigma, "σ")
     scale = 2.0 if _adjacency(adjacency) == "replace-one" else 1.0
-    return _positive(sigma, "σ") * math.sqrt(2.0 * rho / t) / scale
+    guess = sig * math.sqrt(2.0 * zcdp_rho_for_target(eps, d) / t) / scale
+    return calibrate_event(lambda c: GaussianShiftEvent(scale * c, sig), steps=t, epsilon=eps, delta=d,
+                           lo=guess / 2.0, hi=guess * 2.0, name="clip norm C")
 
 
 def _adjacency(value: object) -> str:
@@ -236,19 +244,23 @@ class Pad(Mechanism):
                  "clipped": float(float((pre - pub).norm()) >= self.clip_norm * (1 - 1e-12))}
         return StepResult(tokens=idx[j].to(torch.long), stats=stats)
 
+    def loss_event(self) -> GaussianShiftEvent:
+        """What one token releases, for the accountant: a Gaussian mechanism with sensitivity Δ and noise σ."""
+        return GaussianShiftEvent(self.sensitivity, self.sigma)
+
+    def loss(self, max_new_tokens: int) -> PrivacyLoss:
+        """The ex-ante loss of one answer of at most ``max_new_tokens`` tokens (the accountant's composition)."""
+        return compose_steps(self.loss_event(), positive_int(max_new_tokens, "max_new_tokens"))
+
     def rho(self, max_new_tokens: int) -> float:
         """``ρ = T_max·Δ²/(2σ²)``."""
-        return positive_int(max_new_tokens, "max_new_tokens") * self.sensitivity**2 / (2.0 * self.sigma**2)
-
-    def loss(self, max_new_tokens: int) -> Zcdp:
-        """The ex-ante zCDP loss of one answer of at most ``max_new_tokens`` tokens."""
-        return Zcdp(self.rho(max_new_tokens))
+        return self.loss(max_new_tokens).rho  # type: ignore[attr-defined]
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP for one answer's retrieved context over at most ``T_max`` tokens, converted to (ε, δ)."""
         t = positive_int(max_new_tokens, "max_new_tokens")
-        return Guarantee.from_loss(
-            self.loss(t), delta=self.delta, mechanism=self.name, adjacency=ADJACENCIES[self.adjacency],
+        return ex_ante_guarantee(
+            self.loss_event(), steps=t, delta=self.delta, mechanism=self.name, adjacency=ADJACENCIES[self.adjacency],
             parameters={"clip_norm": self.clip_norm, "sigma": self.sigma, "top_k": self.top_k,
                         "temperature": self.temperature, "adjacency": self.adjacency, "rho": self.rho(t), "T_max": t},
             max_new_tokens=t,

@@ -21,9 +21,9 @@ import math
 import torch
 
 from dpinfer.accounting import Guarantee
+from dpinfer.checks import positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs

@@ -163,7 +163,7 @@ def check_ask_params(*, mechanism: object = "pad", epsilon: object = None, delta
         if mechanism not in ("pad", "pad-as-published"):
             raise ConfigurationError(f"{n('epsilon')} applies to pad (and to pad-as-published's noise knob), not to "
                                      f"{mechanism}, which has no guarantee")
-    from dpinfer.mechanisms._checks import check_delta
+    from dpinfer.checks import check_delta
 
     check_delta(delta)
     _int(max_new_tokens, n("max_new_tokens"))
