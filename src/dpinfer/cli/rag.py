@@ -73,6 +73,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ask.add_argument("--show-doc-ids", action="store_true",
                      help="also print the retrieved documents' ids (for the store's owner: not covered by the "
                           "guarantee; never release them with the answer)")
+    ask.add_argument("--debug-stats", action="store_true",
+                     help="add the DATA-DEPENDENT figures (pad-as-published's own figure, computed from the private "
+                          "logits) to the output, with a warning: debug only, never release them")
     ask.add_argument("--seed", type=int, default=None,
                      help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     ask.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
@@ -142,10 +145,13 @@ def run_ask(args: argparse.Namespace) -> int:
                   max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature, sigma=args.sigma,
                   support_top_k=support, adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma)
     if args.json:
-        _print_json(ans.to_dict(doc_ids=args.show_doc_ids))
+        _print_json(ans.to_dict(doc_ids=args.show_doc_ids, debug=args.debug_stats))
         return 0
     print(ans.text)
     print(f"-- {ans.guarantee}", file=sys.stderr)
+    if args.debug_stats and ans.data_dependent:
+        print("-- WARNING: data-dependent figures, computed from the private documents (not a guarantee; never "
+              f"release): {ans.data_dependent}", file=sys.stderr)
     if args.show_doc_ids:
         print(f"-- retrieved (not covered by the guarantee): {', '.join(ans.doc_ids) or 'none'}", file=sys.stderr)
     return 0

@@ -117,15 +117,17 @@ class RagAnswer:
     def __str__(self) -> str:
         return self.text
 
-    def to_dict(self, *, doc_ids: bool = False) -> dict[str, Any]:
-        """The release (text, guarantee, settings), plus ``doc_ids`` only when asked."""
+    def to_dict(self, *, doc_ids: bool = False, debug: bool = False) -> dict[str, Any]:
+        """The release (text, guarantee, settings), plus ``doc_ids`` and the DATA-DEPENDENT figures only when asked
+        (they are computed from the private documents: debug output, never part of a release)."""
         out: dict[str, Any] = {"text": self.text, "mechanism": self.mechanism, "guarantee": self.guarantee.to_dict(),
                                "settings": dict(self.settings), "tokens": self.tokens,
                                "finish_reason": self.finish_reason, "seconds": round(self.seconds, 3)}
         if doc_ids:
             out["doc_ids"] = list(self.doc_ids)
-        if self.data_dependent:
-            out["data_dependent"] = dict(self.data_dependent)
+        if debug and self.data_dependent:
+            out["data_dependent"] = {"warning": "computed from the private documents: not a guarantee, never release",
+                                     **self.data_dependent}
         return out
 
 

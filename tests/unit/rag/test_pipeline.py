@@ -119,6 +119,8 @@ def test_baselines_answer_with_their_guarantees(tmp_path, tiny_lm, embedder, doc
     assert figure["label"] == "spent (data-dependent, not a guarantee)"
     assert "heuristic" in pap.guarantee.adjacency
     assert "doc_ids" not in pap.to_dict() and "doc_ids" in pap.to_dict(doc_ids=True)
+    assert "data_dependent" not in pap.to_dict()  # computed from private logits: debug output only
+    assert "warning" in pap.to_dict(debug=True)["data_dependent"]
 
 
 def test_parameter_errors_come_before_the_model_loads(tmp_path, embedder, docs):
