@@ -68,8 +68,33 @@ class SynthDefaults:
     template: str = "generic"
 
 
+@dataclass(frozen=True)
+class RagDefaults:
+    """Private RAG (:class:`dpinfer.PrivateRAG`, ``dpinfer rag``); see docs/rag.md for ε and the reranker."""
+
+    method: str = "pad"
+    epsilon: float = 64.0
+    """Target ε per answer of ``pad`` (δ = 1e-5, T_max = 64, σ = 1.5 give C ≈ 1.43; docs/rag.md, "Choosing ε")."""
+    delta: float = 1e-5
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    """0: argmax of the noisy logits (the PAD authors decode greedily)."""
+    sigma: float = 1.5
+    """PAD's fixed noise σ; C is solved from (ε, δ, T_max)."""
+    support_top_k: int | None = 20
+    adjacency: str = "replace-by-null"
+    top_k: int = 6
+    top_n: int = 3
+    max_doc_tokens: int = 256
+    theta: float = 0.9
+    """distance-threshold: the largest Euclidean distance (unit vectors) kept."""
+    static_sigma: float = 1.0
+
+
 GENERATE = GenerateDefaults()
 SANITIZE = SanitizeDefaults()
 SYNTH = SynthDefaults()
+RAG = RagDefaults()
 
-__all__ = ["GENERATE", "SANITIZE", "SYNTH", "GenerateDefaults", "SanitizeDefaults", "SynthDefaults"]
+__all__ = ["GENERATE", "RAG", "SANITIZE", "SYNTH", "GenerateDefaults", "RagDefaults", "SanitizeDefaults",
+           "SynthDefaults"]

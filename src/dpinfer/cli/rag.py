@@ -27,7 +27,7 @@ def _print_json(obj: Any) -> None:
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """``dpinfer rag {add,ask,info}``."""
-    from dpinfer.pipelines.rag import DEFAULT_EPSILON, DEFAULT_THETA
+    from dpinfer.defaults import RAG
 
     rag = sub.add_parser("rag", parents=[common], help="private RAG: a local document store, answers with PAD",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,29 +47,34 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                       "answer is (ε, δ)-DP for its retrieved context, computed before anything is "
                                       "read. Not protected: the question, which documents exist, the store itself.",
                           epilog=f"Choosing ε: ε bounds, per answer, how much the answer can reveal about the "
-                                 f"documents it was given (default {DEFAULT_EPSILON:g} per answer of at most "
+                                 f"documents it was given (default {RAG.epsilon:g} per answer of at most "
                                  "--max-new-tokens tokens). Answers add up: k answers cost about k times the zCDP ρ "
                                  "of one. See docs/rag.md.")
     ask.add_argument("store", help="the store's folder")
     ask.add_argument("question", help="the question (public: it is not protected)")
-    ask.add_argument("--mechanism", default="pad", help=METHODS_HELP)
+    ask.add_argument("--mechanism", default=RAG.method, help=METHODS_HELP)
     ask.add_argument("--epsilon", type=float, default=None,
-                     help=f"target ε per answer for pad (default {DEFAULT_EPSILON:g}); for pad-as-published the "
+                     help=f"target ε per answer for pad (default {RAG.epsilon:g}); for pad-as-published the "
                           "authors' noise knob (not a guarantee)")
-    ask.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
-    ask.add_argument("--max-new-tokens", type=int, default=64, help="T_max of the answer (default 64)")
-    ask.add_argument("--temperature", type=float, default=0.0, help="0 = argmax / greedy (default); τ > 0 samples")
-    ask.add_argument("--sigma", type=float, default=1.5, help="PAD's noise σ (default 1.5; C is solved from ε)")
-    ask.add_argument("--support-top-k", type=int, default=20, help="k of PAD's public Top-k+ support (default 20; "
-                                                                   "0 = full vocabulary)")
-    ask.add_argument("--adjacency", default="replace-by-null", choices=["replace-by-null", "replace-one"],
+    ask.add_argument("--delta", type=float, default=RAG.delta, help=f"δ (default {RAG.delta:g})")
+    ask.add_argument("--max-new-tokens", type=int, default=RAG.max_new_tokens,
+                     help=f"T_max of the answer (default {RAG.max_new_tokens})")
+    ask.add_argument("--temperature", type=float, default=RAG.temperature,
+                     help="0 = argmax / greedy (default); τ > 0 samples")
+    ask.add_argument("--sigma", type=float, default=RAG.sigma,
+                     help=f"PAD's noise σ (default {RAG.sigma:g}; C is solved from ε)")
+    ask.add_argument("--support-top-k", type=int, default=RAG.support_top_k,
+                     help=f"k of PAD's public Top-k+ support (default {RAG.support_top_k}; 0 = full vocabulary)")
+    ask.add_argument("--adjacency", default=RAG.adjacency, choices=["replace-by-null", "replace-one"],
                      help="replace-by-null (default): the context replaced by nothing; replace-one: by any other "
                           "context (covers a changed retrieval; twice the sensitivity)")
-    ask.add_argument("--theta", type=float, default=DEFAULT_THETA,
-                     help=f"distance-threshold: largest Euclidean distance kept (default {DEFAULT_THETA:g})")
-    ask.add_argument("--static-sigma", type=float, default=1.0, help="static: the noise σ (default 1.0)")
-    ask.add_argument("--top-k", type=int, default=6, help="documents retrieved (default 6)")
-    ask.add_argument("--top-n", type=int, default=3, help="documents kept after reranking (default 3)")
+    ask.add_argument("--theta", type=float, default=RAG.theta,
+                     help=f"distance-threshold: largest Euclidean distance kept (default {RAG.theta:g})")
+    ask.add_argument("--static-sigma", type=float, default=RAG.static_sigma,
+                     help=f"static: the noise σ (default {RAG.static_sigma:g})")
+    ask.add_argument("--top-k", type=int, default=RAG.top_k, help=f"documents retrieved (default {RAG.top_k})")
+    ask.add_argument("--top-n", type=int, default=RAG.top_n,
+                     help=f"documents kept after reranking (default {RAG.top_n})")
     ask.add_argument("--show-doc-ids", action="store_true",
                      help="also print the retrieved documents' ids (for the store's owner: not covered by the "
                           "guarantee; never release them with the answer)")
@@ -115,6 +120,7 @@ def run_add(args: argparse.Namespace) -> int:
 
 
 def run_ask(args: argparse.Namespace) -> int:
+    from dpinfer.defaults import RAG
     from dpinfer.errors import InvalidInputError
     from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
     from dpinfer.rag.store import DocumentStore
@@ -131,7 +137,7 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.mechanism == "pad":  # an unreachable ε is refused before anything loads
         from dpinfer.mechanisms.pad import Pad
 
-        Pad.calibrated(epsilon=args.epsilon or 64.0, delta=args.delta, max_new_tokens=args.max_new_tokens,
+        Pad.calibrated(epsilon=args.epsilon or RAG.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
                        sigma=args.sigma, adjacency=args.adjacency)
     store = DocumentStore(args.store, create=False)  # missing store: one line, before the model loads
     if store.count() == 0:

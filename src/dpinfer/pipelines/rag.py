@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.defaults import RAG
 from dpinfer.errors import ConfigurationError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
 
 METHODS = ("pad", "pad-as-published", "static", "none", "public", "summarize", "distance-threshold")
 """Answering methods: the registered ``rag`` mechanisms and the pipeline baselines."""
-DEFAULT_EPSILON = 64.0
+DEFAULT_EPSILON = RAG.epsilon
 """ε per answer of the default ``pad`` (at δ = 1e-5, T_max = 64, σ = 1.5: C ≈ 1.43); see docs/rag.md, "choosing ε"."""
-DEFAULT_THETA = 0.9
+DEFAULT_THETA = RAG.theta
 """Distance threshold of ``distance-threshold`` (Euclidean, unit vectors: cos ≥ 1 − θ²/2 ≈ 0.6)."""
 DOC_SLACK = 8
 """Tokens per document added to ``max_doc_tokens`` in the public padding width (merges at the boundaries)."""
@@ -144,10 +145,11 @@ def _int(value: object, name: str, minimum: int = 1) -> int:
     return value
 
 
-def check_ask_params(*, mechanism: object = "pad", epsilon: object = None, delta: object = 1e-5,
-                     max_new_tokens: object = 64, seed: object = None, temperature: object = 0.0,
-                     sigma: object = 1.5, support_top_k: object = 20, adjacency: object = "replace-by-null",
-                     theta: object = DEFAULT_THETA, static_sigma: object = 1.0, cli: bool = False) -> None:
+def check_ask_params(*, mechanism: object = RAG.method, epsilon: object = None, delta: object = RAG.delta,
+                     max_new_tokens: object = RAG.max_new_tokens, seed: object = None,
+                     temperature: object = RAG.temperature, sigma: object = RAG.sigma,
+                     support_top_k: object = RAG.support_top_k, adjacency: object = RAG.adjacency,
+                     theta: object = RAG.theta, static_sigma: object = RAG.static_sigma, cli: bool = False) -> None:
     """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
 
     >>> check_ask_params(epsilon=8)
@@ -229,9 +231,9 @@ class PrivateRAG:
         template: the prompts (:class:`RagTemplate`).
     """
 
-    def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None, top_k: int = 6,
-                 top_n: int = 3, reranker: str | Callable[..., Any] = "maxp", max_doc_tokens: int = 256,
-                 template: RagTemplate | None = None) -> None:
+    def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None,
+                 top_k: int = RAG.top_k, top_n: int = RAG.top_n, reranker: str | Callable[..., Any] = "maxp",
+                 max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None) -> None:
         from dpinfer.rag.store import DocumentStore
 
         self.top_k = _int(top_k, "top_k")
@@ -347,10 +349,11 @@ class PrivateRAG:
                 out.append(text)
         return out
 
-    def ask(self, question: str, *, mechanism: str = "pad", epsilon: float | None = None, delta: float = 1e-5,
-            max_new_tokens: int = 64, seed: int | None = None, temperature: float = 0.0, sigma: float = 1.5,
-            support_top_k: int | None = 20, adjacency: str = "replace-by-null", theta: float = DEFAULT_THETA,
-            static_sigma: float = 1.0, min_new_tokens: int = 0) -> RagAnswer:
+    def ask(self, question: str, *, mechanism: str = RAG.method, epsilon: float | None = None,
+            delta: float = RAG.delta, max_new_tokens: int = RAG.max_new_tokens, seed: int | None = None,
+            temperature: float = RAG.temperature, sigma: float = RAG.sigma,
+            support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
+            theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0) -> RagAnswer:
         """Answer ``question`` from the store with ``mechanism`` (see the module docstring).
 
         Args:
