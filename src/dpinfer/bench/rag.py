@@ -161,6 +161,8 @@ def _claim(answer: Any) -> tuple[str, float | None]:
     g = answer.guarantee
     if math.isinf(g.epsilon):
         return ("none (heuristic)" if answer.mechanism == "pad-as-published" else "none"), None
+    if g.epsilon == 0.0:
+        return "ε = 0 (reads no document)", 0.0
     return f"ε = {g.epsilon:.3g}, δ = {g.delta:g} ({g.adjacency.split(' of ')[0]})", float(g.epsilon)
 
 

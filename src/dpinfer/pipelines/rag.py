@@ -2,7 +2,7 @@
 
 :class:`PrivateRAG` keeps the documents in a persistent Chroma store (:mod:`dpinfer.rag.store`, offline embeddings),
 retrieves the ``top_k`` nearest (default 6), reranks them offline to ``top_n`` (default 3, :mod:`dpinfer.rag.rerank`)
-and answers with one of the methods below. Prompts follow the PAD paper (``Context:\\n…\\n\\nQuestion: …\\nAnswer:``),
+and answers with one of the methods below. Prompts follow the PAD paper (``Context:\\n…\\n\\nQuestion: …\\nAnswer:\\n``),
 used verbatim (``RagTemplate(chat=True)`` wraps them in the model's chat template).
 
 What is protected (``pad``): the retrieved context of ONE answer, i.e. the documents shown to the model for it, under
@@ -61,13 +61,13 @@ class RagTemplate:
 
     >>> t = RagTemplate()
     >>> t.render_private("Doc A", "Why?")
-    'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:'
+    'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:\\n'
     >>> t.render_public("Why?")
-    'Question: Why?\\nAnswer:'
+    'Question: Why?\\nAnswer:\\n'
     """
 
-    private: str = "Context:\n{context}\n\nQuestion: {question}\nAnswer:"
-    public: str = "Question: {question}\nAnswer:"
+    private: str = "Context:\n{context}\n\nQuestion: {question}\nAnswer:\n"
+    public: str = "Question: {question}\nAnswer:\n"
     summary: str = ("Text:\n{document}\n\nQuestion: {question}\nIn one or two sentences, state only the facts of the "
                     "text that help answer the question.")
     separator: str = "\n\n"
