@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,71 +30,19 @@ MAX_TEXT_BYTES = 4 * 1024 * 1024
 
 
 # ------------------------------------------------------------------------------------------------------ scalars
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
-
-
-def positive_number(value: object, name: str, hint: str = "") -> float:
-    """``value`` as a finite float > 0."""
-    if not _is_number(value) or not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must be > 0 (a finite number), got {value!r}{hint}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_delta(value: object, name: str = "delta") -> float:
-    """δ strictly between 0 and 1."""
-    if not _is_number(value) or not (math.isfinite(value) and 0 < value < 1):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must lie strictly between 0 and 1, got {value!r} (e.g. 1e-5)")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_alpha(value: object, name: str = "alpha") -> float:
-    """A Rényi order: a finite number > 1."""
-    if not _is_number(value) or not (math.isfinite(value) and value > 1):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} (the Rényi order) must be a finite number > 1, got {value!r} (default 2)")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_temperature(value: object, name: str = "temperature", *, allow_zero: bool) -> float:
-    """A finite temperature, > 0 for a private mechanism (greedy decoding has no DP guarantee), ≥ 0 otherwise."""
-    ok = _is_number(value) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)  # type: ignore
-    if not ok:
-        bound = "≥ 0 (0 = greedy)" if allow_zero else "> 0 (a private mechanism must sample; 0.7 is a good start)"
-        raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def int_at_least(value: object, name: str, minimum: int, hint: str = "") -> int:
-    """``value`` as an int ≥ ``minimum`` (bools and non-integers refused)."""
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}") from None
-    if n < minimum:
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {n}{hint}")
-    return n
-
-
-def check_top_p(value: object, name: str = "top_p") -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value) or not (0 < value <= 1):  # type: ignore[operator]
-        raise ConfigurationError(f"{name} must lie in (0, 1], got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_seed(value: object, name: str = "seed") -> int | None:
-    """None, or an integer ≥ 0."""
-    return None if value is None else int_at_least(value, name, 0)
-
-
-def one_of(value: object, name: str, choices: Iterable[str]) -> str:
-    options = tuple(choices)
-    if not isinstance(value, str) or value not in options:
-        raise ConfigurationError(f"unknown {name} {value!r}; choose one of {', '.join(options)}")
-    return value
+# The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
+# re-exported here under the names this module always had.
+from dpinfer.checks import (  # noqa: E402
+    check_alpha,
+    check_delta,
+    check_seed,
+    check_temperature,
+    check_top_p,
+    int_at_least,
+    one_of,
+    positive_number,
+)
+from dpinfer.checks import is_number as _is_number  # noqa: E402, F401
 
 
 def _namer(cli: bool) -> Any:
