@@ -87,19 +87,29 @@ def check_bench_args(args: argparse.Namespace) -> None:
 def run_bench(name: str, args: argparse.Namespace) -> int:
     """``dpinfer bench NAME``: check the options, convert them to the bench's typed config
     (``dpinfer.bench.<name>.config_from_args``), run it (``run(config, progress)``) under a spinner, and print what it
-    returns (its ``report``, or ``render`` / ``--json``)."""
+    returns (its ``report``, or ``render`` / ``--json``).
+
+    A bench module without ``config_from_args`` is run the older way, ``main(args, progress=...)``, returning a dict
+    with its ``"markdown"`` (and optional ``"plot"`` path)."""
     check_bench_args(args)
     bench = importlib.import_module(f"dpinfer.bench.{name}")
-    config = bench.config_from_args(args)
     prog, update = progress_runner(f"bench {name}")
-    with prog:
-        res = bench.run(config, progress=update)
-    if hasattr(bench, "report"):
-        bench.report(config, res)
-    elif args.json:
-        print_json(res)
+    if hasattr(bench, "config_from_args"):
+        config = bench.config_from_args(args)
+        with prog:
+            res = bench.run(config, progress=update)
+        if hasattr(bench, "report"):
+            bench.report(config, res)
+            return 0
     else:
+        with prog:
+            res = bench.main(args, progress=update)
+    if args.json:
+        print_json(res)
+    elif hasattr(bench, "render"):
         print(bench.render(res))
+    else:
+        print(res["markdown"] + (f"\n\nplot: {res['plot']}" if res.get("plot") else ""))
     return 0
 
 

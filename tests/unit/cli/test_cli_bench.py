@@ -59,3 +59,21 @@ def test_option_lists_are_parsed_and_checked_before_any_model() -> None:
     for bad in (["--batch-sizes", "x"], ["--methods", "public,nope"]):
         with pytest.raises(ConfigurationError):
             synth.config_from_args(build_parser().parse_args(["bench", "synth", *bad]))
+
+
+def test_a_bench_module_on_the_older_main_protocol_still_runs(monkeypatch, capsys) -> None:
+    """Command modules written against the one-file CLI call ``_run_bench_module(name, args)`` for a bench whose
+    module has ``main(args, progress)`` returning its markdown: kept working."""
+    import argparse
+    import sys
+    import types
+
+    from dpinfer.cli import _run_bench_module
+
+    old = types.ModuleType("dpinfer.bench.oldstyle")
+    old.main = lambda args, progress=None: {"markdown": f"| n = {args.n} |", "plot": "p.png"}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dpinfer.bench.oldstyle", old)
+    assert _run_bench_module("oldstyle", argparse.Namespace(n=2, json=False)) == 0
+    assert capsys.readouterr().out == "| n = 2 |\n\nplot: p.png\n"
+    assert _run_bench_module("oldstyle", argparse.Namespace(n=2, json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["markdown"] == "| n = 2 |"
