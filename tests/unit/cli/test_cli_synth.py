@@ -77,3 +77,22 @@ def test_cli_synth_empty_corpus(tiny_model_dir: Path, tmp_path: Path, capsys) ->
     assert cli_main(["synth", str(p), "--text-field", "text", "--epsilon", "3", "--out", str(tmp_path / "o.jsonl"),
                      "--model", str(tiny_model_dir)]) == 2
     assert "no records" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("method", "epsilon", "spent", "needle"), [
+    ("public", 0.0, False, "public prompt only"),
+    ("adapmixed", float("inf"), True, "none ex ante. The privacy loss of adapmixed depends on the references"),
+    ("toy", float("inf"), False, "Guarantee: none. toy states no differential-privacy guarantee."),
+    ("invisibleink", 4.0, False, "It holds for every reference at once"),
+])
+def test_summary_says_what_the_guarantee_is(method, epsilon, spent, needle, capsys) -> None:
+    import argparse
+    from types import SimpleNamespace
+
+    from dpinfer.cli.synth import print_summary
+
+    texts = [SimpleNamespace(data_dependent={"spent": {"epsilon": 1.0}} if spent else {})]
+    res = SimpleNamespace(texts=texts, generated_tokens=5, tokens_per_second=1.0, lm_calls_per_token=3,
+                          references_left_out=0, guarantee=SimpleNamespace(epsilon=epsilon))
+    print_summary(argparse.Namespace(method=method, out="o.jsonl", batch_size=2), res)
+    assert needle in " ".join(capsys.readouterr().out.split())
