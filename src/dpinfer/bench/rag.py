@@ -30,7 +30,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,15 +298,43 @@ def _configs(methods: list[str], epsilons: list[float], theta: float | None, sta
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class RagBenchConfig:
+    """Settings of ``dpinfer bench rag`` (one field per option)."""
+
+    data: str = "medical"
+    docs: int = 1000
+    attacks: int = 100
+    benign: int = 50
+    methods: tuple[str, ...] = ALL_METHODS
+    epsilons: tuple[float, ...] = (64.0, 16.0, 4.0)
+    max_new_tokens: int = 48
+    theta: float | None = None
+    static_sigma: float = 1.0
+    seed: int = 0
+    store: str | None = None
+    out: str | None = None
+    perf: bool = False
+    perf_questions: int = 8
+    model: str | None = None
+    device: str | None = None
+
+    @property
+    def prefix(self) -> Path:
+        return Path(self.out or f"bench_rag_{self.data}")
+
+
+def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
+    """The config of parsed ``dpinfer bench rag`` options, every option checked before any data or model is read."""
     from dpinfer.errors import ConfigurationError
     from dpinfer.pipelines.rag import METHODS, check_ask_params
+    from dpinfer.validation import check_output_path
 
-    methods = _parse_list(args.methods, str, "--methods")
+    methods = tuple(_parse_list(args.methods, str, "--methods"))
     for m in methods:
         if m not in METHODS:
             raise ConfigurationError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    epsilons = _parse_list(args.epsilons, float, "--epsilons")
+    epsilons = tuple(_parse_list(args.epsilons, float, "--epsilons"))
     for e in epsilons:
         check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=args.max_new_tokens, cli=True)
     for name in ("docs", "attacks", "benign", "perf_questions"):
@@ -315,12 +343,27 @@ def run(args: argparse.Namespace) -> int:
     if args.theta is not None:
         check_ask_params(mechanism="distance-threshold", theta=args.theta, cli=True)
     check_ask_params(mechanism="static", static_sigma=args.static_sigma, cli=True)
-    from dpinfer.validation import check_output_path
-
-    prefix = Path(args.out or f"bench_rag_{args.data}")
-    for suffix in (".json", ".md", ".png"):
+    config = RagBenchConfig(
+        data=args.data, docs=args.docs, attacks=args.attacks, benign=args.benign, methods=methods, epsilons=epsilons,
+        max_new_tokens=args.max_new_tokens, theta=args.theta, static_sigma=args.static_sigma, seed=args.seed,
+        store=args.store, out=args.out, perf=args.perf, perf_questions=args.perf_questions, model=args.model,
+        device=args.device)
+    prefix = config.prefix
+    for suffix in (".perf.json",) if config.perf else (".json", ".md", ".png"):
         check_output_path(prefix.with_name(prefix.name + suffix), option="--out")
-    data = load_data(args.data, args.docs, args.attacks, args.benign)  # before the model loads
+    return config
+
+
+def run(config: RagBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the attack table (or, with ``perf``, the throughput comparison); write its files next to
+    ``config.prefix``; return the measurements (with ``"markdown"`` for the table)."""
+    def say(what: str) -> None:
+        if progress is not None:
+            progress(what)
+        else:
+            print(what, file=sys.stderr, flush=True)
+
+    data = load_data(config.data, config.docs, config.attacks, config.benign)  # before the model loads
 
     from dpinfer.eval.rag_metrics import RougeL
     from dpinfer.models import load_model
@@ -328,45 +371,55 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.pipelines.rag import PrivateRAG
 
     rouge = RougeL()
-    lm = load_model(args.model, device=args.device)
-    store = Path(args.store) if args.store else cache_dir() / f"bench-rag-{args.data}-{args.docs}"
+    lm = load_model(config.model, device=config.device)
+    store = Path(config.store) if config.store else cache_dir() / f"bench-rag-{config.data}-{config.docs}"
     rag = PrivateRAG(store, lm=lm)
     t0 = time.perf_counter()
     report = rag.store.add(data.documents)
-    err = sys.stderr
-    print(f"store {store}: {report.added} added, {report.skipped} already there ({time.perf_counter() - t0:.0f} s)",
-          file=err, flush=True)
-    meta = {"data": args.data, "source": data.source, "docs": args.docs, "attacks": len(data.attacks),
-            "benign": len(data.benign), "max_new_tokens": args.max_new_tokens, "model": lm.name, "seed": args.seed,
-            "top_k": rag.top_k, "top_n": rag.top_n, "reranker": "maxp", "command": " ".join(sys.argv)}
-    if args.perf:
-        return _perf(args, rag, data, epsilons[0], meta)
+    say(f"store {store}: {report.added} added, {report.skipped} already there ({time.perf_counter() - t0:.0f} s)")
+    meta = {"data": config.data, "source": data.source, "docs": config.docs, "attacks": len(data.attacks),
+            "benign": len(data.benign), "max_new_tokens": config.max_new_tokens, "model": lm.name,
+            "seed": config.seed, "top_k": rag.top_k, "top_n": rag.top_n, "reranker": "maxp",
+            "command": " ".join(sys.argv)}
+    prefix = config.prefix
+    if config.perf:
+        return _perf(config, rag, data, config.epsilons[0], meta)
     hits = {q: rag.retrieve(q) for q in data.attacks}
     rows: list[dict[str, Any]] = []
     json_path = prefix.with_name(prefix.name + ".json")
-    for label, method, kwargs in _configs(methods, epsilons, args.theta, args.static_sigma):
+    for label, method, kwargs in _configs(list(config.methods), list(config.epsilons), config.theta,
+                                          config.static_sigma):
         t1 = time.perf_counter()
-        row = run_method(rag, data, hits, label, method, kwargs, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         rouge=rouge).to_dict()
+        row = run_method(rag, data, hits, label, method, kwargs, max_new_tokens=config.max_new_tokens,
+                         seed=config.seed, rouge=rouge).to_dict()
         rows.append(row)
-        print(f"{label}: repeat {row['repeat_prompts']['count']}/{row['prompts']}, rouge≥0.5 "
-              f"{row['rouge_prompts_0.5']['count']}, PPL {row['ppl']:.2f} ({time.perf_counter() - t1:.0f} s)",
-              file=err, flush=True)
+        say(f"{label}: repeat {row['repeat_prompts']['count']}/{row['prompts']}, rouge≥0.5 "
+            f"{row['rouge_prompts_0.5']['count']}, PPL {row['ppl']:.2f} ({time.perf_counter() - t1:.0f} s)")
         _write_json(json_path, {"meta": meta, "rows": rows, "complete": False})  # nothing finished is lost
     _write_json(json_path, {"meta": meta, "rows": rows, "complete": True})
     md = markdown(rows, meta)
     from dpinfer.validation import atomic_write_text
 
     atomic_write_text(prefix.with_name(prefix.name + ".md"), md)
-    plotted = plot(rows, prefix.with_name(prefix.name + ".png"),
-                   f"{args.data}: {len(data.attacks)} attack prompts, {args.docs} documents, T_max = "
-                   f"{args.max_new_tokens}")
-    if args.json:
-        sys.stdout.write(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
-    else:
-        sys.stdout.write(md)
-        print(f"written: {json_path}, {prefix}.md" + (f", {prefix}.png" if plotted else ""), file=err)
-    return 0
+    png = prefix.with_name(prefix.name + ".png")
+    plotted = plot(rows, png, f"{config.data}: {len(data.attacks)} attack prompts, {config.docs} documents, "
+                              f"T_max = {config.max_new_tokens}")
+    return {"meta": meta, "rows": rows, "markdown": md, "files": [str(json_path), f"{prefix}.md"]
+            + ([str(png)] if plotted else [])}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The text report of :func:`run`'s result: the table, or the throughput comparison."""
+    if "perf" not in result:
+        return result["markdown"] + f"written: {', '.join(result['files'])}\n"
+    out, meta = result["perf"], result["meta"]
+    lines = [f"{meta['perf_questions']} questions × {meta['max_new_tokens']} tokens each, none and pad "
+             f"(ε = {meta['pad_epsilon']:g}) alternating; generation (prefill + decode) tokens/s:"]
+    for m in ("none", "pad"):
+        lines.append(f"  {m:5s} {out[m]['tokens_per_second']:.2f} tokens/s  (end to end with retrieval: "
+                     f"{out[m]['end_to_end_tokens_per_second']:.2f})")
+    lines.append(f"  pad / none = {result['pad_over_none']:.2f} (end to end {result['pad_over_none_end_to_end']:.2f})")
+    return "\n".join(lines) + "\n"
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -376,17 +429,18 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(plain(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def _perf(args: argparse.Namespace, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]) -> int:
+def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]
+          ) -> dict[str, Any]:
     """none and pad, alternating on the same questions, every answer exactly T_max tokens (EOS masked)."""
-    questions = (data.attacks + [q for q, _ in data.benign])[:args.perf_questions]
-    t = args.max_new_tokens
+    questions = (data.attacks + [q for q, _ in data.benign])[:config.perf_questions]
+    t = config.max_new_tokens
     rag.ask(questions[0], mechanism="none", max_new_tokens=2, seed=0)  # warm-up (first-call overheads)
     stats = {m: {"tokens": 0, "gen_seconds": 0.0, "seconds": 0.0} for m in ("none", "pad")}
     for i, q in enumerate(questions):
         order = ("none", "pad") if i % 2 == 0 else ("pad", "none")
         for m in order:
             kw = {"epsilon": epsilon} if m == "pad" else {}
-            ans = rag.ask(q, mechanism=m, max_new_tokens=t, min_new_tokens=t, seed=args.seed + i, **kw)
+            ans = rag.ask(q, mechanism=m, max_new_tokens=t, min_new_tokens=t, seed=config.seed + i, **kw)
             s = stats[m]
             s["tokens"] += ans.tokens
             s["gen_seconds"] += ans.generation_seconds
@@ -397,14 +451,6 @@ def _perf(args: argparse.Namespace, rag: Any, data: BenchData, epsilon: float, m
     ratio_e2e = out["pad"]["end_to_end_tokens_per_second"] / out["none"]["end_to_end_tokens_per_second"]
     result = {"meta": {**meta, "perf_questions": len(questions), "pad_epsilon": epsilon}, "perf": out,
               "pad_over_none": ratio, "pad_over_none_end_to_end": ratio_e2e}
-    prefix = Path(args.out or f"bench_rag_{args.data}")
+    prefix = config.prefix
     _write_json(prefix.with_name(prefix.name + ".perf.json"), result)
-    if args.json:
-        sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
-        return 0
-    print(f"{len(questions)} questions × {t} tokens each, alternating; generation (prefill + decode) tokens/s:")
-    for m in ("none", "pad"):
-        print(f"  {m:5s} {out[m]['tokens_per_second']:.2f} tokens/s  (end to end with retrieval: "
-              f"{out[m]['end_to_end_tokens_per_second']:.2f})")
-    print(f"  pad / none = {ratio:.2f} (end to end {ratio_e2e:.2f})")
-    return 0
+    return result

@@ -2,8 +2,9 @@
 
 :class:`PrivateRAG` keeps the documents in a persistent Chroma store (:mod:`dpinfer.rag.store`, offline embeddings),
 retrieves the ``top_k`` nearest (default 6), reranks them offline to ``top_n`` (default 3, :mod:`dpinfer.rag.rerank`)
-and answers with one of the methods below. Prompts follow the PAD paper (``Context:\\n…\\n\\nQuestion: …\\nAnswer:\\n``),
-used verbatim (``RagTemplate(chat=True)`` wraps them in the model's chat template).
+and answers with one of the methods below. Prompts follow the PAD paper
+(``Context:\\n…\\n\\nQuestion: …\\nAnswer:\\n``), used verbatim
+(``RagTemplate(chat=True)`` wraps them in the model's chat template).
 
 What is protected (``pad``): the retrieved context of ONE answer, i.e. the documents shown to the model for it, under
 replace-by-null (the context replaced by nothing; default) or replace-one (replaced by any other context: this also
