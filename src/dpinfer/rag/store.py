@@ -6,9 +6,9 @@
   ``embedding_function=None``, so Chroma's default embedder (which downloads its weights) is never used.
 * **Idempotent.** A document's id defaults to the SHA-256 of its text (``sha256:`` + 32 hex digits), so adding the
   same text twice stores it once; ids already in the store are skipped before anything is embedded.
-* **Crash-safe.** Documents are upserted in batches (default 256); each batch is one SQLite transaction in Chroma, so
-  an interrupted ``add`` leaves the store usable with the batches that finished, and adding the same files again
-  completes it (finished batches are skipped by id).
+* **Crash-safe.** Documents are upserted in batches (default 256), each written by Chroma before the next is
+  embedded, so an interrupted ``add`` leaves the store usable with the batches that finished, and adding the same
+  files again completes it (finished batches are skipped by id).
 * **Distances.** The collection uses the L2 space on unit vectors; Chroma returns the SQUARED L2 distance, which
   :meth:`DocumentStore.query` turns into the Euclidean distance ``√(2 − 2·cos)`` ∈ [0, 2].
 
