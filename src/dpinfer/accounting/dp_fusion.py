@@ -87,10 +87,6 @@ def _tokens(value: object) -> int:
     return positive_int(value, "max_new_tokens (T_max)")
 
 
-def _check_bound(b: object, what: str = "a bound b") -> float:
-    return non_negative_number(b, what)
-
-
 def check_adjacency(adjacency: object, accounting: str = "dpinfer") -> str:
     if adjacency not in ADJACENCIES:
         raise ConfigurationError(
@@ -146,7 +142,7 @@ def step_epsilon(bound: float, num_groups: int, alpha: float) -> float:
     >>> round(step_epsilon(0.05, 3, 2.0), 10) == round(math.log((2 + math.exp(0.05)) / 3), 10)
     True
     """
-    b, m, a = _check_bound(bound), _groups(num_groups), _alpha(alpha)
+    b, m, a = non_negative_number(bound, "a bound b"), _groups(num_groups), _alpha(alpha)
     if m == 1:
         return b
     x = (a - 1.0) * b
@@ -164,7 +160,7 @@ def bound_for_step_epsilon(step_eps: float, num_groups: int, alpha: float) -> fl
     >>> round(step_epsilon(b, 4, 2.0), 12)
     0.02
     """
-    e, m, a = _check_bound(step_eps, "a per-step ε"), _groups(num_groups), _alpha(alpha)
+    e, m, a = non_negative_number(step_eps, "a per-step ε"), _groups(num_groups), _alpha(alpha)
     if m == 1:
         return e
     x = (a - 1.0) * e
@@ -187,10 +183,10 @@ def per_step_rdp(bound: float, num_groups: int, alpha: float, accounting: str = 
     """
     accounting = check_accounting(accounting)
     if check_adjacency(adjacency, accounting) == "replace-one":
-        return step_epsilon(replace_one_factor(alpha) * _check_bound(bound), num_groups, alpha)
+        return step_epsilon(replace_one_factor(alpha) * non_negative_number(bound, "a bound b"), num_groups, alpha)
     if accounting == "as_published":
         _groups(num_groups)
-        return 4.0 * _check_bound(bound) / _alpha(alpha)
+        return 4.0 * non_negative_number(bound, "a bound b") / _alpha(alpha)
     return step_epsilon(bound, num_groups, alpha)
 
 
