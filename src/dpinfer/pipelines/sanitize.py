@@ -593,10 +593,11 @@ def _mechanism(method: str, lm: LM, prep: PreparedContexts, groups: Mapping[str,
                                      temperature=temp)
         return [prep.original], mech
     if method == "dp-prompt":
-        from dpinfer.mechanisms.dp_prompt import DPPrompt, public_clip_bounds
+        from dpinfer.mechanisms.dp_prompt import DPPrompt
+        from dpinfer.pipelines.clip_bounds import clip_bounds
 
         settings["top_k"] = None
-        lo, hi = public_clip_bounds(lm)
+        lo, hi = clip_bounds(lm).bounds
         settings["clip"] = [lo, hi]
         mech = DPPrompt.calibrated(eps, delta=delta, max_new_tokens=t_max, clip_min=lo, clip_max=hi, mode="joint")
         return [prep.original], mech
