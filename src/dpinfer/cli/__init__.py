@@ -503,7 +503,7 @@ def _add_quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, choices=["int8"], help=QUANTIZE_HELP)
 
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("dpinfer.cli.protect_prompt", "dpinfer.cli.calibrate_clip")
 """Command modules, one per command (``dpinfer.cli.<name>``). Each defines ``add_parser(sub, common)``, which adds its
 subcommand to ``sub`` (parents ``[common]`` for ``--json``) with ``set_defaults(func=run)``, where ``run(args) -> int``
 returns the exit status, and optionally ``add_bench_parser(bench_sub, common)`` for its ``dpinfer bench`` entry. A

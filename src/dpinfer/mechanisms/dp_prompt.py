@@ -117,7 +117,8 @@ class DPPrompt(Mechanism):
     two prompts; ``num_rewrites`` rewrites of at most ``T_max`` tokens compose to ``num_rewrites · T_max`` tokens.
 
     Args:
-        clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only (:func:`dpinfer.pipelines.clip_bounds.clip_bounds`).
+        clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only
+            (:func:`dpinfer.pipelines.clip_bounds.clip_bounds`).
         temperature: τ > 0.
         mode: ``"independent"`` (default): each row is one rewrite of the private prompt and gets its own token;
             ``"joint"``: read row ``row`` and emit one token for every row.
