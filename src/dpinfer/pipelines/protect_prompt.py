@@ -96,7 +96,7 @@ def strip_echoes(text: str, keywords: Sequence[str] = ()) -> str:
             continue
         if listing and low.rstrip(".") == listing:
             continue
-        line = _ECHO_LINES.sub("", line).strip().strip("*").strip()
+        line = _ECHO_LINES.sub("", line.strip("*#").strip()).strip().strip("*").strip()
         line = line.strip("\"'“”‘’`").strip()
         if line:
             return line
