@@ -28,6 +28,8 @@ _LAZY = {
     "SynthesisResult": "dpinfer.pipelines.synthesize",
     "Reference": "dpinfer.pipelines.synthesize",
     "PromptTemplate": "dpinfer.pipelines.synthesize",
+    "protect_prompt": "dpinfer.pipelines.protect_prompt",
+    "ProtectedPrompt": "dpinfer.pipelines.protect_prompt",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

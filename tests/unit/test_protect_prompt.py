@@ -21,9 +21,12 @@ from dpinfer.pipelines.keywords import word_universe, words
 SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DPINFER_CACHE", str(tmp_path / "cache"))
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One cache for the module: the tiny model's clip bounds are measured once, then read back."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 # ------------------------------------------------------------------------------------------------ stage 1 mechanism
@@ -121,7 +124,7 @@ def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
     assert len(seen["stage2+3"]) == 3
     for call in seen["stage2+3"]:
         assert "Zanzibarquux" not in call and "Kettleborough" not in call
-    assert lengths == [6, 6]  # stage 1 and stage 3 at the fixed T_max
+    assert lengths[-2:] == [6, 6]  # stage 1 and stage 3 at the fixed T_max (before: the clip calibration, if any)
     d = res.to_dict()
     assert "Zanzibarquux" not in repr(d) and "seed" not in d["settings"]
     assert d["guarantee"]["seeded"] is True
