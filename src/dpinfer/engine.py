@@ -29,15 +29,16 @@ CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
-from dpinfer.mechanisms.base import Mechanism, StepInfo
+from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import Randomness, as_random_source, random_source
+from dpinfer.mechanisms.transforms import LogitsProcessor, apply, check_processors
 from dpinfer.models import LM
 
 MIN_SHARED_PREFIX = 8
@@ -165,7 +166,8 @@ class Engine:
         return isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
     def _split_step(self, next_ids: torch.Tensor, batches: Sequence[_Batch], mechanism: Mechanism,
-                    generated: list[list[int]], processors: Sequence[Any], eos: torch.Tensor | None) -> torch.Tensor:
+                    generated: list[list[int]], processors: Sequence[LogitsProcessor],
+                    eos: torch.Tensor | None) -> torch.Tensor:
         """One decode step whose output head runs on the public row in full and on the private rows only for the
         columns the mechanism asks for (:meth:`Mechanism.private_columns`, decided from the public row after the same
         public processors); the other private entries are ``-inf``."""
@@ -179,8 +181,7 @@ class Engine:
         probe = public.to(torch.float64)
         if eos is not None and eos.numel():
             probe[:, eos] = -torch.inf
-        for proc in processors:
-            probe = proc(generated, probe)
+        probe = apply(processors, probe, generated)
         cols = mechanism.private_columns(probe[0])
         if cols is None:
             return torch.cat([public, head(hidden[1:])])
@@ -369,12 +370,13 @@ class Engine:
         seed: int | None = None,
         generator: Randomness | None = None,
         stop_on_eos: bool = True,
-        processors: Sequence[Any] = (),
+        processors: Sequence[LogitsProcessor] = (),
         pad_width: int | None = None,
         result: list[EngineOutput] | None = None,
-    ) -> Iterator[StepEvent]:
-        """Generate step by step, yielding a :class:`StepEvent` per token; the final :class:`EngineOutput` is
-        appended to ``result`` (if given) when the iterator is exhausted.
+    ) -> EngineStream:
+        """Generate step by step: an :class:`EngineStream` that yields a :class:`StepEvent` per token and, once
+        exhausted, holds the :class:`EngineOutput` in :attr:`EngineStream.output`. Arguments are checked here, before
+        the model runs.
 
         Args:
             contexts: K token-id sequences (already tokenised; no special tokens are added).
@@ -384,14 +386,32 @@ class Engine:
             seed / generator: source of all randomness: by default a secure source (``os.urandom``); ``seed`` (tests
                 and benchmarks only) a reproducible one; ``generator`` a source or ``torch.Generator`` to use as is.
             stop_on_eos: stop at EOS (else always run ``max_new_tokens`` steps; EOS is then an ordinary token).
-            processors: callables ``(generated, logits) -> logits`` applied before the mechanism, where
-                ``generated`` holds the tokens generated so far (one list in joint mode, applied to every row alike;
-                one list per row in independent mode). They see released tokens only, never a prompt.
+            processors: :class:`~dpinfer.mechanisms.transforms.LogitsProcessor` objects, each called as
+                ``processor(generated, logits)`` before the mechanism, where ``generated`` holds the tokens generated
+                so far (one list in joint mode, applied to every row alike; one list per row in independent mode).
+                They see released tokens only, never a prompt.
             pad_width: with a public row (:attr:`Mechanism.public_row`, K > 1), a PUBLIC bound on the private rows'
                 lengths (from parameters, never from the private rows): the decode batch is left-padded to
                 ``max(len(row 0), pad_width)``; a private row longer than that is decoded in a second batch (slower,
                 still exact). Default: the public row's length (DP-Fusion's rows all have it).
+            result: deprecated; the output is also appended to this list when the stream ends (use
+                :attr:`EngineStream.output`).
         """
+        rows = self._check_run(contexts, max_new_tokens, min_new_tokens, pad_width)
+        procs = check_processors(processors)
+        return EngineStream(self._run(rows, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos,
+                                      procs, pad_width), result)
+
+    def generate(self, contexts: Sequence[Sequence[int]], mechanism: Mechanism, **kwargs: Any) -> EngineOutput:
+        """Run :meth:`stream` to the end and return the :class:`EngineOutput` (same arguments)."""
+        run = self.stream(contexts, mechanism, **kwargs)
+        for _ in run:
+            pass
+        return run.output
+
+    def _check_run(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, min_new_tokens: int,
+                   pad_width: int | None) -> list[list[int]]:
+        """The contexts as lists of ints, after checking every run argument (before the model runs)."""
         rows = [list(map(int, c)) for c in contexts]
         if not rows:
             raise InvalidInputError("no contexts to decode")
@@ -409,23 +429,24 @@ class Engine:
                 f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the model's context window "
                 f"of {self.lm.context_window} tokens; shorten the input or lower max_new_tokens"
             )
+        return rows
+
+    def _run(self, rows: list[list[int]], mechanism: Mechanism, max_new_tokens: int, min_new_tokens: int,
+             seed: int | None, generator: Randomness | None, stop_on_eos: bool,
+             processors: tuple[LogitsProcessor, ...], pad_width: int | None
+             ) -> Generator[StepEvent, None, EngineOutput]:
+        """The decoding loop behind :meth:`stream` (arguments already checked); returns the :class:`EngineOutput`."""
         k, vocab = len(rows), self.lm.vocab_size
         joint = mechanism.mode == "joint"
         mechanism.start(k, vocab)
         device = self.lm.device
-        generator = random_source(seed) if generator is None else as_random_source(generator)
+        source = random_source(seed) if generator is None else as_random_source(generator)
         eos = torch.as_tensor(sorted(self.lm.eos_token_ids), dtype=torch.long, device=device)
-        pad = self.lm.pad_token_id
-
         split = joint and k > 1 and self.split_head and mechanism.restricts_private_columns and self._head_splits()
-        public_row = joint and k > 1 and mechanism.public_row
-        sequences: list[list[int]] = [[] for _ in range(k)]
-        reasons = ["length"] * k
-        steps: list[dict[str, Any]] = []
-        finished = torch.zeros(k, dtype=torch.bool, device=device)
+        state = _RunState.new(k, device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            if public_row:
+            if joint and k > 1 and mechanism.public_row:
                 logits, batches, shared = self._prefill_public(rows, max_new_tokens, pad_width or 0)
             else:
                 logits, cache, mask, pos, shared = self._prefill(rows, max_new_tokens)
@@ -435,65 +456,124 @@ class Engine:
                 scores = logits.to(torch.float64)
                 if t < min_new_tokens and eos.numel():
                     scores[:, eos] = -torch.inf
-                for proc in processors:
-                    scores = proc(sequences[:1] if joint else sequences, scores)
+                scores = apply(processors, scores, state.sequences[:1] if joint else state.sequences)
                 info = StepInfo(step=t, max_new_tokens=max_new_tokens, num_contexts=k,
-                                finished=None if joint else finished.clone())
-                res = mechanism.step(scores, info, generator)
+                                finished=None if joint else state.finished.clone())
+                res = mechanism.step(scores, info, source)
                 if res.stats is not None:
-                    steps.append(dict(res.stats))
+                    state.steps.append(dict(res.stats))
                 if joint:
-                    if res.stop:
-                        reasons = ["budget"] * k
-                        break
-                    tok = int(res.tokens)
-                    if stop_on_eos and tok in self.lm.eos_token_ids:
-                        reasons = ["eos"] * k
-                        yield StepEvent(t, [tok], res.stats and dict(res.stats))
-                        break
-                    for s in sequences:
-                        s.append(tok)
-                    yield StepEvent(t, [tok], res.stats and dict(res.stats))
-                    next_ids = torch.full((k, 1), tok, dtype=torch.long, device=device)
+                    event, next_ids = self._joint_tokens(res, t, state, stop_on_eos)
                 else:
-                    toks = res.tokens.to(device=device, dtype=torch.long).reshape(k)
-                    toks = torch.where(finished, torch.full_like(toks, pad), toks)
-                    is_eos = torch.isin(toks, eos) & ~finished if stop_on_eos else torch.zeros_like(finished)
-                    toks_list = toks.tolist()
-                    eos_list = is_eos.tolist()
-                    fin_list = finished.tolist()
-                    for i in range(k):
-                        if fin_list[i]:
-                            continue
-                        if eos_list[i]:
-                            reasons[i] = "eos"
-                        else:
-                            sequences[i].append(toks_list[i])
-                    finished |= is_eos
-                    yield StepEvent(t, [-1 if f else x for f, x in zip(fin_list, toks_list, strict=True)],
-                                    res.stats and dict(res.stats))
-                    if bool(finished.all()):
-                        break
-                    next_ids = toks.unsqueeze(1)
-                if t == max_new_tokens - 1:
+                    event, next_ids = self._independent_tokens(res, t, state, stop_on_eos, eos)
+                if event is not None:
+                    yield event
+                if next_ids is None or t == max_new_tokens - 1:
                     break
                 if split:
-                    logits = self._split_step(next_ids, batches, mechanism, sequences[:1], processors,
+                    logits = self._split_step(next_ids, batches, mechanism, state.sequences[:1], processors,
                                               eos if t + 1 < min_new_tokens else None)
                 else:
                     logits = self._gather(next_ids, batches, lambda b, ids: self._forward(
                         input_ids=ids, attention_mask=b.mask, position_ids=b.pos.unsqueeze(1),
                         past_key_values=b.cache).logits[:, -1, :])
         total = time.perf_counter() - t0
-        if result is not None:
-            result.append(EngineOutput(
-                sequences=sequences, finish_reasons=reasons, steps=steps, prompt_lengths=[len(r) for r in rows],
-                shared_prefix=shared, prefill_seconds=t_prefill, decode_seconds=total - t_prefill,
-            ))
+        return EngineOutput(
+            sequences=state.sequences, finish_reasons=state.reasons, steps=state.steps,
+            prompt_lengths=[len(r) for r in rows], shared_prefix=shared, prefill_seconds=t_prefill,
+            decode_seconds=total - t_prefill,
+        )
 
-    def generate(self, contexts: Sequence[Sequence[int]], mechanism: Mechanism, **kwargs: Any) -> EngineOutput:
-        """Run :meth:`stream` to the end and return the :class:`EngineOutput` (same arguments)."""
-        box: list[EngineOutput] = []
-        for _ in self.stream(contexts, mechanism, result=box, **kwargs):
-            pass
-        return box[0]
+    def _joint_tokens(self, res: StepResult, t: int, state: _RunState, stop_on_eos: bool
+                      ) -> tuple[StepEvent | None, torch.Tensor | None]:
+        """Joint mode: record the one token for every row; the event to yield and the next input ids (None: stop)."""
+        k = len(state.sequences)
+        if res.stop:
+            state.reasons = ["budget"] * k
+            return None, None
+        tok = int(res.tokens)
+        event = StepEvent(t, [tok], res.stats and dict(res.stats))
+        if stop_on_eos and tok in self.lm.eos_token_ids:
+            state.reasons = ["eos"] * k
+            return event, None
+        for s in state.sequences:
+            s.append(tok)
+        return event, torch.full((k, 1), tok, dtype=torch.long, device=self.lm.device)
+
+    def _independent_tokens(self, res: StepResult, t: int, state: _RunState, stop_on_eos: bool, eos: torch.Tensor
+                            ) -> tuple[StepEvent, torch.Tensor | None]:
+        """Independent mode: one token per row (finished rows ignored); the event and the next input ids (None: every
+        row has finished)."""
+        k, finished = len(state.sequences), state.finished
+        toks = res.tokens.to(device=self.lm.device, dtype=torch.long).reshape(k)
+        toks = torch.where(finished, torch.full_like(toks, self.lm.pad_token_id), toks)
+        is_eos = torch.isin(toks, eos) & ~finished if stop_on_eos else torch.zeros_like(finished)
+        toks_list, eos_list, fin_list = toks.tolist(), is_eos.tolist(), finished.tolist()
+        for i in range(k):
+            if fin_list[i]:
+                continue
+            if eos_list[i]:
+                state.reasons[i] = "eos"
+            else:
+                state.sequences[i].append(toks_list[i])
+        finished |= is_eos
+        event = StepEvent(t, [-1 if f else x for f, x in zip(fin_list, toks_list, strict=True)],
+                          res.stats and dict(res.stats))
+        return event, None if bool(finished.all()) else toks.unsqueeze(1)
+
+
+@dataclass
+class _RunState:
+    """What one run accumulates: the generated ids, finish reasons, per-step statistics and finished rows."""
+
+    sequences: list[list[int]]
+    reasons: list[str]
+    steps: list[dict[str, Any]]
+    finished: torch.Tensor
+
+    @classmethod
+    def new(cls, k: int, device: Any) -> _RunState:
+        return cls([[] for _ in range(k)], ["length"] * k, [], torch.zeros(k, dtype=torch.bool, device=device))
+
+
+class EngineStream(Iterator[StepEvent]):
+    """The events of one :meth:`Engine.stream` run; :attr:`output` holds the :class:`EngineOutput` once the stream
+    is exhausted (the return value of the underlying generator).
+
+    >>> # run = engine.stream([ids], mechanism, max_new_tokens=32, seed=0)
+    >>> # tokens = [event.tokens for event in run]; run.output.finish_reasons
+    """
+
+    def __init__(self, gen: Generator[StepEvent, None, EngineOutput], result: list[EngineOutput] | None = None):
+        self._gen = gen
+        self._result = result
+        self._output: EngineOutput | None = None
+
+    def __iter__(self) -> EngineStream:
+        return self
+
+    def __next__(self) -> StepEvent:
+        try:
+            return next(self._gen)
+        except StopIteration as stop:
+            if self._output is None:
+                self._output = stop.value
+                if self._result is not None:
+                    self._result.append(stop.value)
+            raise
+
+    def close(self) -> None:
+        """Stop the run early (the output stays unset)."""
+        self._gen.close()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (and :attr:`output` is set)."""
+        return self._output is not None
+
+    @property
+    def output(self) -> EngineOutput:
+        """The :class:`EngineOutput` of the finished run; refused before the stream is exhausted."""
+        if self._output is None:
+            raise RuntimeError("the stream has not finished: iterate it to the end before reading its output")
+        return self._output

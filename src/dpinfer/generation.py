@@ -1,7 +1,8 @@
 """Plain (non-private) generation on the engine: :func:`generate`, :func:`generate_many`, :func:`stream`.
 
 The prompt string is used exactly as given (no chat template, no special tokens added); pass ``messages=`` to have
-the model's chat template applied instead.
+the model's chat template applied instead. Defaults: :data:`dpinfer.defaults.GENERATE` (256 new tokens, τ = 0.7,
+top-p = 0.9), the same as ``dpinfer generate``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.defaults import GENERATE
 from dpinfer.engine import Engine, EngineOutput
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.sampler import Sampler
@@ -96,8 +98,9 @@ def _result(lm: LM, out: EngineOutput, row: int, mechanism: Sampler, max_new_tok
 
 
 def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None, lm: LM | str | None = None,
-             max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None) -> GenerationResult:
+             max_new_tokens: int = GENERATE.max_new_tokens, temperature: float = GENERATE.temperature,
+             top_k: int | None = GENERATE.top_k, top_p: float | None = GENERATE.top_p,
+             seed: int | None = None) -> GenerationResult:
     """Generate a continuation of ``prompt`` (used verbatim) or of chat ``messages``.
 
     ``temperature=0`` is greedy decoding and matches ``lm.model.generate(..., do_sample=False)`` token for token.
@@ -114,8 +117,9 @@ def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | 
     return _result(model, out, 0, mech, max_new_tokens)
 
 
-def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None, max_new_tokens: int = 256,
-                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None,
+                  max_new_tokens: int = GENERATE.max_new_tokens, temperature: float = GENERATE.temperature,
+                  top_k: int | None = GENERATE.top_k, top_p: float | None = GENERATE.top_p,
                   seed: int | None = None) -> list[GenerationResult]:
     """Batched plain generation: one continuation per prompt, all rows stepped together (independent mode)."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
@@ -147,8 +151,9 @@ class TextStreamer:
 
 
 def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
-           lm: LM | str | None = None, max_new_tokens: int = 256, temperature: float = 1.0,
-           top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+           lm: LM | str | None = None, max_new_tokens: int = GENERATE.max_new_tokens,
+           temperature: float = GENERATE.temperature, top_k: int | None = GENERATE.top_k,
+           top_p: float | None = GENERATE.top_p, seed: int | None = None) -> Iterator[str]:
     """Like :func:`generate` but yields the text piece by piece as tokens are produced."""
     _check_prompt(prompt, messages)
     _check_params(max_new_tokens, temperature, top_k, top_p, seed)

@@ -1,8 +1,10 @@
 """Checks shared by the command line and the API, run before any model loads.
 
 Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
-plain Python: no model, no torch, a few microseconds. Budget checks (:func:`check_sanitize_budget`,
-:func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they import torch, still no model).
+plain Python: no model, a few microseconds; the method is checked last (:func:`check_method`: a method other than
+the default and the baselines is looked up in the mechanism registry, which imports torch once). Budget checks
+(:func:`check_sanitize_budget`, :func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they
+import torch, still no model).
 Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
 results atomically (a temporary file in the same folder, then :func:`os.replace`).
 
@@ -13,89 +15,34 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 
 MAX_TEXT_BYTES = 4 * 1024 * 1024
 """Largest document or prompt file read whole (4 MiB, far beyond any supported model's context window)."""
 
-SANITIZE_METHODS = ("dp-fusion", "original", "ner-scrub", "dp-decoding", "dp-prompt")
-SANITIZE_DP_METHODS = ("dp-fusion", "dp-decoding", "dp-prompt")
-SYNTH_METHODS = ("invisibleink", "amin", "adapmixed", "public")
 
 
 # ------------------------------------------------------------------------------------------------------ scalars
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
-
-
-def positive_number(value: object, name: str, hint: str = "") -> float:
-    """``value`` as a finite float > 0."""
-    if not _is_number(value) or not (math.isfinite(value) and value > 0):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must be > 0 (a finite number), got {value!r}{hint}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_delta(value: object, name: str = "delta") -> float:
-    """δ strictly between 0 and 1."""
-    if not _is_number(value) or not (math.isfinite(value) and 0 < value < 1):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} must lie strictly between 0 and 1, got {value!r} (e.g. 1e-5)")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_alpha(value: object, name: str = "alpha") -> float:
-    """A Rényi order: a finite number > 1."""
-    if not _is_number(value) or not (math.isfinite(value) and value > 1):  # type: ignore[arg-type]
-        raise ConfigurationError(f"{name} (the Rényi order) must be a finite number > 1, got {value!r} (default 2)")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_temperature(value: object, name: str = "temperature", *, allow_zero: bool) -> float:
-    """A finite temperature, > 0 for a private mechanism (greedy decoding has no DP guarantee), ≥ 0 otherwise."""
-    ok = _is_number(value) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)  # type: ignore
-    if not ok:
-        bound = "≥ 0 (0 = greedy)" if allow_zero else "> 0 (a private mechanism must sample; 0.7 is a good start)"
-        raise ConfigurationError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def int_at_least(value: object, name: str, minimum: int, hint: str = "") -> int:
-    """``value`` as an int ≥ ``minimum`` (bools and non-integers refused)."""
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {value!r}{hint}") from None
-    if n < minimum:
-        raise ConfigurationError(f"{name} must be an integer ≥ {minimum}, got {n}{hint}")
-    return n
-
-
-def check_top_p(value: object, name: str = "top_p") -> float | None:
-    if value is None:
-        return None
-    if not _is_number(value) or not (0 < value <= 1):  # type: ignore[operator]
-        raise ConfigurationError(f"{name} must lie in (0, 1], got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_seed(value: object, name: str = "seed") -> int | None:
-    """None, or an integer ≥ 0."""
-    return None if value is None else int_at_least(value, name, 0)
-
-
-def one_of(value: object, name: str, choices: Iterable[str]) -> str:
-    options = tuple(choices)
-    if not isinstance(value, str) or value not in options:
-        raise ConfigurationError(f"unknown {name} {value!r}; choose one of {', '.join(options)}")
-    return value
+# The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
+# re-exported here under the names this module always had.
+from dpinfer.checks import (  # noqa: E402
+    check_alpha,
+    check_delta,
+    check_seed,
+    check_temperature,
+    check_top_p,
+    int_at_least,
+    one_of,
+    positive_number,
+)
+from dpinfer.checks import is_number as _is_number  # noqa: E402, F401
 
 
 def _namer(cli: bool) -> Any:
@@ -111,6 +58,18 @@ def _optional_k(value: object, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ commands
+def check_method(task: str, method: object, name: str = "method") -> str:
+    """``method`` as one of ``task``'s methods (:func:`dpinfer.methods.method_names`: the mechanisms registered for
+    the task and its baselines); an unknown one is refused with the list. The default method and the baselines are
+    known without reading the registry; any other name is looked up there (the first lookup imports the registered
+    mechanisms, and so torch: about as long as ``import torch``)."""
+    from dpinfer.methods import DEFAULT_METHODS, is_baseline, method_names
+
+    if is_baseline(task, method) or (method == DEFAULT_METHODS.get(task) and isinstance(method, str)):
+        return method  # type: ignore[return-value]
+    return one_of(method, name, method_names(task))
+
+
 def check_groups(groups: object) -> None:
     """``groups`` (group name → TAB labels) is None or a mapping of non-empty names to label lists, no label twice."""
     if groups is None:
@@ -133,11 +92,11 @@ def check_groups(groups: object) -> None:
             seen[label] = gname
 
 
-def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = None,
-                          group_epsilon: Mapping[str, object] | None = None, delta: object = 1e-5,
-                          alpha: object = 2.0, temperature: object = None, top_k: object = "default",
+def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object = None,
+                          group_epsilon: Mapping[str, object] | None = None, delta: object = SANITIZE.delta,
+                          alpha: object = SANITIZE.alpha, temperature: object = None, top_k: object = "default",
                           max_new_tokens: object = None, no_repeat_ngram: object = "default", seed: object = None,
-                          accounting: object = "dpinfer", adjacency: object = "replace-by-null",
+                          accounting: object = SANITIZE.accounting, adjacency: object = SANITIZE.adjacency,
                           tagger: object = None, groups: Mapping[str, Any] | None = None,
                           cli: bool = False) -> None:
     """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model
@@ -148,8 +107,9 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
     """
+    from dpinfer.methods import is_baseline
+
     n = _namer(cli)
-    one_of(method, n("method"), SANITIZE_METHODS)
     if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
     from dpinfer.taggers.base import TAB_LABELS
@@ -166,7 +126,8 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
     check_delta(delta, n("delta"))
     check_alpha(alpha, n("alpha"))
     if temperature is not None:
-        check_temperature(temperature, n("temperature"), allow_zero=method not in SANITIZE_DP_METHODS)
+        # greedy decoding only for a baseline (a private mechanism must sample)
+        check_temperature(temperature, n("temperature"), allow_zero=is_baseline("sanitize", method))
     _optional_k(top_k, n("top_k"))
     if max_new_tokens is not None:
         int_at_least(max_new_tokens, n("max_new_tokens"), 1)
@@ -181,6 +142,7 @@ def check_sanitize_params(*, method: object = "dp-fusion", epsilon: object = Non
         from dpinfer.taggers.registry import available_taggers
 
         one_of(tagger, n("tagger"), available_taggers())
+    check_method("sanitize", method, n("method"))
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
@@ -195,9 +157,9 @@ def conversion_cost(alpha: float, delta: float) -> float:
     return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
 
 
-def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = None,
-                          group_epsilon: Mapping[str, float] | None = None, delta: float = 1e-5, alpha: float = 2.0,
-                          cli: bool = False) -> None:
+def check_sanitize_budget(*, method: str = SANITIZE.method, epsilon: float | None = None,
+                          group_epsilon: Mapping[str, float] | None = None, delta: float = SANITIZE.delta,
+                          alpha: float = SANITIZE.alpha, cli: bool = False) -> None:
     """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model, no torch).
 
     Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
@@ -207,8 +169,7 @@ def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = 
 
     if method != "dp-fusion":
         return
-    default = 40.0  # dpinfer.pipelines.sanitize.DEFAULTS["epsilon"] (a test keeps them equal)
-    targets = {"": default if epsilon is None else float(epsilon)}
+    targets = {"": SANITIZE.epsilon if epsilon is None else float(epsilon)}
     targets.update({str(k): float(v) for k, v in (group_epsilon or {}).items()})
     floor = conversion_cost(alpha, delta)
     for name, eps in targets.items():
@@ -225,10 +186,11 @@ def check_sanitize_budget(*, method: str = "dp-fusion", epsilon: float | None = 
             )
 
 
-def check_synth_params(*, method: object = "invisibleink", epsilon: object = None, delta: object = 1e-6,
-                       batch_size: object = 8, max_new_tokens: object = 200, top_k: object = 50,
-                       temperature: object = 1.0, seed: object = None, max_texts: object = None,
-                       max_reference_tokens: object = 512, limit: object = None, cli: bool = False) -> None:
+def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None, delta: object = SYNTH.delta,
+                       batch_size: object = SYNTH.batch_size, max_new_tokens: object = SYNTH.max_new_tokens,
+                       top_k: object = SYNTH.top_k, temperature: object = SYNTH.temperature, seed: object = None,
+                       max_texts: object = None, max_reference_tokens: object = SYNTH.max_reference_tokens,
+                       limit: object = None, cli: bool = False) -> None:
     """Every parameter of :func:`dpinfer.synthesize` that can be checked without the corpus or the model
     (``cli=True``: messages name the command-line options).
 
@@ -237,19 +199,20 @@ def check_synth_params(*, method: object = "invisibleink", epsilon: object = Non
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: batch_size must be an integer ≥ 1, got 0
     """
+    from dpinfer.methods import is_baseline
+
     n = _namer(cli)
-    one_of(method, n("method"), SYNTH_METHODS)
-    if method != "public":
-        if epsilon is None:
-            raise ConfigurationError("epsilon (the target ε per reference) is required, except with method 'public'")
-        positive_number(epsilon, n("epsilon"))
-    elif epsilon is not None:
+    public = is_baseline("synthesize", method)  # reads no reference: needs no ε
+    if epsilon is None and not public:
+        raise ConfigurationError(f"{n('epsilon')} is required (the target ε per reference), except with "
+                                 f"{n('method')} {', '.join(_baselines('synthesize'))}")
+    if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
     check_delta(delta, n("delta"))
     int_at_least(batch_size, n("batch_size"), 1)
     int_at_least(max_new_tokens, n("max_new_tokens"), 1)
     _optional_k(top_k, n("top_k"))
-    check_temperature(temperature, n("temperature"), allow_zero=method == "public")
+    check_temperature(temperature, n("temperature"), allow_zero=public)
     check_seed(seed, n("seed"))
     if max_texts is not None:
         int_at_least(max_texts, n("max_texts"), 1)
@@ -257,6 +220,22 @@ def check_synth_params(*, method: object = "invisibleink", epsilon: object = Non
         int_at_least(max_reference_tokens, n("max_reference_tokens"), 1, " (None: no cut)")
     if limit is not None:
         int_at_least(limit, n("limit"), 1)
+    check_method("synthesize", method, n("method"))
+
+
+def _baselines(task: str) -> list[str]:
+    from dpinfer.methods import BASELINES
+
+    return list(BASELINES[task])
+
+
+def check_corpus_size(*, method: str, references: int, batch_size: int) -> None:
+    """At least one batch of B references for a method that reads them (before the model loads)."""
+    from dpinfer.methods import is_baseline
+
+    if not is_baseline("synthesize", method) and references < batch_size:
+        raise InvalidInputError(f"{references} references are fewer than one batch of B = {batch_size}; lower "
+                                "--batch-size or add references")
 
 
 def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
@@ -268,8 +247,9 @@ def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batc
                     max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
 
 
-def check_generate_params(*, max_new_tokens: object = 256, temperature: object = 1.0, top_k: object = None,
-                          top_p: object = None, seed: object = None, cli: bool = False) -> None:
+def check_generate_params(*, max_new_tokens: object = GENERATE.max_new_tokens,
+                          temperature: object = GENERATE.temperature, top_k: object = GENERATE.top_k,
+                          top_p: object = GENERATE.top_p, seed: object = None, cli: bool = False) -> None:
     """Every parameter of plain :func:`dpinfer.generate`."""
     n = _namer(cli)
     int_at_least(max_new_tokens, n("max_new_tokens"), 1)

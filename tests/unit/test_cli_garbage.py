@@ -240,9 +240,9 @@ def test_sanitize_api_parameter_errors_come_before_the_model(kwargs, error, matc
 @pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-9])
 def test_fast_budget_check_matches_dp_fusion_calibration(alpha, delta) -> None:
     """The torch-free pre-check refuses exactly what DP-Fusion's calibration refuses (at any T_max)."""
+    from dpinfer.defaults import SANITIZE
     from dpinfer.mechanisms.dp_fusion import DPFusion
     from dpinfer.mechanisms.dp_fusion import conversion_cost as slow
-    from dpinfer.pipelines.sanitize import DEFAULTS
     from dpinfer.validation import check_sanitize_budget, conversion_cost
 
     assert conversion_cost(alpha, delta) == pytest.approx(slow(alpha, delta), rel=1e-12)
@@ -255,4 +255,4 @@ def test_fast_budget_check_matches_dp_fusion_calibration(alpha, delta) -> None:
         with pytest.raises(InfeasibleBudgetError):
             DPFusion.calibrated({"G": below}, max_new_tokens=t_max, delta=delta, alpha=alpha)
         DPFusion.calibrated({"G": above}, max_new_tokens=t_max, delta=delta, alpha=alpha)
-    assert DEFAULTS["epsilon"] == 40.0  # the default the pre-check assumes
+    assert SANITIZE.epsilon == 40.0  # the default the pre-check assumes (it reads it from dpinfer.defaults)

@@ -146,6 +146,41 @@ def test_seed_reproducible_and_stream_matches(tiny_lm):
     assert [t[0] for t in streamed if t[0] >= 0][: len(a.sequences[0])] == a.sequences[0]
 
 
+def test_stream_returns_its_output_cleanly(tiny_lm):
+    """``Engine.stream`` yields the events and, once exhausted, holds the same EngineOutput ``generate`` returns
+    (the generator's return value); reading it early is refused, and the deprecated ``result=`` list still fills."""
+    ids = tiny_lm.encode(PROMPTS[0])
+    eng = Engine(tiny_lm)
+    mech = Sampler(temperature=1.0, top_k=50)
+    expected = eng.generate([ids, ids], mech, max_new_tokens=12, seed=5)
+    run = eng.stream([ids, ids], mech, max_new_tokens=12, seed=5)
+    with pytest.raises(RuntimeError, match="has not finished"):
+        _ = run.output
+    events = list(run)
+    assert run.finished and run.output.sequences == expected.sequences
+    assert run.output.finish_reasons == expected.finish_reasons
+    assert len(events) == run.output.num_generated or "eos" in run.output.finish_reasons
+    box = []
+    list(eng.stream([ids], Recorder(), max_new_tokens=5, result=box))
+    assert len(box) == 1 and len(box[0].steps) == len(box[0].sequences[0]) + (box[0].finish_reasons[0] == "eos")
+
+
+def test_processors_are_typed_and_checked_before_the_model_runs(tiny_lm):
+    from dpinfer.mechanisms.transforms import LogitsProcessor, NoRepeatNGram, TopK
+
+    ids = tiny_lm.encode(PROMPTS[2])
+    assert isinstance(NoRepeatNGram(2), LogitsProcessor) and isinstance(TopK(3), LogitsProcessor)
+    eng = Engine(tiny_lm)
+    with pytest.raises(ConfigurationError, match="sequence of logits processors"):
+        eng.stream([ids], Sampler(), max_new_tokens=4, processors=NoRepeatNGram(2))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="processor"):
+        eng.stream([ids], Sampler(), max_new_tokens=4, processors=[42])  # type: ignore[list-item]
+    # a stateless processor (one signature for all): TopK(1) before plain sampling is greedy decoding
+    greedy = eng.generate([ids], Sampler(temperature=0.0), max_new_tokens=8, seed=0)
+    topk1 = eng.generate([ids], Sampler(temperature=1.0), max_new_tokens=8, seed=0, processors=[TopK(1)])
+    assert topk1.sequences == greedy.sequences
+
+
 def test_bad_inputs(tiny_lm):
     eng = Engine(tiny_lm)
     with pytest.raises(InvalidInputError):

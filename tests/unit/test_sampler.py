@@ -41,15 +41,15 @@ def test_topk_topp_validation():
 
 def test_topp_keeps_smallest_set_reaching_p():
     p = torch.tensor([[0.5, 0.25, 0.15, 0.1]], dtype=torch.float64)
-    kept = TopP(0.75)(p.log()).isfinite()[0].tolist()
+    kept = TopP(0.75)((), p.log()).isfinite()[0].tolist()
     assert kept == [True, True, False, False]
-    kept = TopP(0.76)(p.log()).isfinite()[0].tolist()
+    kept = TopP(0.76)((), p.log()).isfinite()[0].tolist()
     assert kept == [True, True, True, False]
 
 
 def test_public_support_uses_only_the_public_row():
     z = torch.randn(3, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    out = PublicSupport(top_k=5, margin=0.3)(z, public_row=0)
+    out = PublicSupport(top_k=5, margin=0.3)((), z)
     keep = out[0].isfinite()
     assert torch.equal(out.isfinite(), keep.expand(3, -1))  # same support for every row
     assert keep.sum() >= 5
@@ -58,7 +58,7 @@ def test_public_support_uses_only_the_public_row():
     # changing a private row never changes the support
     z2 = z.clone()
     z2[1] = 100 * torch.randn(50, dtype=torch.float64)
-    assert torch.equal(PublicSupport(top_k=5, margin=0.3)(z2)[0].isfinite(), keep)
+    assert torch.equal(PublicSupport(top_k=5, margin=0.3)((), z2)[0].isfinite(), keep)
 
 
 def test_sampling_frequencies_follow_the_distribution():

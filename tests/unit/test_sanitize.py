@@ -323,7 +323,7 @@ def _result(epsilon: float, method: str = "dp-fusion"):
 
 def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
     """Hole 7: 15.2516 was printed 15.25 (rounded down); what the adjacency leaves public was not said."""
-    from dpinfer.cli import _guarantee_sentence
+    from dpinfer.cli.sanitize import guarantee_sentence as _guarantee_sentence
 
     res = _result(15.2516)
     for make in (_guarantee_sentence, _pipeline_sentence):

@@ -1,9 +1,12 @@
 """dpinfer's one accountant: privacy losses, their composition, their conversion to (ε, δ), and the guarantee.
 
-Every mechanism states its loss as a :class:`PrivacyLoss` (a Rényi-DP curve: :class:`RdpCurve`, :class:`Zcdp`,
-:class:`PureDp`, or :class:`SingleOrderRdp` for a bound that holds at one order), composes it with :func:`compose` /
-:func:`compose_parallel`, solves its knob with :func:`calibrate`, and reports a :class:`Guarantee` computed ex ante.
-Data-dependent figures are reported as :class:`DataDependentSpend`, never as ε.
+Every mechanism declares what one step releases as a :class:`LossEvent` (frozen, parameter-only; the events and their
+formulas live here: :mod:`dpinfer.accounting.events`, :mod:`dpinfer.accounting.dp_fusion`), whose per-step loss is a
+:class:`PrivacyLoss` (a Rényi-DP curve: :class:`RdpCurve`, :class:`Zcdp`, :class:`PureDp`, or :class:`SingleOrderRdp`
+for a bound that holds at one order). The accountant composes it over the most steps a generation can take
+(:func:`compose_steps`; in general :func:`compose` / :func:`compose_parallel`), solves a knob for a target with
+:func:`calibrate_event` / :func:`calibrate`, and reports a :class:`Guarantee` computed ex ante
+(:func:`ex_ante_guarantee`). Data-dependent figures are reported as :class:`DataDependentSpend`, never as ε.
 
 >>> loss = Zcdp(0.01).times(100) + PureDp(0.1)
 >>> guarantee = Guarantee.from_loss(loss, delta=1e-5, mechanism="demo", adjacency="replace-one",
@@ -12,6 +15,7 @@ Data-dependent figures are reported as :class:`DataDependentSpend`, never as ε.
 True
 """
 
+from dpinfer.accounting.accountant import LossEvent, calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
 from dpinfer.accounting.calibration import calibrate, zcdp_rho_for_target
 from dpinfer.accounting.guarantee import DataDependentSpend, GroupGuarantee, Guarantee
 from dpinfer.accounting.losses import (
@@ -33,16 +37,21 @@ __all__ = [
     "DataDependentSpend",
     "GroupGuarantee",
     "Guarantee",
+    "LossEvent",
     "PrivacyLoss",
     "PureDp",
     "RdpCurve",
     "SingleOrderRdp",
     "Zcdp",
     "calibrate",
+    "calibrate_event",
     "compose",
     "compose_parallel",
+    "compose_steps",
     "conversion_route",
     "delta_from_rdp",
     "epsilon_from_rdp",
+    "ex_ante_guarantee",
+    "grow_bracket",
     "zcdp_rho_for_target",
 ]

@@ -7,13 +7,8 @@ from collections.abc import Callable
 
 from dpinfer.accounting._format import format_up
 from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, Zcdp, _check_delta
+from dpinfer.checks import positive_number
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
-
-
-def _check_target(epsilon: float) -> float:
-    if not 0.0 < epsilon < math.inf:
-        raise ConfigurationError(f"a target ε must be a finite number > 0, got {epsilon!r}")
-    return float(epsilon)
 
 
 def calibrate(
@@ -45,7 +40,7 @@ def calibrate(
     >>> round(sigma, 4), Zcdp(1 / (2 * sigma**2)).to_epsilon(1e-5) <= 1.0
     (4.0451, True)
     """
-    epsilon, delta = _check_target(epsilon), _check_delta(delta)
+    epsilon, delta = positive_number(epsilon, "a target ε"), _check_delta(delta)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigurationError(f"the bracket for {name} must be finite with lo < hi, got lo = {lo!r}, hi = {hi!r}")
     if not 0.0 < rtol < 1.0:
@@ -98,7 +93,7 @@ def zcdp_rho_for_target(epsilon: float, delta: float) -> float:
     >>> round(rho, 3), round(7 * 1.1 * math.sqrt(2 * rho / 500), 3)
     (1.539, 0.604)
     """
-    epsilon, delta = _check_target(epsilon), _check_delta(delta)
+    epsilon, delta = positive_number(epsilon, "a target ε"), _check_delta(delta)
     hi = 1.0
     while Zcdp(hi).to_epsilon(delta) <= epsilon:
         hi *= 2.0

@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 
 from dpinfer._json import plain
 from dpinfer.accounting._format import format_up
-from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, _check_epsilon
+from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp
+from dpinfer.checks import check_probability, non_negative_number
 from dpinfer.errors import ConfigurationError
 
 ACCOUNTINGS = ("dpinfer", "as_published")
@@ -20,12 +21,6 @@ SEEDED_NOTE = (
     "A random seed was set: this holds only while the seed stays secret (whoever knows it can replay the noise); "
     "seeds are for tests and benchmarks, not for private releases."
 )
-
-
-def _check_guarantee_delta(delta: float) -> float:
-    if not 0.0 <= delta < 1.0:
-        raise ConfigurationError(f"a guarantee's δ must lie in [0, 1), got {delta!r}")
-    return float(delta)
 
 
 def _freeze(value: Any, where: str) -> Any:
@@ -66,8 +61,8 @@ class GroupGuarantee:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigurationError(f"a privacy group needs a non-empty name, got {self.name!r}")
-        object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon))
-        object.__setattr__(self, "delta", _check_guarantee_delta(self.delta))
+        object.__setattr__(self, "epsilon", non_negative_number(self.epsilon, "ε", allow_inf=True))
+        object.__setattr__(self, "delta", check_probability(self.delta, "a guarantee's δ", high_open=True))
         object.__setattr__(self, "parameters", _freeze(self.parameters, f"parameters of group {self.name}"))
 
     @classmethod
@@ -126,8 +121,8 @@ class Guarantee:
     seed stays secret, since whoever knows it can replay the noise. The seed itself is never part of a release."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", _check_epsilon(self.epsilon))
-        object.__setattr__(self, "delta", _check_guarantee_delta(self.delta))
+        object.__setattr__(self, "epsilon", non_negative_number(self.epsilon, "ε", allow_inf=True))
+        object.__setattr__(self, "delta", check_probability(self.delta, "a guarantee's δ", high_open=True))
         if not isinstance(self.mechanism, str) or not self.mechanism:
             raise ConfigurationError(f"a guarantee needs the mechanism's name, got {self.mechanism!r}")
         if not isinstance(self.adjacency, str) or not self.adjacency:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
 
+from dpinfer.checks import check_delta, check_order, non_negative_number, positive_int
 from dpinfer.errors import ConfigurationError
 
 DEFAULT_ORDERS: tuple[float, ...] = tuple(1.0 + 0.01 * 1.02**k for k in range(1, 698))
@@ -41,31 +42,12 @@ Near its optimum the conversion of ρ-zCDP behaves like ``ρ(α − 1) + log(1/�
 _PURE_ORDERS: tuple[float, ...] = (*DEFAULT_ORDERS, math.inf)
 
 
-def _check_delta(delta: float) -> float:
-    if not 0.0 < delta < 1.0:
-        raise ConfigurationError(
-            f"δ must lie strictly between 0 and 1, got {delta!r}; common choices are 1e-5, or well below 1/n for n "
-            "records"
-        )
-    return float(delta)
+def _check_delta(delta: object) -> float:
+    return check_delta(delta, "δ", "; common choices are 1e-5, or well below 1/n for n records")
 
 
-def _check_epsilon(epsilon: float) -> float:
-    if not epsilon >= 0.0:
-        raise ConfigurationError(f"ε must be a number ≥ 0, got {epsilon!r}")
-    return float(epsilon)
-
-
-def _check_order(alpha: float) -> float:
-    if not alpha > 1.0:
-        raise ConfigurationError(f"a Rényi order α must be > 1 (math.inf for pure DP), got {alpha!r}")
-    return float(alpha)
-
-
-def _check_rdp(value: float) -> float:
-    if not value >= 0.0:
-        raise ConfigurationError(f"an RDP value ε(α) must be ≥ 0 (math.inf where no bound holds), got {value!r}")
-    return float(value)
+def _check_rdp(value: object) -> float:
+    return non_negative_number(value, "an RDP value ε(α)", " (math.inf where no bound holds)", allow_inf=True)
 
 
 def _split(orders: Sequence[float], rdp: Sequence[float]) -> tuple[list[float], list[float], float]:
@@ -75,7 +57,7 @@ def _split(orders: Sequence[float], rdp: Sequence[float]) -> tuple[list[float], 
             f"an RDP curve needs one ε(α) per order and at least one order; got {len(orders)} orders, {len(rdp)} values"
         )
     finite_orders, finite_rdp, pure = [], [], math.inf
-    for alpha, value in zip(map(_check_order, orders), map(_check_rdp, rdp), strict=True):
+    for alpha, value in zip(map(check_order, orders), map(_check_rdp, rdp), strict=True):
         if math.isinf(alpha):
             pure = min(pure, value)
         else:
@@ -112,7 +94,7 @@ def delta_from_rdp(orders: Sequence[float], rdp: Sequence[float], epsilon: float
     >>> delta, order
     (0.0, inf)
     """
-    epsilon = _check_epsilon(epsilon)
+    epsilon = non_negative_number(epsilon, "ε", allow_inf=True)
     finite_orders, finite_rdp, pure = _split(orders, rdp)
     if math.isinf(epsilon):  # every mechanism is (∞, 0)-DP
         return 0.0, math.inf
@@ -122,16 +104,6 @@ def delta_from_rdp(orders: Sequence[float], rdp: Sequence[float], epsilon: float
     if pure <= epsilon:
         return 0.0, math.inf
     return float(delta), float(best)
-
-
-def _check_count(n: int) -> int:
-    try:
-        n = operator.index(n)
-    except TypeError:
-        raise ConfigurationError(f"a number of compositions must be an integer, got {n!r}") from None
-    if n < 1:
-        raise ConfigurationError(f"a number of compositions must be ≥ 1, got {n}")
-    return n
 
 
 class PrivacyLoss(ABC):
@@ -172,7 +144,7 @@ class PrivacyLoss(ABC):
 
     def times(self, n: int) -> PrivacyLoss:
         """The n-fold sequential composition of this loss with itself (n ≥ 1)."""
-        n = _check_count(n)
+        n = positive_int(n, "a number of compositions")
         return self if n == 1 else self._scaled(n)
 
     def _scaled(self, n: int) -> PrivacyLoss:
@@ -229,7 +201,7 @@ class RdpCurve(PrivacyLoss):
 
     def rdp(self, alpha: float) -> float:
         """ε at the smallest grid order ≥ α (RDP is non-decreasing in α), or ``math.inf`` above the grid."""
-        i = bisect.bisect_left(self.orders, _check_order(alpha))
+        i = bisect.bisect_left(self.orders, check_order(alpha))
         return self.epsilons[i] if i < len(self.orders) else math.inf
 
     def _scaled(self, n: int) -> PrivacyLoss:
@@ -277,7 +249,7 @@ class SingleOrderRdp(PrivacyLoss):
 
     def rdp(self, alpha: float) -> float:
         """ε at α = ``self.alpha``; ``math.inf`` at every other order."""
-        return self.epsilon if _check_order(alpha) == self.alpha else math.inf
+        return self.epsilon if check_order(alpha) == self.alpha else math.inf
 
     def _scaled(self, n: int) -> PrivacyLoss:
         return SingleOrderRdp(self.alpha, n * self.epsilon)
@@ -321,7 +293,7 @@ class Zcdp(PrivacyLoss):
 
     def rdp(self, alpha: float) -> float:
         """ρα (``math.inf`` at α = ∞ unless ρ = 0)."""
-        alpha = _check_order(alpha)
+        alpha = check_order(alpha)
         return 0.0 if self.rho == 0.0 else self.rho * alpha
 
     def _scaled(self, n: int) -> PrivacyLoss:
@@ -366,7 +338,7 @@ class PureDp(PrivacyLoss):
 
     def rdp(self, alpha: float) -> float:
         """min(ε, αε²/8) if bounded range, else min(ε, αε²/2); ε at α = ∞."""
-        alpha = _check_order(alpha)
+        alpha = check_order(alpha)
         if math.isinf(alpha):
             return self.epsilon
         return min(self.epsilon, alpha * self.epsilon**2 / (8.0 if self.bounded_range else 2.0))

@@ -1,7 +1,8 @@
 """``dpinfer bench sanitize``: privacy–utility of every sanitisation method on TAB-ECHR documents, and throughput.
 
-Quality run (default), for each document and each method (``original``, ``ner-scrub``, and ``dp-fusion``,
-``dp-decoding``, ``dp-prompt`` at every ε of the sweep), all on the same engine with the gold TAB spans:
+Quality run (default), for each document and each method (the baselines ``original`` and ``ner-scrub``, and every
+mechanism registered for sanitisation, ``dp-fusion``, ``dp-decoding``, ``dp-prompt``, at every ε of the sweep), all on
+the same engine with the gold TAB spans:
 
 * PPL: ``exp(mean NLL)`` of the released tokens under the LM given the rewriting prompt with the ORIGINAL document;
 * LOSS-attack ASR (ALGORITHMS §6) on CODE, PERSON and DATETIME with |C| = 5 candidates (chance 0.20), with a 95%
@@ -31,8 +32,6 @@ from typing import Any
 
 from dpinfer.taggers.base import Span
 
-BASE_METHODS = ("original", "ner-scrub")
-SWEEP_METHODS = ("dp-fusion", "dp-decoding", "dp-prompt")
 DEFAULT_EPSILONS = (12.0, 20.0, 40.0, 100.0)
 
 
@@ -92,9 +91,11 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
     def context(text: str) -> list[int]:
         return lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0])
 
+    from dpinfer.methods import is_baseline
+
     decoding = decoding or {}
-    runs = [(m, None) for m in methods if m in BASE_METHODS]
-    runs += [(m, e) for m in methods if m in SWEEP_METHODS for e in epsilons]
+    runs = [(m, None) for m in methods if is_baseline("sanitize", m)]  # no ε: one run each
+    runs += [(m, e) for m in methods if not is_baseline("sanitize", m) for e in epsilons]
     rows: dict[tuple[str, float | None], dict[str, Any]] = {
         r: {"ppl": [], "games": [], "leaks": [0, 0], "tokens": 0, "seconds": 0.0, "epsilon": None, "rep": []}
         for r in runs}
@@ -308,7 +309,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="T_max of every release (default 128)")
     p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
                    help="ε sweep, comma-separated (default 12,20,40,100)")
-    p.add_argument("--methods", default=",".join(BASE_METHODS + SWEEP_METHODS), help="methods, comma-separated")
+    p.add_argument("--methods", default=None,
+                   help="methods, comma-separated (default: every method of dpinfer sanitize, baselines first)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None)
     p.add_argument("--quantize", default=None, choices=["int8"],
@@ -344,8 +346,13 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
         epsilons = tuple(float(x) for x in args.epsilons.split(",") if x.strip())
     except ValueError:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = set(methods) - set(BASE_METHODS + SWEEP_METHODS)
+    from dpinfer.methods import BASELINES, mechanism_names, method_names
+
+    if args.methods is None:
+        methods = (*BASELINES["sanitize"], *mechanism_names("sanitize"))
+    else:
+        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    unknown = set(methods) - set(method_names("sanitize"))
     if unknown:
         raise ConfigurationError(f"unknown method(s) {sorted(unknown)}")
     docs = load_tab(args.data, args.n, args.max_chars, skip=args.skip)

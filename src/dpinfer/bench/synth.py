@@ -54,6 +54,7 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
                 top_k: int | None, temperature: float, template: str, seed: int, mauve_repeats: int,
                 amin_sound: bool, progress: Any = None) -> dict[str, Any]:
     from dpinfer.eval.embeddings import load_embedder
+    from dpinfer.methods import is_baseline
     from dpinfer.pipelines.synthesize import TEMPLATES, synthesize
 
     emb = load_embedder()
@@ -67,7 +68,8 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
     q = emb.encode(real_texts)
     rows: list[dict[str, Any]] = []
     for method in methods:
-        for b in (batch_sizes[-1:] if method == "public" else batch_sizes):
+        public = is_baseline("synthesize", method)
+        for b in (batch_sizes[-1:] if public else batch_sizes):
             if progress:
                 progress(f"{method} B={b}")
             options: dict[str, Any] = {}
@@ -81,8 +83,8 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
             ppl = [x for x in ppl if math.isfinite(x)]
             p = emb.encode([t if t.strip() else "." for t in texts])
             row: dict[str, Any] = {
-                "method": method, "B": b if method != "public" else 0,
-                "epsilon": None if method == "public" else epsilon,
+                "method": method, "B": b if not public else 0,
+                "epsilon": None if public else epsilon,
                 "texts": len(texts), "mean_tokens": statistics.fmean(t.tokens for t in res.texts),
                 "ppl": statistics.median(ppl) if ppl else math.nan,
                 "lm_calls_per_token": res.lm_calls_per_token, "tokens_per_second": res.tokens_per_second,
@@ -200,7 +202,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-fields", default="label1,label2", help="public label fields ('' for none)")
     p.add_argument("--template", default="yelp", choices=["generic", "yelp", "tab"])
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma-separated: public, invisibleink, amin, adapmixed")
+                   help="comma-separated methods of dpinfer synth (default public,invisibleink,amin)")
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), help="B values, e.g. 2,4,8")
     p.add_argument("--epsilon", type=float, default=10.0)
     p.add_argument("--delta", type=float, default=1e-6)
@@ -230,7 +232,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.errors import ConfigurationError, DataNotFoundError
     from dpinfer.models import load_model
     from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import METHODS, load_references
+    from dpinfer.pipelines.synthesize import load_references
+    from dpinfer.validation import check_method
 
     path = Path(args.data) if args.data else data_file("yelp", "yelp_reviews.csv")
     if not path.is_file():
@@ -238,8 +241,7 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
                                 "$DPINFER_DATA, or --data)")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     for m in methods:
-        if m not in METHODS:
-            raise ConfigurationError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        check_method("synthesize", m, "--methods")
     try:
         sizes = tuple(int(x) for x in args.batch_sizes.split(",") if x.strip())
     except ValueError:

@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
                                        sigmas=args.sigmas)
     shipped = packaged_bounds().get(str(lm.name))
     if args.json:
-        from dpinfer.cli import _print_json
+        from dpinfer.cli.output import print_json
 
-        _print_json({**record.to_dict(), "path": str(path),
+        print_json({**record.to_dict(), "path": str(path),
                      "packaged": None if shipped is None else shipped.to_dict()})
         return 0
     print(f"{lm.name}: clip bounds [{record.clip_min:.4f}, {record.clip_max:.4f}] (μ = {record.mean:.4f}, "

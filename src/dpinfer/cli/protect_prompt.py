@@ -22,6 +22,8 @@ DESCRIPTION = (
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    from dpinfer.defaults import PROTECT as D
+
     p = sub.add_parser("protect-prompt", parents=[common], help="rewrite a prompt with local DP (DP-GTR / DP-Prompt)",
                        description=DESCRIPTION)
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text ('-' for standard input), or use --file")
@@ -32,16 +34,18 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     budget.add_argument("--epsilon", type=float, default=None,
                         help="target ε of all rewrites together (τ is calibrated to it)")
     budget.add_argument("--temperature", type=float, default=None,
-                        help="stage-1 temperature τ (default 0.75; ε follows from it)")
-    p.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
-    p.add_argument("--n-rewrites", type=int, default=None, help="stage-1 rewrites (default 10; dp-prompt: 1)")
-    p.add_argument("--n-keywords", type=int, default=10, help="K keywords to avoid (default 10)")
-    p.add_argument("--keywords", default="ndp", choices=["ndp", "jem"],
+                        help=f"stage-1 temperature τ (default {D.temperature:g}; ε follows from it)")
+    p.add_argument("--delta", type=float, default=D.delta, help=f"δ (default {D.delta:g})")
+    p.add_argument("--n-rewrites", type=int, default=None,
+                   help=f"stage-1 rewrites (default {D.n_rewrites}; dp-prompt: 1)")
+    p.add_argument("--n-keywords", type=int, default=D.n_keywords, help=f"K keywords to avoid (default {D.n_keywords})")
+    p.add_argument("--keywords", default=D.keywords, choices=["ndp", "jem"],
                    help="ndp (default): the top K as they are; jem: Joint Exponential Mechanism over a fixed public "
                         "word universe")
-    p.add_argument("--jem-epsilon", type=float, default=None, help="ε₂ of JEM (default 40; not added to ε)")
-    p.add_argument("--max-new-tokens", type=int, default=48,
-                   help="T_max of each rewrite and of the final prompt, fixed in advance (default 48)")
+    p.add_argument("--jem-epsilon", type=float, default=None,
+                   help=f"ε₂ of JEM (default {D.jem_epsilon:g}; not added to ε)")
+    p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
+                   help=f"T_max of each rewrite and of the final prompt, fixed in advance (default {D.max_new_tokens})")
     p.add_argument("--show-rewrites", action="store_true",
                    help="also print the exemplar, keywords and rewrites to standard error (all covered by the "
                         "guarantee)")
@@ -53,7 +57,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
-    from dpinfer.cli import read_text_arg
+    from dpinfer.cli.output import read_text_arg
     from dpinfer.errors import InvalidInputError
     from dpinfer.validation import check_text
 
@@ -87,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
                          seed=args.seed)
     del prompt
     if args.json:
-        from dpinfer.cli import _print_json
+        from dpinfer.cli.output import print_json
 
-        _print_json(res.to_dict())
+        print_json(res.to_dict())
         return 0
     sys.stdout.write(res.prompt + "\n")
     sys.stdout.flush()
@@ -116,6 +120,6 @@ def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from dpinfer.cli import _run_bench_module
+    from dpinfer.cli.bench import _run_bench_module
 
     return _run_bench_module("gtr", args)

@@ -4,7 +4,7 @@ ALGORITHMS §2 (baselines). The engine steps B + 1 contexts (row 0 public, rows 
 with ``p_pub`` and ``p_i`` at temperature τ on a public support S (top-k of the public row, or the full vocabulary):
 
 1. Per-model mixing: ``λ_i = max{λ : D↔_α((1−λ)·p_pub + λ·p_i, p_pub) ≤ b}`` (``b = α·β``; solved by
-   :func:`dpinfer.mechanisms.dp_fusion.mollify_with_divergence`), ``q_i = (1−λ_i)·p_pub + λ_i·p_i`` and
+   :func:`dpinfer.mechanisms.mollify.mollify_with_divergence`), ``q_i = (1−λ_i)·p_pub + λ_i·p_i`` and
    ``p̂ = (1/B)·Σ_i q_i``.
 2. Noisy screening: ``s = (1/B)·Σ_i D↔_α(q_i, p_pub) ∈ [0, b]`` has sensitivity ``b/B``; if
    ``s + N(0, (σ_s·b/B)²) ≤ γ·b`` the token is drawn from ``p_pub`` (public), else from ``p̂`` (private). The screening
@@ -24,13 +24,15 @@ from __future__ import annotations
 import torch
 
 from dpinfer.accounting import DataDependentSpend, Guarantee, epsilon_from_rdp
+from dpinfer.checks import check_alpha, check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
-from dpinfer.mechanisms.dp_fusion import _check_alpha, _sample, mix, mollify_with_divergence, renyi_divergence
-from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
+from dpinfer.mechanisms.divergences import mix, renyi_divergence
+from dpinfer.mechanisms.layout import check_batch_layout
+from dpinfer.mechanisms.mollify import check_tol, mollify_with_divergence
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
+from dpinfer.mechanisms.sampler import sample_probs
 from dpinfer.mechanisms.transforms import PublicSupport
 
 ORDERS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
@@ -86,20 +88,20 @@ class AdaPMixED(Mechanism):
         tol: float = 1e-6,
     ) -> None:
         self.batch_size = positive_int(batch_size, "batch_size B")
-        self.epsilon = _positive(epsilon, "the budget ε")
-        self.delta = check_delta(delta)
-        self.bound = _positive(bound, "bound b = α·β")
-        self.alpha = _check_alpha(alpha)
-        self.temperature = _positive(temperature, "temperature τ")
+        self.epsilon = positive_number(epsilon, "the budget ε")
+        self.delta = check_delta(delta, "δ")
+        self.bound = positive_number(bound, "bound b = α·β")
+        self.alpha = check_alpha(alpha, "the Rényi order α", "", label="")
+        self.temperature = positive_number(temperature, "temperature τ")
         self.support = PublicSupport(top_k=top_k)
         self.top_k = top_k
-        self.screening_noise = _positive(screening_noise, "screening_noise σ_s")
+        self.screening_noise = positive_number(screening_noise, "screening_noise σ_s")
         if isinstance(screening_threshold, bool) or not isinstance(screening_threshold, (int, float)) or not (
             0.0 <= screening_threshold <= 1.0
         ):
             raise ConfigurationError(f"screening_threshold γ must lie in [0, 1], got {screening_threshold!r}")
         self.screening_threshold = float(screening_threshold)
-        self.tol = float(tol)
+        self.tol = check_tol(tol)
         self._orders = torch.tensor(ORDERS, dtype=torch.float64)
         self._spent = torch.zeros(len(ORDERS), dtype=torch.float64)
         self._private = 0
@@ -155,9 +157,9 @@ class AdaPMixED(Mechanism):
         self._spent += cost
         if private:
             self._private += 1
-            j = _sample(p_hat, generator)
+            j = sample_probs(p_hat, generator)
         else:
-            j = _sample(lp.exp(), generator)
+            j = sample_probs(lp.exp(), generator)
         token = idx[j] if idx is not None else j
         return StepResult(
             tokens=token.to(torch.long),

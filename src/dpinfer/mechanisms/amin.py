@@ -33,14 +33,16 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, Zcdp, calibrate
+from dpinfer.accounting import Guarantee
+from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
+from dpinfer.accounting.events import SparseVectorExponentialEvent
+from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
-from dpinfer.mechanisms.dp_fusion import _sample
-from dpinfer.mechanisms.invisibleink import _positive, check_batch_layout
+from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
+from dpinfer.mechanisms.sampler import sample_probs
 
 ADJACENCY = "replace-by-null of one reference (one reference replaced by the empty reference)"
 ADJACENCY_PUBLISHED = (
@@ -61,19 +63,15 @@ def recenter_clip(private_logits: torch.Tensor, clip_norm: float) -> torch.Tenso
 
 def sensitivity(clip_norm: float, batch_size: int, *, as_published: bool = False) -> float:
     """ℓ∞ sensitivity of the aggregated logits ``ℓ̄``: ``2C/B`` (replace-by-null), ``C/B`` as published."""
-    return (1.0 if as_published else 2.0) * clip_norm / batch_size
+    return SparseVectorExponentialEvent(clip_norm, batch_size, 1.0, as_published=as_published).sensitivity
 
 
 def rho_per_private_token(
     clip_norm: float, *, batch_size: int, temperature: float, svt_noise: float | None, as_published: bool = False
 ) -> float:
-    """``½·(d/τ)² + ½·(2Δ_q/σ)²`` (second term only with the SVT), see the module docstring."""
-    d = sensitivity(clip_norm, batch_size, as_published=as_published) / temperature
-    rho = 0.5 * d * d
-    if svt_noise is not None:
-        dq = min(2.0, math.expm1(2.0 * d))
-        rho += 0.5 * (2.0 * dq / svt_noise) ** 2
-    return rho
+    """``½·(d/τ)² + ½·(2Δ_q/σ)²`` (second term only with the SVT), see the module docstring and
+    :class:`~dpinfer.accounting.events.SparseVectorExponentialEvent`."""
+    return SparseVectorExponentialEvent(clip_norm, batch_size, temperature, svt_noise, as_published).rho
 
 
 @register(
@@ -127,17 +125,19 @@ class AminSVT(Mechanism):
         as_published: bool = False,
         delta: float = 1e-6,
     ) -> None:
-        self.clip_norm = _positive(clip_norm, "clip_norm C", " (use AminSVT.calibrated(epsilon=..., ...))")
+        self.clip_norm = positive_number(clip_norm, "clip_norm C", " (use AminSVT.calibrated(epsilon=..., ...))")
         self.batch_size = positive_int(batch_size, "batch_size B")
-        self.temperature = _positive(temperature, "temperature τ")
+        self.temperature = positive_number(temperature, "temperature τ")
         self.public_temperature = (
-            self.temperature if public_temperature is None else _positive(public_temperature, "public_temperature")
+            self.temperature
+            if public_temperature is None
+            else positive_number(public_temperature, "public_temperature")
         )
         self.public_top_k = None if public_top_k is None else positive_int(public_top_k, "public_top_k")
         if not isinstance(svt, bool):
             raise ConfigurationError(f"svt must be True or False, got {svt!r}")
         self.svt = svt
-        self.svt_noise = _positive(svt_noise, "svt_noise σ", " (the authors' default is 0.3)")
+        self.svt_noise = positive_number(svt_noise, "svt_noise σ", " (the authors' default is 0.3)")
         if isinstance(svt_threshold, bool) or not isinstance(svt_threshold, (int, float)) or not (
             0.0 <= svt_threshold <= 2.0
         ):
@@ -147,7 +147,7 @@ class AminSVT(Mechanism):
         self.svt_threshold = float(svt_threshold)
         self.max_private_tokens = positive_int(max_private_tokens, "max_private_tokens r")
         self.as_published = bool(as_published)
-        self.delta = check_delta(delta)
+        self.delta = check_delta(delta, "δ")
         self._count = 0
         self._noisy_threshold: float | None = None
 
@@ -157,41 +157,40 @@ class AminSVT(Mechanism):
         t = positive_int(max_new_tokens, "max_new_tokens")
         return min(self.max_private_tokens, t) if self.svt else t
 
+    def loss_event(self) -> SparseVectorExponentialEvent:
+        """What one private token (with its AboveThreshold run) releases, for the accountant."""
+        return SparseVectorExponentialEvent(
+            self.clip_norm, self.batch_size, self.temperature, self.svt_noise if self.svt else None, self.as_published
+        )
+
     def rho(self, max_new_tokens: int) -> float:
         """The ex-ante zCDP ρ of one text (module docstring)."""
-        per = rho_per_private_token(
-            self.clip_norm,
-            batch_size=self.batch_size,
-            temperature=self.temperature,
-            svt_noise=self.svt_noise if self.svt else None,
-            as_published=self.as_published,
-        )
-        return self.private_tokens(max_new_tokens) * per
+        return compose_steps(self.loss_event(), self.private_tokens(max_new_tokens)).rho  # type: ignore
 
     @classmethod
     def calibrated(
         cls, *, epsilon: float, delta: float = 1e-6, batch_size: int, max_new_tokens: int, **kw: Any
     ) -> AminSVT:
         """The largest C whose text of at most ``max_new_tokens`` tokens is (ε, δ)-DP (bisection on ρ(C))."""
-        eps = _positive(epsilon, "the target ε")
+        eps = positive_number(epsilon, "the target ε")
         t = positive_int(max_new_tokens, "max_new_tokens")
-        check_delta(delta)
+        check_delta(delta, "δ")
+        template = cls(clip_norm=1.0, batch_size=batch_size, delta=delta, **kw)
+        steps = template.private_tokens(t)
 
-        def loss(c: float) -> Zcdp:
-            return Zcdp(cls(clip_norm=max(c, 1e-300), batch_size=batch_size, delta=delta, **kw).rho(t))
+        def event(c: float) -> SparseVectorExponentialEvent:
+            return cls(clip_norm=max(c, 1e-300), batch_size=batch_size, delta=delta, **kw).loss_event()
 
-        hi = 1.0
-        while loss(hi).to_epsilon(delta) <= eps and hi < 1e6:
-            hi *= 2.0
-        clip = calibrate(loss, epsilon=eps, delta=delta, lo=0.0, hi=hi, name="clip norm C")
+        hi = grow_bracket(lambda c: compose_steps(event(c), steps).to_epsilon(delta) <= eps)
+        clip = calibrate_event(event, steps=steps, epsilon=eps, delta=delta, lo=0.0, hi=hi, name="clip norm C")
         return cls(clip_norm=clip, batch_size=batch_size, delta=delta, **kw)
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP for at most ``min(r, T_max)`` private tokens, from parameters only."""
         t = positive_int(max_new_tokens, "max_new_tokens")
-        rho = self.rho(t)
-        return Guarantee.from_loss(
-            Zcdp(rho),
+        return ex_ante_guarantee(
+            self.loss_event(),
+            steps=self.private_tokens(t),
             delta=self.delta,
             mechanism=self.name,
             adjacency=ADJACENCY_PUBLISHED if self.as_published else ADJACENCY,
@@ -204,7 +203,7 @@ class AminSVT(Mechanism):
                 "svt_noise": self.svt_noise,
                 "svt_threshold": self.svt_threshold,
                 "max_private_tokens": self.private_tokens(t),
-                "rho": rho,
+                "rho": self.rho(t),
                 "T_max": t,
             },
             max_new_tokens=t,
@@ -220,15 +219,16 @@ class AminSVT(Mechanism):
     def _laplace(self, scale: float, generator: Randomness) -> float:
         return float(as_random_source(generator).laplace(scale, 1)[0])
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        """One private or public token; ``stop`` once the private-token cap is spent."""
+    def distributions(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The private ``p̄ = softmax(ℓ̄/τ)`` and public ``p_pub = softmax(ℓ_pub/τ_pub)`` (after ``public_top_k``)
+        distributions over the full vocabulary, for ``(B + 1, V)`` logits: a token is drawn from one of them.
+
+        Tokens a public processor forbade (``-inf`` in row 0) have probability 0 in both.
+        """
         if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
             raise InvalidInputError(
                 f"Amin et al. with B = {self.batch_size} needs logits of shape (B + 1, V), got {tuple(logits.shape)}"
             )
-        cap = self.max_private_tokens if self.svt else info.max_new_tokens
-        if self._count >= cap:
-            return StepResult(tokens=torch.tensor(-1), stats={"private": 0.0}, stop=True)
         z = logits.to(torch.float64)
         if bool(torch.isnan(z).any()) or bool(torch.isposinf(z).any()):
             raise InvalidInputError("the logits contain NaN or +inf; nothing is sampled")
@@ -239,7 +239,18 @@ class AminSVT(Mechanism):
         if self.public_top_k is not None and self.public_top_k < int(allowed.sum()):
             kth = torch.topk(pub, self.public_top_k).values[-1]
             pub = pub.masked_fill(pub < kth, -math.inf)
-        p_pub = torch.softmax(pub / self.public_temperature, dim=-1)
+        return p_priv, torch.softmax(pub / self.public_temperature, dim=-1)
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        """One private or public token; ``stop`` once the private-token cap is spent."""
+        if logits.ndim != 2 or logits.shape[0] != self.batch_size + 1:
+            raise InvalidInputError(
+                f"Amin et al. with B = {self.batch_size} needs logits of shape (B + 1, V), got {tuple(logits.shape)}"
+            )
+        cap = self.max_private_tokens if self.svt else info.max_new_tokens
+        if self._count >= cap:
+            return StepResult(tokens=torch.tensor(-1), stats={"private": 0.0}, stop=True)
+        p_priv, p_pub = self.distributions(logits)
         distance = float((p_priv - p_pub).abs().sum())
         private = True
         if self.svt:
@@ -249,7 +260,7 @@ class AminSVT(Mechanism):
         if private:
             self._count += 1
             self._noisy_threshold = None  # a new AboveThreshold run
-            token = _sample(p_priv, generator)
+            token = sample_probs(p_priv, generator)
         else:
-            token = _sample(p_pub, generator)
+            token = sample_probs(p_pub, generator)
         return StepResult(tokens=token.to(torch.long), stats={"private": float(private), "distance": distance})

@@ -28,74 +28,50 @@ the output is almost uniform noise. This is the baseline's known weakness; it is
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
+from dpinfer.accounting import Guarantee, PrivacyLoss
+from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.events import (
+    LAMBDA_MAX,
+    UniformMixtureEvent,
+    check_lambda,
+    check_vocab_size,
+    lambda_for_epsilon,
+)
+from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_rows
 
 ADJACENCY = "any two private contexts (the whole document may change; local DP)"
 
-LAMBDA_MAX = math.nextafter(1.0, 0.0)
-"""The largest λ < 1 a float represents; calibration never returns more (ε_tok ≈ 36.7 + log V there)."""
-
-
-def _check_vocab_size(vocab_size: object) -> int:
-    if isinstance(vocab_size, bool):
-        raise ConfigurationError(f"vocab_size must be an integer ≥ 2, got {vocab_size!r}")
-    try:
-        v = operator.index(vocab_size)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigurationError(
-            f"vocab_size must be an integer ≥ 2 (the width of the model's logits, lm.vocab_size), got {vocab_size!r}"
-        ) from None
-    if v < 2:
-        raise ConfigurationError(f"vocab_size must be ≥ 2 (the width of the model's logits), got {v}")
-    return v
-
-
-def _check_lambda(lam: object) -> float:
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam < 1.0:
-        raise ConfigurationError(
-            f"lam (the weight of the model's distribution) must lie in [0, 1), got {lam!r}; λ = 1 would sample from "
-            "the model alone and has no guarantee. Use DPDecoding.calibrated(epsilon, ...) to pick λ for a target ε."
-        )
-    return float(lam)
-
+__all__ = [
+    "ADJACENCY",
+    "LAMBDA_MAX",
+    "DPDecoding",
+    "dp_decoding_loss",
+    "epsilon_per_token",
+    "lambda_for_epsilon",
+    "mixture_log_probs",
+]
 
 
 def epsilon_per_token(lam: float, vocab_size: int) -> float:
-    """``ε_tok = log((1 + (V − 1)·λ)/(1 − λ))``, the pure-DP loss of one DP-Decoding token (Majmudar et al. 2022).
+    """``ε_tok = log((1 + (V − 1)·λ)/(1 − λ))``, the pure-DP loss of one DP-Decoding token (Majmudar et al. 2022;
+    :class:`~dpinfer.accounting.events.UniformMixtureEvent`).
 
     >>> epsilon_per_token(0.0, 10)
     0.0
     >>> round(epsilon_per_token(0.5, 4), 6) == round(math.log(5.0), 6)  # (1 + 3·0.5)/(1 − 0.5) = 5
     True
     """
-    lam, v = _check_lambda(lam), _check_vocab_size(vocab_size)
-    return math.log1p((v - 1) * lam) - math.log1p(-lam)
-
-
-def lambda_for_epsilon(epsilon: float, vocab_size: int) -> float:
-    """The λ whose per-token loss is ``epsilon``: ``λ = (e^ε − 1)/(V − 1 + e^ε)``, capped at :data:`LAMBDA_MAX`.
-
-    >>> lam = lambda_for_epsilon(math.log(5.0), 4)
-    >>> round(lam, 12)
-    0.5
-    """
-    if not (isinstance(epsilon, (int, float)) and epsilon >= 0.0):
-        raise ConfigurationError(f"a per-token ε must be a number ≥ 0, got {epsilon!r}")
-    v = _check_vocab_size(vocab_size)
-    if epsilon > 700.0:  # e^ε overflows; λ is 1 to double precision
-        return LAMBDA_MAX
-    return min(math.expm1(epsilon) / (v - 1 + math.exp(epsilon)), LAMBDA_MAX)
+    return UniformMixtureEvent(lam, vocab_size).epsilon_per_token
 
 
 def mixture_log_probs(logits: torch.Tensor, lam: float, temperature: float = 1.0) -> torch.Tensor:
@@ -121,7 +97,7 @@ def mixture_log_probs(logits: torch.Tensor, lam: float, temperature: float = 1.0
 
 def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLoss:
     """The ex-ante loss of ``num_tokens`` DP-Decoding tokens: ``PureDp(ε_tok).times(num_tokens)``."""
-    return PureDp(epsilon_per_token(lam, vocab_size)).times(positive_int(num_tokens, "the number of tokens"))
+    return compose_steps(UniformMixtureEvent(lam, vocab_size), positive_int(num_tokens, "the number of tokens"))
 
 
 @register(
@@ -174,31 +150,34 @@ class DPDecoding(Mechanism):
         num_sequences: int = 1,
         delta: float = 1e-5,
     ) -> None:
-        self.lam = _check_lambda(lam)
-        self.vocab_size = _check_vocab_size(vocab_size)
-        if isinstance(temperature, bool) or not (
-            isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
-        ):
-            raise ConfigurationError(
-                f"temperature must be a finite number > 0, got {temperature!r} (DP-Decoding always samples; "
-                "greedy decoding of q would still be private but is not the published mechanism)"
-            )
+        self.lam = check_lambda(lam)
+        self.vocab_size = check_vocab_size(vocab_size)
+        self.temperature = positive_number(
+            temperature, "temperature",
+            " (DP-Decoding always samples; greedy decoding of q would still be private but is not the published "
+            "mechanism)",
+        )
         if mode not in ("joint", "independent"):
             raise ConfigurationError(f"mode must be 'joint' or 'independent', got {mode!r}")
         if isinstance(row, bool) or not isinstance(row, int) or row < 0:
             raise ConfigurationError(f"row must be an integer ≥ 0 (the row holding the private context), got {row!r}")
-        if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-            raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
-        self.temperature = float(temperature)
         self.row = row
         self.num_sequences = positive_int(num_sequences, "num_sequences")
-        self.delta = float(delta)
+        self.delta = check_delta(delta, "δ")
         self.mode = mode  # type: ignore[misc]  # instance override of the class default
 
     @property
     def epsilon_per_token(self) -> float:
         """``ε_tok = log((1 + (V − 1)·λ)/(1 − λ))``."""
-        return epsilon_per_token(self.lam, self.vocab_size)
+        return self.loss_event().epsilon_per_token
+
+    def loss_event(self) -> UniformMixtureEvent:
+        """What one token releases, for the accountant: :class:`~dpinfer.accounting.events.UniformMixtureEvent`."""
+        return UniformMixtureEvent(self.lam, self.vocab_size)
+
+    def loss_steps(self, max_new_tokens: int) -> int:
+        """The most tokens that read the private context: ``T_max`` per sequence, ``num_sequences`` sequences."""
+        return positive_int(max_new_tokens, "max_new_tokens") * self.num_sequences
 
     @classmethod
     def calibrated(
@@ -225,26 +204,28 @@ class DPDecoding(Mechanism):
         >>> mech.guarantee(256).epsilon <= 50.0, f"{mech.lam:.3g}"
         (True, '1.01e-05')
         """
-        v = _check_vocab_size(vocab_size)
+        v = check_vocab_size(vocab_size)
         n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_sequences, "num_sequences")
-        if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
-            raise ConfigurationError(f"δ must lie strictly between 0 and 1, got {delta!r}; 1e-5 is a common choice")
-        if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0.0 < epsilon < math.inf):
-            raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
+        delta = check_delta(delta, "δ")
+        epsilon = positive_number(epsilon, "the target ε")
 
-        def loss(eps_tok: float) -> PrivacyLoss:
-            return dp_decoding_loss(lambda_for_epsilon(eps_tok, v), v, n)
+        def event(eps_tok: float) -> UniformMixtureEvent:
+            return UniformMixtureEvent(lambda_for_epsilon(eps_tok, v), v)
 
-        cap = epsilon_per_token(LAMBDA_MAX, v)
-        if loss(cap).to_epsilon(delta) <= epsilon:
+        def meets(eps_tok: float) -> bool:
+            return compose_steps(event(eps_tok), n).to_epsilon(delta) <= epsilon
+
+        cap = UniformMixtureEvent(LAMBDA_MAX, v).epsilon_per_token
+        if meets(cap):
             eps_tok = cap  # λ as close to 1 as a float holds already meets the target
         else:
             # bracket: basic composition (ε/n per token) meets the target up to rounding; the RDP route may allow more
-            lo = epsilon / n if epsilon / n < cap and loss(epsilon / n).to_epsilon(delta) <= epsilon else 0.0
+            lo = epsilon / n if epsilon / n < cap and meets(epsilon / n) else 0.0
             hi = min(max(2.0 * lo, epsilon / n), cap)
-            while loss(hi).to_epsilon(delta) <= epsilon:  # ends: the cap itself misses the target
+            while meets(hi):  # ends: the cap itself misses the target
                 hi = min(2.0 * hi, cap)
-            eps_tok = calibrate(loss, epsilon=epsilon, delta=delta, lo=lo, hi=hi, increasing=True, name="ε_tok")
+            eps_tok = calibrate_event(event, steps=n, epsilon=epsilon, delta=delta, lo=lo, hi=hi, increasing=True,
+                                      name="ε_tok")
         return cls(lambda_for_epsilon(eps_tok, v), vocab_size=v, num_sequences=num_sequences, delta=delta, **kwargs)
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
@@ -268,14 +249,13 @@ class DPDecoding(Mechanism):
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""
-        n = positive_int(max_new_tokens, "max_new_tokens") * self.num_sequences
-        return dp_decoding_loss(self.lam, self.vocab_size, n)
+        return compose_steps(self.loss_event(), self.loss_steps(max_new_tokens))
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """(ε, δ) of at most ``max_new_tokens`` tokens (per sequence), from λ, V and T_max only."""
-        loss = self.loss(max_new_tokens)
-        return Guarantee.from_loss(
-            loss,
+        return ex_ante_guarantee(
+            self.loss_event(),
+            steps=self.loss_steps(max_new_tokens),
             delta=self.delta,
             mechanism=self.name,
             adjacency=ADJACENCY,
@@ -287,6 +267,6 @@ class DPDecoding(Mechanism):
                 "epsilon_per_token": self.epsilon_per_token,
                 "num_sequences": self.num_sequences,
                 "T_max": max_new_tokens,
-                "composition": conversion_route(loss, self.delta),
             },
+            route=True,
         )

@@ -30,60 +30,32 @@ module never runs a model.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp, calibrate, conversion_route
+from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp
+from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, check_prompt_temperature
+from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, check_row_layout, positive_int
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_rows
 
 ADJACENCY = "any two private prompts (the whole text may change; local DP)"
 
 
-
-def _check_number(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-
-
-def _check_clip(clip_min: object, clip_max: object) -> tuple[float, float]:
-    lo, hi = _check_number(clip_min, "clip_min (b_min)"), _check_number(clip_max, "clip_max (b_max)")
-    if not lo < hi:
-        raise ConfigurationError(
-            f"the clip bounds need b_min < b_max, got clip_min={lo!r}, clip_max={hi!r}; derive them from public data "
-            "with dpinfer.pipelines.clip_bounds.clip_bounds(lm), never from the private prompt"
-        )
-    return lo, hi
-
-
-def _check_temperature(temperature: object) -> float:
-    if isinstance(temperature, bool) or not (
-        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
-    ):
-        raise ConfigurationError(
-            f"temperature must be a finite number > 0, got {temperature!r}; ε_tok = 2(b_max − b_min)/τ is infinite "
-            "at τ = 0. Use DPPrompt.calibrated(epsilon, ...) to pick τ for a target ε."
-        )
-    return float(temperature)
-
-
 def epsilon_per_token(clip_min: float, clip_max: float, temperature: float) -> float:
-    """``ε_tok = 2(b_max − b_min)/τ``, the pure-DP loss of one DP-Prompt token (Utpala et al. 2023).
+    """``ε_tok = 2(b_max − b_min)/τ``, the pure-DP loss of one DP-Prompt token (Utpala et al. 2023;
+    :class:`~dpinfer.accounting.events.ClippedLogitsEvent`).
 
     >>> epsilon_per_token(-1.0, 2.0, 0.5)  # 2·3/0.5
     12.0
     """
-    lo, hi = _check_clip(clip_min, clip_max)
-    return 2.0 * (hi - lo) / _check_temperature(temperature)
+    return ClippedLogitsEvent(clip_min, clip_max, temperature).epsilon_per_token
 
 
 def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, temperature: float) -> torch.Tensor:
@@ -168,21 +140,29 @@ class DPPrompt(Mechanism):
                     f"on by mistake). Drop {knob}; to make the output less random, lower the temperature (which "
                     "raises ε_tok = 2(b_max − b_min)/τ)."
                 )
-        self.clip_min, self.clip_max = _check_clip(clip_min, clip_max)
-        self.temperature = _check_temperature(temperature)
+        self.clip_min, self.clip_max = check_clip_bounds(clip_min, clip_max)
+        self.temperature = check_prompt_temperature(temperature)
         if mode not in ("joint", "independent"):
             raise ConfigurationError(f"mode must be 'joint' or 'independent', got {mode!r}")
         if isinstance(row, bool) or not isinstance(row, int) or row < 0:
             raise ConfigurationError(f"row must be an integer ≥ 0 (the row holding the private prompt), got {row!r}")
         self.row = row
         self.num_rewrites = positive_int(num_rewrites, "num_rewrites")
-        self.delta = check_delta(delta)
+        self.delta = check_delta(delta, "δ")
         self.mode = mode  # type: ignore[misc]  # instance override of the class default
 
     @property
     def epsilon_per_token(self) -> float:
         """``ε_tok = 2(b_max − b_min)/τ``."""
-        return epsilon_per_token(self.clip_min, self.clip_max, self.temperature)
+        return self.loss_event().epsilon_per_token
+
+    def loss_event(self) -> ClippedLogitsEvent:
+        """What one token releases, for the accountant: :class:`~dpinfer.accounting.events.ClippedLogitsEvent`."""
+        return ClippedLogitsEvent(self.clip_min, self.clip_max, self.temperature)
+
+    def loss_steps(self, max_new_tokens: int) -> int:
+        """The most tokens that read the private prompt: ``num_rewrites`` rewrites of ``T_max`` tokens."""
+        return positive_int(max_new_tokens, "max_new_tokens") * self.num_rewrites
 
     @classmethod
     def calibrated(
@@ -209,18 +189,17 @@ class DPPrompt(Mechanism):
         >>> mech.guarantee(256).epsilon <= 100.0, round(mech.temperature, 3), round(mech.epsilon_per_token, 4)
         (True, 15.584, 1.2834)
         """
-        lo_clip, hi_clip = _check_clip(clip_min, clip_max)
+        lo_clip, hi_clip = check_clip_bounds(clip_min, clip_max)
         n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_rewrites, "num_rewrites")
-        delta = check_delta(delta)
-        if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and 0.0 < epsilon < math.inf):
-            raise ConfigurationError(f"the target ε must be a finite number > 0, got {epsilon!r}")
+        delta = check_delta(delta, "δ")
+        epsilon = positive_number(epsilon, "the target ε")
         width = hi_clip - lo_clip
 
-        def loss(tau: float) -> PrivacyLoss:
-            return dp_prompt_loss(epsilon_per_token(lo_clip, hi_clip, tau), n)
+        def event(tau: float) -> ClippedLogitsEvent:
+            return ClippedLogitsEvent(lo_clip, hi_clip, tau)
 
         def meets(tau: float) -> bool:
-            return loss(tau).to_epsilon(delta) <= epsilon
+            return compose_steps(event(tau), n).to_epsilon(delta) <= epsilon
 
         hi = 2.0 * width * n / epsilon  # basic composition: n·ε_tok = ε, up to rounding
         while not meets(hi):
@@ -230,7 +209,8 @@ class DPPrompt(Mechanism):
             if not meets(lo):
                 break
             hi, lo = lo, lo / 2.0
-        tau = calibrate(loss, epsilon=epsilon, delta=delta, lo=lo, hi=hi, increasing=False, name="temperature τ")
+        tau = calibrate_event(event, steps=n, epsilon=epsilon, delta=delta, lo=lo, hi=hi, increasing=False,
+                              name="temperature τ")
         return cls(lo_clip, hi_clip, tau, num_rewrites=num_rewrites, delta=delta, **kwargs)
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
@@ -244,14 +224,13 @@ class DPPrompt(Mechanism):
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""
-        n = positive_int(max_new_tokens, "max_new_tokens") * self.num_rewrites
-        return dp_prompt_loss(self.epsilon_per_token, n)
+        return compose_steps(self.loss_event(), self.loss_steps(max_new_tokens))
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """(ε, δ) of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens, from b_min, b_max, τ only."""
-        loss = self.loss(max_new_tokens)
-        return Guarantee.from_loss(
-            loss,
+        return ex_ante_guarantee(
+            self.loss_event(),
+            steps=self.loss_steps(max_new_tokens),
             delta=self.delta,
             mechanism=self.name,
             adjacency=ADJACENCY,
@@ -263,6 +242,6 @@ class DPPrompt(Mechanism):
                 "epsilon_per_token": self.epsilon_per_token,
                 "num_rewrites": self.num_rewrites,
                 "T_max": max_new_tokens,
-                "composition": conversion_route(loss, self.delta),
             },
+            route=True,
         )

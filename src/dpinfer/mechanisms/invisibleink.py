@@ -28,39 +28,21 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, Zcdp, zcdp_rho_for_target
-from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.accounting import Guarantee, zcdp_rho_for_target
+from dpinfer.accounting.accountant import compose_steps, ex_ante_guarantee
+from dpinfer.accounting.events import ClippedExponentialEvent
+from dpinfer.checks import check_delta, optional_positive_int, positive_int, positive_number
+from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms import register
-from dpinfer.mechanisms._checks import check_delta, positive_int
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
-from dpinfer.mechanisms.dp_fusion import _sample
+from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness
+from dpinfer.mechanisms.sampler import sample_probs
 
 ADJACENCY = (
     "replace-by-null of one reference (one reference replaced by the empty reference, whose context is the public "
     "prompt)"
 )
-
-
-def _positive(value: object, name: str, hint: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(f"{name} must be a finite number > 0, got {value!r}{hint}")
-    return float(value)
-
-
-def _top_k(value: object) -> int | None:
-    if value is None:
-        return None
-    return positive_int(value, "top_k (None for the full vocabulary)")
-
-
-def check_batch_layout(mechanism: str, batch_size: int, num_contexts: int) -> None:
-    """The layout of the batch mechanisms: row 0 public, rows 1..B one reference each (K = B + 1)."""
-    if num_contexts != batch_size + 1:
-        raise ConfigurationError(
-            f"{mechanism} with B = {batch_size} references steps B + 1 = {batch_size + 1} contexts "
-            f"(row 0 public, rows 1..B one reference each), got {num_contexts}"
-        )
 
 
 def dclip_aggregate(logits: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -112,8 +94,14 @@ def clip_norm_for_rho(rho: float, *, batch_size: int, temperature: float, max_ne
 
 
 def rho_for_clip_norm(clip_norm: float, *, batch_size: int, temperature: float, max_new_tokens: int) -> float:
-    """``ρ = T_max·C²/(2·B²·τ²)`` (ALGORITHMS §2)."""
-    return max_new_tokens * clip_norm**2 / (2.0 * batch_size**2 * temperature**2)
+    """``ρ = T_max·C²/(2·B²·τ²)`` (ALGORITHMS §2): :class:`~dpinfer.accounting.events.ClippedExponentialEvent`
+    composed over ``T_max`` tokens by the accountant.
+
+    >>> rho_for_clip_norm(0.5, batch_size=2, temperature=1.0, max_new_tokens=4)
+    0.125
+    """
+    loss = compose_steps(ClippedExponentialEvent(clip_norm, batch_size, temperature), max_new_tokens)
+    return loss.rho  # type: ignore[attr-defined]
 
 
 @register(
@@ -161,15 +149,15 @@ class InvisibleInk(Mechanism):
         top_k: int | None = 50,
         delta: float = 1e-6,
     ) -> None:
-        self.clip_norm = _positive(
+        self.clip_norm = positive_number(
             clip_norm, "clip_norm C", " (use InvisibleInk.calibrated(epsilon=..., ...) to derive it from a target ε)"
         )
         self.batch_size = positive_int(batch_size, "batch_size B (references per generated text)")
-        self.temperature = _positive(
+        self.temperature = positive_number(
             temperature, "temperature τ", "; InvisibleInk samples (the exponential mechanism), τ = 1.0 is the default"
         )
-        self.top_k = _top_k(top_k)
-        self.delta = check_delta(delta)
+        self.top_k = optional_positive_int(top_k, "top_k (None for the full vocabulary)", "")
+        self.delta = check_delta(delta, "δ")
 
     @classmethod
     def calibrated(
@@ -186,11 +174,11 @@ class InvisibleInk(Mechanism):
 
         ``ρ = zcdp_rho_for_target(ε, δ)`` then ``C = B·τ·sqrt(2ρ/T_max)``.
         """
-        eps = _positive(epsilon, "the target ε", "; smaller ε is stronger privacy (e.g. 10)")
+        eps = positive_number(epsilon, "the target ε", "; smaller ε is stronger privacy (e.g. 10)")
         t = positive_int(max_new_tokens, "max_new_tokens")
         b = positive_int(batch_size, "batch_size B")
-        tau = _positive(temperature, "temperature τ")
-        rho = zcdp_rho_for_target(eps, check_delta(delta))
+        tau = positive_number(temperature, "temperature τ")
+        rho = zcdp_rho_for_target(eps, check_delta(delta, "δ"))
         clip = clip_norm_for_rho(rho, batch_size=b, temperature=tau, max_new_tokens=t)
         return cls(clip_norm=clip, batch_size=b, temperature=tau, delta=delta, **kw)
 
@@ -244,7 +232,7 @@ class InvisibleInk(Mechanism):
         """Sample one token from ``softmax(ℓ̄[V⁺]/τ)``."""
         z = self._check(logits)
         probs, idx, kth = self._released(z)
-        j = _sample(probs, generator)
+        j = sample_probs(probs, generator)
         token = idx[j] if idx is not None else j
         cols = z if idx is None else z.index_select(1, idx)
         stats: dict[str, float] = {
@@ -255,21 +243,20 @@ class InvisibleInk(Mechanism):
             stats["expanded"] = float(float(z[0, token]) < kth)
         return StepResult(tokens=token.to(torch.long), stats=stats)
 
+    def loss_event(self) -> ClippedExponentialEvent:
+        """What one token releases, for the accountant: :class:`~dpinfer.accounting.events.ClippedExponentialEvent`."""
+        return ClippedExponentialEvent(self.clip_norm, self.batch_size, self.temperature)
+
     def rho(self, max_new_tokens: int) -> float:
         """``ρ = T_max·C²/(2B²τ²)``."""
-        return rho_for_clip_norm(
-            self.clip_norm,
-            batch_size=self.batch_size,
-            temperature=self.temperature,
-            max_new_tokens=positive_int(max_new_tokens, "max_new_tokens"),
-        )
+        return compose_steps(self.loss_event(), positive_int(max_new_tokens, "max_new_tokens")).rho  # type: ignore
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP per reference over at most ``T_max`` tokens, converted to (ε, δ); from parameters only."""
         t = positive_int(max_new_tokens, "max_new_tokens")
-        rho = self.rho(t)
-        return Guarantee.from_loss(
-            Zcdp(rho),
+        return ex_ante_guarantee(
+            self.loss_event(),
+            steps=t,
             delta=self.delta,
             mechanism=self.name,
             adjacency=ADJACENCY,
@@ -278,7 +265,7 @@ class InvisibleInk(Mechanism):
                 "batch_size": self.batch_size,
                 "temperature": self.temperature,
                 "top_k": self.top_k,
-                "rho": rho,
+                "rho": self.rho(t),
                 "T_max": t,
             },
             max_new_tokens=t,

@@ -48,8 +48,8 @@ import numpy as np
 import torch
 
 from dpinfer.accounting import PureDp
+from dpinfer.checks import positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms._checks import positive_int
 from dpinfer.mechanisms.randomness import Randomness, RandomSource, as_random_source, random_source
 from dpinfer.mechanisms.sampler import sample_rows
 

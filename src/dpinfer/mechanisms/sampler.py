@@ -16,7 +16,7 @@ from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
-from dpinfer.mechanisms.transforms import LogitsTransform, Temperature, TopK, TopP, apply
+from dpinfer.mechanisms.transforms import LogitsProcessor, Temperature, TopK, TopP, apply
 
 
 def sample_probs(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
@@ -132,7 +132,7 @@ class Sampler(Mechanism):
         if not (isinstance(temperature, (int, float)) and temperature >= 0):
             raise ConfigurationError(f"temperature must be ≥ 0 (0 = greedy), got {temperature!r}")
         self.greedy = temperature == 0
-        self.transforms: list[LogitsTransform] = []
+        self.transforms: list[LogitsProcessor] = []
         if not self.greedy:
             self.transforms.append(Temperature(temperature))
             if top_k is not None:

@@ -1,85 +1,138 @@
-"""Logit transforms: one small class per transform, in the style of transformers' ``LogitsProcessor``.
+"""Logits processors: one small class per transform, one protocol, in the style of transformers' ``LogitsProcessor``.
 
-Each transform maps ``(K, V)`` float64 logits to ``(K, V)`` logits where excluded tokens are ``-inf``; it validates its
-arguments in the constructor. They are pure functions of the rows they are given: privacy-aware code applies a
-truncation computed from PUBLIC logits only (see :class:`PublicSupport`) to every row alike.
+Every processor is called as ``processor(generated, logits)`` (:class:`LogitsProcessor`): ``generated`` holds the tokens
+released so far (one sequence per row, or one sequence for all rows in joint mode; processors that do not need it
+ignore it) and ``logits`` is a ``(K, V)`` float64 tensor; it returns ``(K, V)`` logits where excluded tokens are
+``-inf``, without modifying its input. Each class validates its arguments in the constructor and has a doctest.
+
+A processor reads released tokens and the rows it is given, never a prompt. Privacy-aware code applies a truncation
+computed from PUBLIC logits only to every row alike (:class:`PublicSupport`); the engine applies the processors it is
+given (e.g. :class:`NoRepeatNGram`) to every context before the mechanism, so the mechanism's bound is checked on the
+distributions actually sampled from.
 
 >>> import torch
 >>> z = torch.tensor([[2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
->>> TopK(2)(z)
-tensor([[2., 1., -inf, -inf]], dtype=torch.float64)
+>>> apply([Temperature(0.5), TopK(2)], z)
+tensor([[4., 2., -inf, -inf]], dtype=torch.float64)
 """
 
 from __future__ import annotations
 
-import math
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from dpinfer.checks import check_probability, finite_number, optional_positive_int, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 
+__all__ = [
+    "LogitsProcessor",
+    "LogitsTransform",
+    "NoRepeatNGram",
+    "PublicSupport",
+    "Temperature",
+    "TopK",
+    "TopP",
+    "apply",
+    "check_processors",
+]
 
-class LogitsTransform(ABC):
-    """A function ``(K, V) logits -> (K, V) logits``; ``-inf`` marks tokens removed from the support."""
-
-    @abstractmethod
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor: ...
+Generated = Sequence[Sequence[int]]
+"""The tokens released so far: one sequence per row (independent mode), or one sequence shared by every row."""
 
 
-class Temperature(LogitsTransform):
+@runtime_checkable
+class LogitsProcessor(Protocol):
+    """``(generated, logits) -> logits``: the one signature of every processor the engine and the samplers apply."""
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor: ...
+
+
+LogitsTransform = LogitsProcessor
+"""The former name of :class:`LogitsProcessor` (transforms that ignore ``generated``)."""
+
+
+def check_processors(processors: object) -> tuple[LogitsProcessor, ...]:
+    """``processors`` as a tuple of :class:`LogitsProcessor` objects (a sequence of them; a string or a bare callable
+    of another shape is refused).
+
+    >>> check_processors([TopK(3)])
+    (TopK(top_k=3),)
+    >>> check_processors(TopK(3))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dpinfer.errors.ConfigurationError: processors must be a sequence of logits processors ..., got TopK
+    """
+    if isinstance(processors, (str, bytes)) or not isinstance(processors, Sequence):
+        raise ConfigurationError(
+            "processors must be a sequence of logits processors (callables (generated, logits) -> logits), got "
+            f"{type(processors).__name__}"
+        )
+    for proc in processors:
+        if not isinstance(proc, LogitsProcessor):
+            raise ConfigurationError(
+                f"every processor must be callable as processor(generated, logits), got {type(proc).__name__}"
+            )
+    return tuple(processors)
+
+
+@dataclass(frozen=True)
+class Temperature:
     """Divide logits by ``τ > 0``: ``softmax(z / τ)``.
 
     >>> import torch
-    >>> Temperature(0.5)(torch.tensor([[1.0, -1.0]], dtype=torch.float64))
+    >>> Temperature(0.5)((), torch.tensor([[1.0, -1.0]], dtype=torch.float64))
     tensor([[ 2., -2.]], dtype=torch.float64)
     """
 
-    def __init__(self, temperature: float) -> None:
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-            raise ConfigurationError(
-                f"temperature must be a finite number > 0, got {temperature!r} (use greedy decoding for τ = 0)"
-            )
-        self.temperature = float(temperature)
+    temperature: float
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "temperature", positive_number(
+            self.temperature, "temperature", " (use greedy decoding for τ = 0)"
+        ))
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         return logits if self.temperature == 1.0 else logits / self.temperature
 
 
-class TopK(LogitsTransform):
+@dataclass(frozen=True)
+class TopK:
     """Keep the ``k`` largest logits of each row (ties at the k-th value are kept).
 
     >>> import torch
-    >>> TopK(1)(torch.tensor([[0.0, 3.0, 1.0]], dtype=torch.float64))
+    >>> TopK(1)((), torch.tensor([[0.0, 3.0, 1.0]], dtype=torch.float64))
     tensor([[-inf, 3., -inf]], dtype=torch.float64)
     """
 
-    def __init__(self, top_k: int) -> None:
-        if not (isinstance(top_k, int) and top_k >= 1):
-            raise ConfigurationError(f"top_k must be an integer ≥ 1, got {top_k!r}")
-        self.top_k = top_k
+    top_k: int
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "top_k", positive_int(self.top_k, "top_k"))
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         k = min(self.top_k, logits.shape[-1])
         kth = torch.topk(logits, k, dim=-1).values[..., -1:]
         return logits.masked_fill(logits < kth, -torch.inf)
 
 
-class TopP(LogitsTransform):
+@dataclass(frozen=True)
+class TopP:
     """Nucleus: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (at least one).
 
     >>> import torch
-    >>> TopP(0.7)(torch.log(torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64))).isfinite().tolist()
+    >>> TopP(0.7)((), torch.log(torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64))).isfinite().tolist()
     [[True, True, False]]
     """
 
-    def __init__(self, top_p: float) -> None:
-        if not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
-            raise ConfigurationError(f"top_p must be in (0, 1], got {top_p!r}")
-        self.top_p = float(top_p)
+    top_p: float
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "top_p", check_probability(self.top_p, "top_p", low_open=True))
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         if self.top_p >= 1.0:
             return logits
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -90,8 +143,9 @@ class TopP(LogitsTransform):
         return logits.masked_fill(drop, -torch.inf)
 
 
+@dataclass(frozen=True)
 class PublicSupport:
-    """The token set S computed from PUBLIC logits only, applied to every row alike (ALGORITHMS §1 and §2).
+    """The token set S computed from the PUBLIC row 0 only, applied to every row alike (ALGORITHMS §1 and §2).
 
     ``S = top-k(z_pub) ∪ {v : z_pub[v] ≥ kth_largest(z_pub) − margin}`` (``margin`` widens it like InvisibleInk's
     top-k⁺), optionally intersected with the nucleus ``top_p`` of ``softmax(z_pub / τ)``. Because S is a function of
@@ -99,44 +153,51 @@ class PublicSupport:
 
     >>> import torch
     >>> z = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 9.0, 0.0]], dtype=torch.float64)
-    >>> PublicSupport(top_k=2)(z, public_row=0)[1].isfinite().tolist()
+    >>> PublicSupport(top_k=2)((), z)[1].isfinite().tolist()
     [True, True, False, False]
     """
 
-    def __init__(self, top_k: int | None = None, top_p: float | None = None, margin: float = 0.0) -> None:
-        if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
-            raise ConfigurationError(f"top_k must be None or an integer ≥ 1, got {top_k!r}")
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise ConfigurationError(f"top_p must be None or in (0, 1], got {top_p!r}")
-        if not (math.isfinite(margin) and margin >= 0):
-            raise ConfigurationError(f"margin must be ≥ 0, got {margin!r}")
-        self.top_k, self.top_p, self.margin = top_k, top_p, float(margin)
+    top_k: int | None = None
+    top_p: float | None = None
+    margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "top_k", optional_positive_int(self.top_k, "top_k", " (or None)"))
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", check_probability(self.top_p, "top_p", " (or None)", low_open=True))
+        margin = finite_number(self.margin, "margin")
+        if margin < 0:
+            raise ConfigurationError(f"margin must be ≥ 0, got {self.margin!r}")
+        object.__setattr__(self, "margin", margin)
 
     @property
     def is_full(self) -> bool:
+        """Whether S is every token (no top-k, no nucleus below 1)."""
         return self.top_k is None and (self.top_p is None or self.top_p >= 1.0)
 
     def mask(self, public_logits: torch.Tensor) -> torch.Tensor:
-        """``(V,)`` bool: True for tokens in S."""
+        """``(V,)`` bool: True for tokens in S, from the ``(V,)`` public logits."""
         keep = torch.ones_like(public_logits, dtype=torch.bool)
         if self.top_k is not None:
             k = min(self.top_k, public_logits.shape[-1])
             kth = torch.topk(public_logits, k).values[-1]
             keep &= public_logits >= kth - self.margin
         if self.top_p is not None and self.top_p < 1.0:
-            keep &= TopP(self.top_p)(public_logits.unsqueeze(0))[0].isfinite()
+            keep &= TopP(self.top_p)((), public_logits.unsqueeze(0))[0].isfinite()
         return keep
 
-    def __call__(self, logits: torch.Tensor, public_row: int = 0) -> torch.Tensor:
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         if self.is_full:
             return logits
-        keep = self.mask(logits[public_row])
+        keep = self.mask(logits[0])
         return logits.masked_fill(~keep, -torch.inf)
 
 
+@dataclass(frozen=True)
 class NoRepeatNGram:
-    """Ban every token that would repeat an n-gram of the tokens generated so far (all rows alike).
+    """Ban every token that would repeat an n-gram of the tokens generated so far.
 
+    With one sequence in ``generated`` the ban applies to every row alike (joint mode); with one per row, row by row.
     It reads only the released tokens, never a prompt, so in joint mode it is a public transform: applying it to
     every context before a mechanism leaves the mechanism's guarantee intact (the bound is checked on the
     transformed distributions). Counters the loops small models fall into on long rewrites.
@@ -147,12 +208,12 @@ class NoRepeatNGram:
     [True, True, False, True, True]
     """
 
-    def __init__(self, n: int) -> None:
-        if not (isinstance(n, int) and n >= 1):
-            raise ConfigurationError(f"no_repeat_ngram_size must be an integer ≥ 1, got {n!r}")
-        self.n = n
+    n: int
 
-    def __call__(self, generated: Sequence[Sequence[int]], logits: torch.Tensor) -> torch.Tensor:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n", positive_int(self.n, "no_repeat_ngram_size"))
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         n = self.n
         out = logits
         for row, seq in enumerate(generated):
@@ -168,8 +229,8 @@ class NoRepeatNGram:
         return out
 
 
-def apply(transforms: Sequence[LogitsTransform], logits: torch.Tensor) -> torch.Tensor:
-    """Apply ``transforms`` in order."""
-    for tr in transforms:
-        logits = tr(logits)
+def apply(processors: Sequence[LogitsProcessor], logits: torch.Tensor, generated: Generated = ()) -> torch.Tensor:
+    """Apply ``processors`` in order: ``logits = processor(generated, logits)``."""
+    for proc in processors:
+        logits = proc(generated, logits)
     return logits

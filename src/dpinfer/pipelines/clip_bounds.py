@@ -137,7 +137,7 @@ class _LogitMoments(Mechanism):
 
 
 def _check_settings(n_texts: object, max_new_tokens: object, sigmas: object) -> tuple[int, int, float]:
-    from dpinfer.mechanisms._checks import positive_int
+    from dpinfer.checks import positive_int
 
     n = positive_int(n_texts, "n_texts")
     t = positive_int(max_new_tokens, "max_new_tokens")

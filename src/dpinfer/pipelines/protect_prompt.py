@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
 from dpinfer.pipelines.clip_bounds import PARAPHRASE_INSTRUCTION
 
@@ -55,12 +56,14 @@ METHODS = ("dp-gtr", "dp-prompt")
 KEYWORD_METHODS = ("ndp", "jem")
 ADJACENCY = "any two private prompts (the whole prompt may change; local DP)"
 
-DEFAULT_N_REWRITES = 10
-DEFAULT_N_KEYWORDS = 10
-DEFAULT_MAX_NEW_TOKENS = 48
-DEFAULT_TEMPERATURE = 0.75
-DEFAULT_JEM_EPSILON = 40.0
-"""ε₂ of the JEM keyword release. Over a 73k-word universe, JEM picks mostly random words below ε₂ ≈ 4·ln(73k^K)/n
+DEFAULT_N_REWRITES = PROTECT.n_rewrites
+DEFAULT_N_KEYWORDS = PROTECT.n_keywords
+DEFAULT_MAX_NEW_TOKENS = PROTECT.max_new_tokens
+DEFAULT_TEMPERATURE = PROTECT.temperature
+DEFAULT_JEM_EPSILON = PROTECT.jem_epsilon
+"""ε₂ of the JEM keyword release (:data:`dpinfer.defaults.PROTECT`).
+
+Over a 73k-word universe, JEM picks mostly random words below ε₂ ≈ 4·ln(73k^K)/n
 (≈ 45 for K = n = 10); ε₂ protects one rewrite, whose stage-1 loss is T_max·ε_tok (thousands), so a large ε₂ costs
 nothing the headline does not already state (docs/prompt-protection.md)."""
 MIN_CONTENT_WORDS = 3
@@ -149,7 +152,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
 
     ``cli`` spells the names as options (``--n-rewrites``).
     """
-    from dpinfer.validation import check_delta, check_seed, int_at_least, one_of, positive_number
+    from dpinfer.checks import check_delta, check_seed, int_at_least, one_of, positive_number
 
     def n(name: str) -> str:
         return "--" + name.replace("_", "-") if cli else name
@@ -305,13 +308,13 @@ def protect_prompt(
     prompt: str,
     *,
     lm: LM | str | None = None,
-    method: str = "dp-gtr",
+    method: str = PROTECT.method,
     epsilon: float | None = None,
     temperature: float | None = None,
-    delta: float = 1e-5,
+    delta: float = PROTECT.delta,
     n_rewrites: int | None = None,
     n_keywords: int = DEFAULT_N_KEYWORDS,
-    keywords: str = "ndp",
+    keywords: str = PROTECT.keywords,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     jem_epsilon: float = DEFAULT_JEM_EPSILON,
     seed: int | None = None,

@@ -19,11 +19,16 @@ Steps of :func:`sanitize`:
 Fail closed: no span given or found, spans made for another document, or a chat template that does not keep the
 document verbatim are refused before the model loads (the template check needs the tokenizer).
 
-Methods (same engine, same prompt; ALGORITHMS §5): ``dp-fusion`` (the default), ``original`` (private context, no
-privacy), ``ner-scrub`` (public context only: the output does not depend on the tagged content at all, ε = 0 for it),
-``dp-decoding`` (Majmudar et al. 2022, on the private context) and ``dp-prompt`` (Utpala et al. 2023, on the private
-context). The two baselines protect the whole document (any two documents are adjacent), DP-Fusion and NER-scrub the
-content of the tagged spans only, and none of them protects what the tagger missed.
+Methods (same engine, same prompt; ALGORITHMS §5): every mechanism registered for ``"sanitize"``
+(:func:`dpinfer.methods.method_names`) and the baselines of :data:`dpinfer.methods.BASELINES`: ``dp-fusion`` (the
+default), ``original`` (private context, no privacy), ``ner-scrub`` (public context only: the output does not depend
+on the tagged content at all, ε = 0 for it), ``dp-decoding`` (Majmudar et al. 2022, on the private context) and
+``dp-prompt`` (Utpala et al. 2023, on the private context). The two whole-document mechanisms protect the whole
+document (any two documents are adjacent), DP-Fusion and NER-scrub the content of the tagged spans only, and none of
+them protects what the tagger missed. :func:`method_plan` says how a method runs: its mechanism, the contexts it
+decodes, what it protects and its builder (:data:`BUILDERS`, for mechanisms that need sanitisation-specific
+construction; any other mechanism registered for the task is calibrated with ``cls.calibrated(epsilon, delta=...,
+max_new_tokens=...)`` on the full document).
 
 Documents longer than the model's context window raise :class:`~dpinfer.errors.ContextTooLongError` (no silent
 truncation).
@@ -42,14 +47,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.taggers.base import TAB_LABELS, Span, validate_spans
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.mechanisms.base import Mechanism
     from dpinfer.models import LM
 
-METHODS = ("dp-fusion", "original", "ner-scrub", "dp-decoding", "dp-prompt")
 PLACEHOLDER = "_"
 
 DEFAULT_INSTRUCTION = (
@@ -58,17 +64,7 @@ DEFAULT_INSTRUCTION = (
 )
 """Default rewriting instruction (chosen from the ε sweep of ``dpinfer bench sanitize``; see docs/sanitize.md)."""
 
-DEFAULTS: dict[str, Any] = {
-    "epsilon": 40.0,
-    "temperature": 0.7,
-    "top_k": 40,
-    "support_margin": 0.0,
-    "no_repeat_ngram": 3,
-}
-"""Decoding defaults for the embedded 135M model (see docs/sanitize.md for the sweep that chose them). The top-k
-support is computed from the PUBLIC context only and applied to every context, which keeps the guarantee."""
-
-BASELINE_MAX_NEW_TOKENS = 256
+BASELINE_MAX_NEW_TOKENS = SANITIZE.whole_document_max_new_tokens
 """Default ``T_max`` of ``dp-decoding`` and ``dp-prompt``: a fixed constant, since their adjacency is any two documents
 and a T_max (or a calibration) read from the document would reveal its length. Pass ``max_new_tokens`` to change it."""
 
@@ -130,9 +126,10 @@ class SanitizeResult:
     @property
     def not_protected(self) -> tuple[str, ...]:
         """What the guarantee leaves public (empty for ``original``, which protects nothing)."""
-        if self.method in ("dp-fusion", "ner-scrub"):
+        protects = method_plan(self.method).protects
+        if protects == "spans":
             return NOT_PROTECTED if self.groups else ()  # nothing tagged: nothing protected
-        if self.method in ("dp-decoding", "dp-prompt"):
+        if protects == "document":
             return BASELINE_NOT_PROTECTED
         return ()
 
@@ -150,7 +147,7 @@ class SanitizeResult:
             "max_new_tokens": self.max_new_tokens,
             "settings": self.settings,
         }
-        if self.method in ("dp-fusion", "ner-scrub"):
+        if method_plan(self.method).protects == "spans":
             out["groups"] = self.groups  # public under their adjacency (one group per entity type present)
         if self.debug:
             out["debug"] = {
@@ -221,7 +218,7 @@ def resolve_group_epsilon(group_names: Sequence[str], groups: Mapping[str, Seque
             hits = [given[lab] for lab in groups[name] if lab in given]
             value = min(hits) if hits else epsilon
         if value is None:
-            value = DEFAULTS["epsilon"]
+            value = SANITIZE.epsilon
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ConfigurationError(f"ε for group {name} must be a finite number > 0, got {value!r}")
         targets[name] = float(value)
@@ -326,9 +323,9 @@ def resolve_spans(
     text: str,
     *,
     spans: Any = None,
-    tagger: Any = "presidio",
+    tagger: Any = SANITIZE.tagger,
     label_map: Mapping[str, str | None] | None = None,
-    method: str = "dp-fusion",
+    method: str = SANITIZE.method,
     allow_untagged: bool = False,
 ) -> list[Span]:
     """The private spans of ``text``: the user's ``spans`` checked against THIS document, or the tagger's; fail closed.
@@ -360,7 +357,7 @@ def resolve_spans(
         tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **kw)
         found = tg.tag(text)  # fail closed: any tagging error propagates here
         source = f"the {getattr(tg, 'name', 'given')} tagger found nothing"
-    if not found and method in ("dp-fusion", "ner-scrub") and not allow_untagged:
+    if not found and method_plan(method).protects == "spans" and not allow_untagged:
         raise InvalidInputError(
             f"no private span to protect ({source}): the rewrite would read the whole document and protect nothing; "
             "give spans (--spans FILE) or another tagger, or pass --allow-untagged (API: allow_untagged=True) to "
@@ -373,21 +370,21 @@ def sanitize(
     text: str,
     *,
     lm: LM | str | None = None,
-    method: str = "dp-fusion",
+    method: str = SANITIZE.method,
     epsilon: float | None = None,
     group_epsilon: Mapping[str, float] | None = None,
-    delta: float = 1e-5,
+    delta: float = SANITIZE.delta,
     spans: Any = None,
-    tagger: Any = "presidio",
+    tagger: Any = SANITIZE.tagger,
     groups: Mapping[str, Sequence[str]] | None = None,
     instruction: str | None = None,
     max_new_tokens: int | None = None,
-    alpha: float = 2.0,
+    alpha: float = SANITIZE.alpha,
     temperature: float | None = None,
     top_k: int | str | None = "default",
     seed: int | None = None,
-    accounting: str = "dpinfer",
-    adjacency: str = "replace-by-null",
+    accounting: str = SANITIZE.accounting,
+    adjacency: str = SANITIZE.adjacency,
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
@@ -414,8 +411,8 @@ def sanitize(
             adjacency). Default for ``dp-decoding`` and ``dp-prompt``: the fixed :data:`BASELINE_MAX_NEW_TOKENS`
             (256), since under their adjacency (any two documents) the length is private.
         alpha: Rényi order at which DP-Fusion's bound is enforced and charged.
-        temperature, top_k: decoding transforms (defaults :data:`DEFAULTS`; DP-Fusion's top-k support is computed
-            from the public context only). ``top_k=None`` samples from the full vocabulary.
+        temperature, top_k: decoding transforms (defaults: :data:`dpinfer.defaults.SANITIZE`; DP-Fusion's top-k
+            support is computed from the public context only). ``top_k=None`` samples from the full vocabulary.
         seed: for tests and benchmarks only (the same seed reproduces the output). Without it (the default) the noise
             comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
             secret (``guarantee.seeded`` is set and the statement says so); the seed is never written into the result.
@@ -450,24 +447,15 @@ def sanitize(
     from dpinfer.mechanisms.transforms import NoRepeatNGram
     from dpinfer.validation import check_sanitize_params, check_text
 
-    if method not in METHODS:
-        raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     check_text(text, "the document")
     check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, alpha=alpha,
                           temperature=temperature, top_k=top_k, max_new_tokens=max_new_tokens,
                           no_repeat_ngram=no_repeat_ngram, seed=seed, accounting=accounting, adjacency=adjacency,
                           tagger=tagger if spans is None else None, groups=groups)  # all before the model loads
-    if epsilon is not None and not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise ConfigurationError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not 0 < delta < 1:
-        raise ConfigurationError(f"delta must lie in (0, 1), got {delta!r}")
-    if method == "dp-fusion":
-        from dpinfer.mechanisms.dp_fusion import _check_adjacency
-
-        _check_adjacency(adjacency, accounting)  # before the document is tagged or read
+    plan = method_plan(method)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
-    temp = DEFAULTS["temperature"] if temperature is None else float(temperature)
-    k = DEFAULTS["top_k"] if top_k == "default" else top_k
+    temp = SANITIZE.temperature if temperature is None else float(temperature)
+    k = SANITIZE.top_k if top_k == "default" else top_k
 
     # fail closed before the model loads: spans checked against this document, nothing tagged refused
     used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
@@ -477,7 +465,7 @@ def sanitize(
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
     if max_new_tokens is not None:
         t_max = int(max_new_tokens)
-    elif method in ("dp-decoding", "dp-prompt"):
+    elif plan.protects == "document":
         t_max = BASELINE_MAX_NEW_TOKENS  # ex ante: their adjacency makes the document's length private
     else:
         t_max = default_max_new_tokens(prep.document_tokens)  # the length is public under DP-Fusion's adjacency
@@ -490,13 +478,15 @@ def sanitize(
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name}  # never the seed (it would let anyone replay the noise)
-    if method == "dp-fusion":
+    if plan.contexts == "fusion":
         settings["adjacency"] = adjacency
 
-    contexts, mech = _mechanism(method, model, prep, group_map, epsilon, group_epsilon, delta, t_max, alpha, temp, k,
-                                accounting, settings, adjacency)
+    contexts, mech = _mechanism(plan, BuildArgs(
+        lm=model, prep=prep, groups=group_map, epsilon=SANITIZE.epsilon if epsilon is None else float(epsilon),
+        group_epsilon=group_epsilon, delta=delta, max_new_tokens=t_max, alpha=alpha, temperature=temp, top_k=k,
+        accounting=accounting, adjacency=adjacency, settings=settings))
     t0 = time.perf_counter()
-    ngram = DEFAULTS["no_repeat_ngram"] if no_repeat_ngram == "default" else no_repeat_ngram
+    ngram = SANITIZE.no_repeat_ngram if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
     processors = [NoRepeatNGram(int(ngram))] if ngram else []
     box: list[Any] = []
@@ -507,11 +497,11 @@ def sanitize(
     out = box[0]
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
-    if method in ("ner-scrub", "dp-fusion") and not prep.group_names:
+    if plan.protects == "spans" and not prep.group_names:
         from dpinfer.accounting import Guarantee
 
         guarantee = Guarantee.no_privacy(method)  # nothing tagged (allow_untagged): nothing was protected
-    elif method == "ner-scrub":
+    elif plan.baseline and plan.protects == "spans":
         guarantee = _scrub_guarantee(method, group_map, delta, t_max)
     else:
         guarantee = mech.guarantee(t_max)
@@ -520,7 +510,7 @@ def sanitize(
     stats: dict[str, Any] = {}
     if debug:
         print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
-        if method == "dp-fusion":
+        if plan.contexts == "fusion":
             stats = _summarise_steps(out.steps, prep.group_names)
     return SanitizeResult(
         text=model.decode(ids).strip(), guarantee=guarantee, token_ids=list(ids),
@@ -536,7 +526,8 @@ def guarantee_sentence(result: SanitizeResult) -> str:
     from dpinfer.accounting._format import format_up
 
     g = result.guarantee
-    if result.method in ("dp-fusion", "ner-scrub") and not result.groups:
+    plan = method_plan(result.method)
+    if plan.protects == "spans" and not result.groups:
         return ("Guarantee: none. Nothing was tagged, so nothing in the document was protected: the rewrite was "
                 "generated from the full document (allowed with --allow-untagged).")
     if math.isinf(g.epsilon):
@@ -551,7 +542,7 @@ def guarantee_sentence(result: SanitizeResult) -> str:
     flag = " (authors' published accounting, for comparison only)" if g.accounting == "as_published" else ""
     if "replace-one" in (g.adjacency or ""):
         scope += ", compared with any other values in the same spans"
-    if result.method == "dp-fusion":
+    if plan.protects == "spans":
         limit = (f"a limit of {g.max_new_tokens} generated tokens (it follows the document's length, which this "
                  "adjacency leaves public)")
     else:
@@ -574,45 +565,129 @@ def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: fl
     )
 
 
-def _mechanism(method: str, lm: LM, prep: PreparedContexts, groups: Mapping[str, Sequence[str]],
-               epsilon: float | None, group_epsilon: Mapping[str, float] | None, delta: float, t_max: int,
-               alpha: float, temp: float, top_k: int | None, accounting: str,
-               settings: dict[str, Any], adjacency: str = "replace-by-null") -> tuple[list[list[int]], Any]:
+@dataclass(frozen=True)
+class BuildArgs:
+    """What a builder may read to construct a method's mechanism: the parameters, the model (vocabulary, public
+    calibration) and the prepared contexts (their group names only: the private contents stay in the rows)."""
+
+    lm: LM
+    prep: PreparedContexts
+    groups: Mapping[str, Sequence[str]]
+    epsilon: float
+    group_epsilon: Mapping[str, float] | None
+    delta: float
+    max_new_tokens: int
+    alpha: float
+    temperature: float
+    top_k: int | None
+    accounting: str
+    adjacency: str
+    settings: dict[str, Any]
+    """The release's public settings; a builder records what it changed (e.g. ``top_k`` off)."""
+
+
+@dataclass(frozen=True)
+class Builder:
+    """How sanitisation runs a registered mechanism: ``build`` constructs it, ``contexts`` names the rows it decodes
+    (``"fusion"``: the public context and one private context per group; ``"original"``: the full document;
+    ``"public"``: the document with every span replaced), ``protects`` what its guarantee covers (``"spans"``: the
+    content of each group's spans; ``"document"``: the whole document; ``"nothing"``)."""
+
+    build: Callable[[BuildArgs], Mechanism]
+    contexts: str = "original"
+    protects: str = "document"
+
+
+@dataclass(frozen=True)
+class MethodPlan:
+    """How a method runs (:func:`method_plan`)."""
+
+    method: str
+    mechanism: str
+    contexts: str
+    protects: str
+    build: Callable[[BuildArgs], Mechanism]
+    baseline: bool = False
+
+
+def _build_sampler(a: BuildArgs) -> Mechanism:
     from dpinfer.mechanisms import get_mechanism
 
-    if method == "original":
-        return [prep.original], get_mechanism("sampler", temperature=temp, top_k=top_k, mode="joint")
-    if method == "ner-scrub":
-        return [prep.public], get_mechanism("sampler", temperature=temp, top_k=top_k, mode="joint")
-    eps = DEFAULTS["epsilon"] if epsilon is None else epsilon
-    if method == "dp-decoding":
-        from dpinfer.mechanisms.dp_decoding import DPDecoding
+    return get_mechanism("sampler", temperature=a.temperature, top_k=a.top_k, mode="joint")
 
-        settings["top_k"] = None  # the baseline's guarantee needs the full vocabulary
-        mech = DPDecoding.calibrated(eps, delta=delta, max_new_tokens=t_max, vocab_size=lm.vocab_size,
-                                     temperature=temp)
-        return [prep.original], mech
-    if method == "dp-prompt":
-        from dpinfer.mechanisms.dp_prompt import DPPrompt
-        from dpinfer.pipelines.clip_bounds import clip_bounds
 
-        settings["top_k"] = None
-        lo, hi = clip_bounds(lm).bounds
-        settings["clip"] = [lo, hi]
-        mech = DPPrompt.calibrated(eps, delta=delta, max_new_tokens=t_max, clip_min=lo, clip_max=hi, mode="joint")
-        return [prep.original], mech
-    # dp-fusion
-    from dpinfer.mechanisms.dp_fusion import DPFusion
+def _build_fusion(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
 
-    if not prep.group_names:
-        # nothing tagged: the output depends on no protected content; decode the (identical) public context
-        return [prep.public], get_mechanism("sampler", temperature=temp, top_k=top_k, mode="joint")
-    targets = resolve_group_epsilon(prep.group_names, groups, epsilon, group_epsilon)
-    settings["group_epsilon"] = targets
-    mech = DPFusion.calibrated(targets, max_new_tokens=t_max, delta=delta, alpha=alpha, accounting=accounting,
-                               adjacency=adjacency,
-                               temperature=temp, top_k=top_k)
-    return [prep.public, *prep.private], mech
+    targets = resolve_group_epsilon(a.prep.group_names, a.groups, a.epsilon, a.group_epsilon)
+    a.settings["group_epsilon"] = targets
+    return REGISTRY.get("dp-fusion").cls.calibrated(  # type: ignore[attr-defined]
+        targets, max_new_tokens=a.max_new_tokens, delta=a.delta, alpha=a.alpha, accounting=a.accounting,
+        adjacency=a.adjacency, temperature=a.temperature, top_k=a.top_k)
+
+
+def _build_decoding(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    a.settings["top_k"] = None  # the baseline's guarantee needs the full vocabulary
+    return REGISTRY.get("dp-decoding").cls.calibrated(  # type: ignore[attr-defined]
+        a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens, vocab_size=a.lm.vocab_size,
+        temperature=a.temperature)
+
+
+def _build_prompt(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    a.settings["top_k"] = None
+    lo, hi = clip_bounds(a.lm).bounds
+    a.settings["clip"] = [lo, hi]
+    return REGISTRY.get("dp-prompt").cls.calibrated(  # type: ignore[attr-defined]
+        a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens, clip_min=lo, clip_max=hi, mode="joint")
+
+
+BUILDERS: dict[str, Builder] = {
+    "dp-fusion": Builder(_build_fusion, contexts="fusion", protects="spans"),
+    "dp-decoding": Builder(_build_decoding),
+    "dp-prompt": Builder(_build_prompt),
+}
+"""Sanitisation-specific construction, per registered mechanism. A mechanism registered for ``"sanitize"`` without
+an entry runs on the full document and is built as ``cls.calibrated(epsilon, delta=..., max_new_tokens=...)``."""
+
+
+def _build_calibrated(name: str) -> Callable[[BuildArgs], Mechanism]:
+    def build(a: BuildArgs) -> Mechanism:
+        from dpinfer.mechanisms import REGISTRY
+
+        return REGISTRY.get(name).cls.calibrated(  # type: ignore[attr-defined]
+            a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens)
+
+    return build
+
+
+def method_plan(method: str) -> MethodPlan:
+    """How ``method`` runs: a baseline of :data:`dpinfer.methods.BASELINES` (the sampler on one context), a
+    mechanism with a :data:`BUILDERS` entry, or another mechanism registered for ``"sanitize"``."""
+    from dpinfer.methods import baseline
+
+    b = baseline("sanitize", method)
+    if b is not None:
+        return MethodPlan(method, b.mechanism, b.context, b.protects, _build_sampler, baseline=True)
+    builder = BUILDERS.get(method)
+    if builder is not None:
+        return MethodPlan(method, method, builder.contexts, builder.protects, builder.build)
+    return MethodPlan(method, method, "original", "document", _build_calibrated(method))
+
+
+def _mechanism(plan: MethodPlan, a: BuildArgs) -> tuple[list[list[int]], Mechanism]:
+    """The rows to decode and the mechanism of ``plan``."""
+    if plan.contexts == "fusion":
+        if not a.prep.group_names:
+            # nothing tagged: the output depends on no protected content; decode the (identical) public context
+            return [a.prep.public], _build_sampler(a)
+        return [a.prep.public, *a.prep.private], plan.build(a)
+    rows = a.prep.public if plan.contexts == "public" else a.prep.original
+    return [rows], plan.build(a)
 
 
 def _summarise_steps(steps: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:

@@ -13,7 +13,9 @@ Steps of :func:`synthesize`:
    tokens (a function of that reference alone).
 3. **Decode** each batch with the chosen method on the engine: B + 1 contexts, one KV cache, left padding.
 
-Methods: ``invisibleink`` (default), ``amin`` (Amin et al. 2024, sparse-vector test, fixed private-token cap),
+Methods: every mechanism registered for ``"synthesize"`` and the baseline of :data:`dpinfer.methods.BASELINES`
+(:func:`dpinfer.methods.method_names`; :data:`BUILDERS` holds each mechanism's construction): ``invisibleink``
+(default), ``amin`` (Amin et al. 2024, sparse-vector test, fixed private-token cap),
 ``adapmixed`` (Flemings et al. 2024; data-dependent: no guarantee ex ante, the realised figure is reported as such)
 and ``public`` (the public prompt only: no reference is read, the zero-privacy floor of utility, 1 LM call per token).
 """
@@ -31,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.mechanisms.base import Mechanism
     from dpinfer.models import LM
 
-METHODS = ("invisibleink", "amin", "adapmixed", "public")
-BATCH_METHODS = ("invisibleink", "amin", "adapmixed")
 
 
 @dataclass(frozen=True)
@@ -357,7 +359,7 @@ def _encode_reference(lm: LM, text: str, max_tokens: int | None) -> str:
 
 
 def batch_contexts(lm: LM, template: PromptTemplate, batch: Sequence[Reference],
-                   max_reference_tokens: int | None = 512) -> list[list[int]]:
+                   max_reference_tokens: int | None = SYNTH.max_reference_tokens) -> list[list[int]]:
     """Token ids of the public prompt (row 0) and of one private prompt per reference (rows 1..B).
 
     The labels of the batch's first reference fill the templates (a batch shares its labels). An empty reference is
@@ -393,27 +395,77 @@ def public_pad_width(lm: LM, template: PromptTemplate, labels: Mapping[str, str]
     return len(empty) + max_reference_tokens + REFERENCE_SLACK
 
 
+@dataclass(frozen=True)
+class BuildArgs:
+    """What a builder reads to construct a synthesis mechanism: parameters only (no reference, no model)."""
+
+    epsilon: float
+    delta: float
+    batch_size: int
+    max_new_tokens: int
+    top_k: int | None
+    temperature: float
+    options: dict[str, Any]
+
+
+def _build_invisibleink(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.get("invisibleink").cls.calibrated(  # type: ignore[attr-defined]
+        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature, top_k=a.top_k, **a.options)
+
+
+def _build_amin(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.get("amin").cls.calibrated(  # type: ignore[attr-defined]
+        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature, **a.options)
+
+
+def _build_adapmixed(a: BuildArgs) -> Mechanism:
+    from dpinfer.mechanisms import REGISTRY
+
+    return REGISTRY.build("adapmixed", batch_size=a.batch_size, epsilon=a.epsilon, delta=a.delta,
+                          temperature=a.temperature, top_k=a.top_k, **a.options)
+
+
+def _build_calibrated(name: str) -> Callable[[BuildArgs], Mechanism]:
+    def build(a: BuildArgs) -> Mechanism:
+        from dpinfer.mechanisms import REGISTRY
+
+        return REGISTRY.get(name).cls.calibrated(  # type: ignore[attr-defined]
+            epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
+            temperature=a.temperature, **a.options)
+
+    return build
+
+
+BUILDERS: dict[str, Callable[[BuildArgs], Mechanism]] = {
+    "invisibleink": _build_invisibleink,
+    "amin": _build_amin,
+    "adapmixed": _build_adapmixed,
+}
+"""Synthesis-specific construction per registered mechanism. One registered for ``"synthesize"`` without an entry is
+built as ``cls.calibrated(epsilon=, delta=, batch_size=, max_new_tokens=, temperature=, **options)``."""
+
+
 def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
                     top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> Any:
-    """The calibrated mechanism of ``method`` (``public``: the plain sampler)."""
+    """The calibrated mechanism of ``method`` (a baseline: its registered mechanism, the plain sampler)."""
     from dpinfer.mechanisms import get_mechanism
-    from dpinfer.mechanisms.adapmixed import AdaPMixED
-    from dpinfer.mechanisms.amin import AminSVT
-    from dpinfer.mechanisms.invisibleink import InvisibleInk
+    from dpinfer.methods import baseline
+    from dpinfer.validation import check_method
 
-    opts = dict(options or {})
-    if method == "public":
-        return get_mechanism("sampler", temperature=temperature, top_k=top_k, mode="joint")
+    check_method("synthesize", method)
+    b = baseline("synthesize", method)
+    if b is not None:
+        return get_mechanism(b.mechanism, temperature=temperature, top_k=top_k, mode="joint")
     eps = _check_positive(epsilon, "epsilon")
-    if method == "invisibleink":
-        return InvisibleInk.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                       temperature=temperature, top_k=top_k, **opts)
-    if method == "amin":
-        return AminSVT.calibrated(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                  temperature=temperature, **opts)
-    if method == "adapmixed":
-        return AdaPMixED(batch_size=batch_size, epsilon=eps, delta=delta, temperature=temperature, top_k=top_k, **opts)
-    raise ConfigurationError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    args = BuildArgs(epsilon=eps, delta=delta, batch_size=batch_size, max_new_tokens=max_new_tokens, top_k=top_k,
+                     temperature=temperature, options=dict(options or {}))
+    return BUILDERS.get(method, _build_calibrated(method))(args)
 
 
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
@@ -428,17 +480,17 @@ def synthesize(
     references: Sequence[Reference | str],
     *,
     lm: LM | str | None = None,
-    method: str = "invisibleink",
+    method: str = SYNTH.method,
     epsilon: float | None = None,
-    delta: float = 1e-6,
-    batch_size: int = 8,
-    max_new_tokens: int = 200,
-    top_k: int | None = 50,
-    temperature: float = 1.0,
+    delta: float = SYNTH.delta,
+    batch_size: int = SYNTH.batch_size,
+    max_new_tokens: int = SYNTH.max_new_tokens,
+    top_k: int | None = SYNTH.top_k,
+    temperature: float = SYNTH.temperature,
     prompt_template: PromptTemplate | str | None = None,
     seed: int | None = None,
     max_texts: int | None = None,
-    max_reference_tokens: int | None = 512,
+    max_reference_tokens: int | None = SYNTH.max_reference_tokens,
     options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SynthesisResult:
@@ -466,11 +518,13 @@ def synthesize(
     """
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
-    from dpinfer.validation import check_synth_params
+    from dpinfer.methods import is_baseline
+    from dpinfer.validation import check_corpus_size, check_synth_params
 
     check_synth_params(method=method, epsilon=epsilon, delta=delta, batch_size=batch_size,
                        max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, seed=seed,
                        max_texts=max_texts, max_reference_tokens=max_reference_tokens)
+    public = is_baseline("synthesize", method)  # the public prompt only: reads no reference
     if isinstance(references, (str, bytes)) or not isinstance(references, Sequence):
         raise InvalidInputError(f"references must be a list of Reference objects or strings, got "
                                 f"{type(references).__name__}")
@@ -483,16 +537,14 @@ def synthesize(
     refs = [r if isinstance(r, Reference) else Reference(r) for r in references]
     if not refs:
         raise InvalidInputError("the reference corpus is empty (no references)")
-    if method in BATCH_METHODS and len(refs) < batch_size:
-        raise InvalidInputError(f"{len(refs)} references are fewer than one batch of B = {batch_size}; lower "
-                                "--batch-size or add references")
+    check_corpus_size(method=method, references=len(refs), batch_size=batch_size)
     if isinstance(prompt_template, str):
         if prompt_template not in TEMPLATES:
             raise ConfigurationError(f"unknown prompt template {prompt_template!r}; choose one of "
                                      f"{', '.join(TEMPLATES)} or pass a PromptTemplate")
         template = TEMPLATES[prompt_template]
     else:
-        template = prompt_template or TEMPLATES["generic"]
+        template = prompt_template or TEMPLATES[SYNTH.template]
     missing = template.fields() - set(refs[0].labels)
     if missing:
         raise ConfigurationError(f"the prompt template uses label field(s) {sorted(missing)} that the records do not "
@@ -507,7 +559,7 @@ def synthesize(
     mech = build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore
                            max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
     model = resolve_lm(lm)
-    guarantee = _public_guarantee(delta, max_new_tokens) if method == "public" else mech.guarantee(max_new_tokens)
+    guarantee = _public_guarantee(delta, max_new_tokens) if public else mech.guarantee(max_new_tokens)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
     engine = Engine(model)
@@ -517,7 +569,7 @@ def synthesize(
     for b, members in enumerate(batches):
         labels = refs[members[0]].labels
         contexts = batch_contexts(model, template, [refs[i] for i in members], max_reference_tokens)
-        if method == "public":
+        if public:
             contexts = contexts[:1]
         out = engine.generate(contexts, mech, max_new_tokens=max_new_tokens,
                               pad_width=public_pad_width(model, template, labels, max_reference_tokens),
@@ -527,9 +579,9 @@ def synthesize(
         dd: dict[str, Any] = {}
         if out.steps and "private" in out.steps[0]:
             private = int(sum(s.get("private", 0.0) for s in out.steps))
-        if method == "adapmixed":
+        if callable(getattr(mech, "spend", None)):  # a data-dependent account (AdaPMixED): its realised figure
             dd["spent"] = mech.spend().to_dict()
-        if method == "invisibleink" and out.steps and "expanded" in out.steps[0]:
+        if out.steps and "expanded" in out.steps[0]:  # InvisibleInk's Top-k+ expansion
             dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
         texts.append(SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
                                    finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd))
@@ -541,7 +593,7 @@ def synthesize(
                 "max_reference_tokens": max_reference_tokens,
                 "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
                 "options": dict(options or {})}
-    used = 0 if method == "public" else sum(len(m) for m in batches)
+    used = 0 if public else sum(len(m) for m in batches)
     return SynthesisResult(texts=texts, guarantee=guarantee, method=method, settings=settings, references_used=used,
                            references_left_out=len(refs) - used,
-                           seconds=seconds, lm_calls_per_token=1 if method == "public" else batch_size + 1)
+                           seconds=seconds, lm_calls_per_token=1 if public else batch_size + 1)

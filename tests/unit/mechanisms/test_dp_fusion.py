@@ -497,7 +497,7 @@ def test_support_is_public_only():
 
 
 def test_sampler_draws_from_the_distribution_and_never_outside_its_support():
-    from dpinfer.mechanisms.dp_fusion import _sample
+    from dpinfer.mechanisms.sampler import sample_probs as _sample
 
     probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0], dtype=F64)
     gen = torch.Generator().manual_seed(3)

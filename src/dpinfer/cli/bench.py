@@ -1,0 +1,132 @@
+"""``dpinfer bench engine | sanitize | synth | tagger``: the built-in benchmarks (:mod:`dpinfer.bench`).
+
+Each prints what it measured, with its baseline, in one run. Their options are checked here before any model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from dpinfer.cli.output import cli_k, print_json, progress_runner
+from dpinfer.errors import InvalidInputError
+
+
+def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
+    from dpinfer.bench import engine as bench_engine
+
+    be = bsub.add_parser("engine", parents=[common], help="engine tokens/s vs HF generate for K = 1, 2, 5, 9",
+                         description=bench_engine.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_engine.add_arguments(be)
+    be.set_defaults(func=run_engine)
+    from dpinfer.bench import sanitize as bench_sanitize
+
+    bs = bsub.add_parser("sanitize", parents=[common], help="sanitisation privacy-utility (PPL, ASR, leaks) or --perf",
+                         description=bench_sanitize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_sanitize.add_arguments(bs)
+    bs.set_defaults(func=run_sanitize)
+    from dpinfer.bench import synth as bench_synth
+
+    bsy = bsub.add_parser("synth", parents=[common], help="synthetic-text MAUVE vs compute (B) at fixed ε, or --perf",
+                          description=bench_synth.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_synth.add_arguments(bsy)
+    bsy.set_defaults(func=run_synth)
+    from dpinfer.bench import tagger as bench_tagger
+
+    bt = bsub.add_parser("tagger", help="tagger precision / recall / F1 against gold spans",
+                         description=bench_tagger.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_tagger.add_arguments(bt)
+    bt.set_defaults(func=run_tagger)
+
+
+BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
+                "n_private", "n_real", "mauve_repeats", "perf_batch_size")
+"""Options of any benchmark that must be integers ≥ 1 when present."""
+
+
+def check_bench_args(args: argparse.Namespace) -> None:
+    """The numeric options and the data file of a benchmark, checked before any model loads."""
+    from dpinfer.validation import (
+        check_delta,
+        check_seed,
+        check_temperature,
+        int_at_least,
+        positive_number,
+        sniff_text_file,
+    )
+
+    for name in BENCH_COUNTS:
+        value = getattr(args, name, None)
+        if value is not None:
+            int_at_least(value, "--" + name.replace("_", "-"), 1)
+    for k in getattr(args, "k", None) or ():
+        int_at_least(k, "--k", 1)
+    if getattr(args, "skip", None) is not None:
+        int_at_least(args.skip, "--skip", 0)
+    check_seed(getattr(args, "seed", None), "--seed")
+    if getattr(args, "temperature", None) is not None:
+        check_temperature(args.temperature, "--temperature", allow_zero=False)
+    cli_k(getattr(args, "top_k", None), "--top-k")
+    cli_k(getattr(args, "no_repeat_ngram", None), "--no-repeat-ngram")
+    if getattr(args, "epsilon", None) is not None:
+        positive_number(args.epsilon, "--epsilon")
+    if getattr(args, "delta", None) is not None:
+        check_delta(args.delta, "--delta")
+    if getattr(args, "data", None):
+        sniff_text_file(args.data, "data")
+    for name in ("out", "out_dir"):
+        folder = getattr(args, name, None)
+        if folder:
+            from pathlib import Path
+
+            if Path(folder).exists() and not Path(folder).is_dir():
+                raise InvalidInputError(f"--{name.replace('_', '-')} {folder} is a file; give a folder")
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from dpinfer.bench.engine import format_markdown, run_engine_bench
+    from dpinfer.models import load_model
+
+    check_bench_args(args)
+    lm = load_model(args.model)
+    prog, update = progress_runner("bench engine")
+    with prog:
+        res = run_engine_bench(lm, ks=tuple(args.k), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                               repeats=args.repeats, unshared=not args.no_unshared, progress=update)
+    if args.json:
+        print_json(res)
+    else:
+        print(format_markdown(res))
+    return 0
+
+
+def _run_bench_module(name: str, args: argparse.Namespace) -> int:
+    """Run ``dpinfer.bench.<name>.main`` with a progress spinner; print its markdown (and plot path) or its JSON."""
+    check_bench_args(args)
+    bench = importlib.import_module(f"dpinfer.bench.{name}")
+    prog, update = progress_runner(f"bench {name}")
+    with prog:
+        res = bench.main(args, progress=update)
+    if args.json:
+        print_json(res)
+    else:
+        print(res["markdown"])
+        if res.get("plot"):
+            print(f"\nplot: {res['plot']}")
+    return 0
+
+
+def run_sanitize(args: argparse.Namespace) -> int:
+    return _run_bench_module("sanitize", args)
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    return _run_bench_module("synth", args)
+
+
+def run_tagger(args: argparse.Namespace) -> int:
+    from dpinfer.bench import tagger
+
+    check_bench_args(args)
+    return int(tagger.main(args) or 0)

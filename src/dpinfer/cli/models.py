@@ -1,0 +1,51 @@
+"""``dpinfer models``: the embedded model and the converted models in the cache."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dpinfer.cli.output import console, print_json
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    m = sub.add_parser("models", parents=[common], help="list installed and cached models",
+                       description="List the embedded model and the converted models in the cache.")
+    m.add_argument("--prepare", action="store_true", help="load (and on first use convert and cache) the model")
+    m.add_argument("--model", default=None, help="model to prepare (default: the embedded one)")
+    m.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dpinfer.models import installed_models
+    from dpinfer.paths import cache_dir
+
+    models = installed_models()
+    prepared: dict[str, Any] = {}
+    if args.prepare:
+        import time
+
+        from dpinfer.models import load_model
+
+        t0 = time.perf_counter()
+        lm = load_model(args.model)
+        prepared = {"name": lm.name, "source": str(lm.source), "seconds": round(time.perf_counter() - t0, 2)}
+        models = installed_models()
+    if args.json:
+        out: dict[str, Any] = {"cache_dir": str(cache_dir()), "models": models}
+        if args.prepare:
+            out["prepared"] = prepared
+        print_json(out)
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"dpinfer models (cache: {cache_dir()})")
+    for col in ("name", "kind", "cached", "size MB", "path"):
+        table.add_column(col)
+    for m in models:
+        table.add_row(m["name"], m["kind"], "yes" if m.get("cached") else "no", str(m.get("size_mb", "")),
+                      str(m.get("path") or m.get("error", "")))
+    console().print(table)
+    if args.prepare:
+        console().print(f"loaded {prepared['name']} in {prepared['seconds']} s")
+    return 0

@@ -1,0 +1,169 @@
+"""What every command shares: consoles, ``--json`` output, reading a FILE argument, progress displays.
+
+Light on import (no torch, no rich until used): the parser is built on every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from dpinfer.errors import InvalidInputError
+
+EXIT_ERROR = 2
+"""Exit status of every refusal and error (argparse's usage errors use it too)."""
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console on standard output (or error), without syntax highlighting."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def print_json(obj: Any) -> None:
+    """``obj`` as one indented JSON object on standard output (objects with ``to_dict`` are converted)."""
+    from dpinfer._json import plain
+
+    def default(o: Any) -> Any:
+        return plain(o.to_dict()) if hasattr(o, "to_dict") else str(o)
+
+    sys.stdout.write(json.dumps(plain(obj), indent=2, ensure_ascii=False, default=default) + "\n")
+
+
+def read_text_arg(source: str, what: str = "input") -> str:
+    """Text of a FILE argument, or standard input for ``-``; refuses a missing file, a folder, an empty, binary,
+    non-UTF-8 or oversized (> 4 MiB) input with a one-line message (sizes and offsets only, never the content)."""
+    from dpinfer.validation import MAX_TEXT_BYTES, input_file
+
+    limit_mib = MAX_TEXT_BYTES // (1024 * 1024)
+    if source == "-":
+        data = sys.stdin.buffer.read(MAX_TEXT_BYTES + 1)
+        where = "standard input"
+    else:
+        p = input_file(source, what)
+        if p.stat().st_size > MAX_TEXT_BYTES:
+            raise InvalidInputError(f"{source} is larger than {limit_mib} MiB; split it into parts")
+        data = p.read_bytes()
+        where = source
+    if len(data) > MAX_TEXT_BYTES:
+        raise InvalidInputError(f"{where} is larger than {limit_mib} MiB; split it into parts")
+    if b"\x00" in data:
+        raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{where} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text.strip():
+        raise InvalidInputError(f"{where} is empty")
+    return text
+
+
+def cli_k(value: int | None, option: str) -> int | None:
+    """A CLI count where 0 means "off / None": refuses negatives, maps 0 to None.
+
+    >>> cli_k(0, "--top-k") is None, cli_k(5, "--top-k")
+    (True, 5)
+    """
+    if value is not None and value < 0:
+        raise InvalidInputError(f"{option} must be ≥ 0 (0 = off), got {value}")
+    return None if value == 0 else value
+
+
+def write_failure(option: str, path: str, exc: OSError, where: str) -> int:
+    """Say on one line that writing ``path`` failed and ``where`` the result went instead; the exit status."""
+    print(f"dpinfer: error: could not write {option} {path} ({exc.strerror or type(exc).__name__}); {where}",
+          file=sys.stderr)
+    return EXIT_ERROR
+
+
+@contextmanager
+def count_progress(label: str, unit: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on a terminal's standard error (``label``, done/total ``unit``); yields
+    ``update(done, total)``. Nothing is drawn into a pipe."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as prog:
+        task = prog.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        yield update
+
+
+def progress_runner(label: str) -> tuple[Any, Callable[[str], None]]:
+    """A transient spinner (a context manager) on a terminal's standard error and ``update(what)`` to describe the
+    current stage (benchmarks)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    err = console(stderr=True)
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                    transient=True, disable=not err.is_terminal)
+    task = prog.add_task(label)
+
+    def update(what: str) -> None:
+        prog.update(task, description=f"{label}: {what}")
+
+    return prog, update
+
+
+QUANTIZE_HELP = ("int8: CPU only; decode steps use dynamic int8 Linear layers (prompt processing stays float32): "
+                 "faster decoding, slightly different sampling distribution (default: off)")
+
+
+def add_model_arguments(p: Any, *, quantize: bool = True, device_help: str | None = None) -> None:
+    """``--model``, ``--device`` and (optionally) ``--quantize``."""
+    p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--device", default=None, help=device_help)
+    if quantize:
+        p.add_argument("--quantize", default=None, choices=["int8"], help=QUANTIZE_HELP)
+
+
+SEED_HELP = ("for tests and benchmarks only: the guarantee then holds only while the seed is secret "
+             "(default: noise from the OS's secure generator)")
+
+
+class LazyHelpFormatter(argparse.HelpFormatter):
+    """A help formatter that computes an option's help only when help is printed: an action with a ``lazy_help``
+    callable gets its text from it (e.g. the methods read from the mechanism registry, which imports torch: building
+    the parser must not)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        lazy = getattr(action, "lazy_help", None)
+        if lazy is not None:
+            action = copy.copy(action)
+            action.help = str(lazy()).replace("%", "%%")
+        return super()._format_action(action)
+
+
+def add_method_argument(p: argparse.ArgumentParser, task: str) -> argparse.Action:
+    """``--method`` of a task's command: its methods (registered mechanisms and baselines, from
+    :func:`dpinfer.methods.method_names`) are listed in ``--help`` and checked by :mod:`dpinfer.validation`; the parser
+    needs ``formatter_class=LazyHelpFormatter``."""
+    from dpinfer.methods import DEFAULT_METHODS, methods_help
+
+    default = DEFAULT_METHODS[task]
+    action = p.add_argument("--method", default=default, metavar="METHOD", help=f"the method (default {default})")
+    action.lazy_help = lambda: methods_help(task)  # type: ignore[attr-defined]
+    return action
+
+
+def show(value: float | int | None) -> str:
+    """A default as ``--help`` prints it: ``1e-5``, ``0.7``, ``40``.
+
+    >>> show(1e-05), show(40.0), show(0.7), show(None)
+    ('1e-5', '40', '0.7', 'none')
+    """
+    if value is None:
+        return "none"
+    text = f"{value:g}"
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text

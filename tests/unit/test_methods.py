@@ -1,0 +1,81 @@
+"""Registry-driven dispatch: a mechanism registered for a task is offered by its pipeline, validation, CLI and benches
+with no other change (dpinfer.methods)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpinfer.cli import main
+from dpinfer.errors import ConfigurationError
+from dpinfer.mechanisms import REGISTRY
+from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.methods import BASELINES, DEFAULT_METHODS, is_baseline, mechanism_names, method_names, methods_help
+from dpinfer.validation import check_sanitize_params, check_synth_params
+
+DOC = "Mr Jan Kowalski was born on 12 May 1961 in Warsaw and works for the Polish Post."
+SPANS = [{"start": 3, "end": 15, "label": "PERSON"}, {"start": 28, "end": 39, "label": "DATETIME"}]
+
+
+class ToyWholeDocument(Sampler):
+    """A toy 'mechanism': sampling at a temperature set from ε (no real privacy; for the dispatch test only)."""
+
+    name = "toy-sanitize"
+
+    @classmethod
+    def calibrated(cls, epsilon: float, *, delta: float, max_new_tokens: int) -> ToyWholeDocument:
+        return cls(temperature=1.0 + 1.0 / epsilon, mode="joint")
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> str:
+    """``toy-sanitize`` registered for "sanitize" for one test; the registry is restored afterwards."""
+    REGISTRY.names()  # load the built-ins first, so that the restored registry keeps them
+    monkeypatch.setattr(REGISTRY, "_entries", dict(REGISTRY._entries))
+    REGISTRY.register("toy-sanitize", tasks=("sanitize",), summary="a toy registered by the dispatch test")(
+        ToyWholeDocument)
+    return "toy-sanitize"
+
+
+def test_methods_are_the_registered_mechanisms_and_the_baselines() -> None:
+    for task in ("sanitize", "synthesize"):
+        names = method_names(task)
+        assert names[0] == DEFAULT_METHODS[task]
+        assert set(names) == set(mechanism_names(task)) | set(BASELINES[task])
+        # the sampler runs the baselines: it is offered through them only
+        assert "sampler" not in names and all(n in REGISTRY for n in mechanism_names(task))
+        assert set(mechanism_names(task)) == set(REGISTRY.names(task=task)) - {"sampler"}
+    assert method_names("sanitize") == ["dp-fusion", "dp-decoding", "dp-prompt", "original", "ner-scrub"]
+    assert method_names("synthesize") == ["invisibleink", "adapmixed", "amin", "public"]
+    assert is_baseline("sanitize", "ner-scrub") and not is_baseline("sanitize", "dp-fusion")
+    with pytest.raises(ConfigurationError, match="unknown task"):
+        method_names("nope")
+
+
+def test_a_registered_mechanism_is_offered_by_validation_help_and_the_pipeline(toy: str, tiny_lm, capsys) -> None:
+    assert toy in method_names("sanitize") and toy not in method_names("synthesize")
+    check_sanitize_params(method=toy, epsilon=2.0)  # accepted
+    with pytest.raises(ConfigurationError, match="unknown method"):
+        check_synth_params(method=toy, epsilon=2.0)  # registered for sanitize only
+    assert f"{toy}: a toy registered by the dispatch test" in methods_help("sanitize")
+    with pytest.raises(SystemExit):
+        main(["sanitize", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"{toy}: a toy registered by the dispatch test" in help_text
+
+    from dpinfer.pipelines.sanitize import method_plan, sanitize
+
+    plan = method_plan(toy)
+    assert (plan.mechanism, plan.contexts, plan.protects) == (toy, "original", "document")
+    res = sanitize(DOC, lm=tiny_lm, method=toy, epsilon=4.0, spans=SPANS, max_new_tokens=6, seed=0)
+    assert res.method == toy and 1 <= res.generated_tokens <= 6 == res.max_new_tokens
+    assert res.guarantee.mechanism == toy  # its own (here: no-privacy) statement, not another method's
+
+
+def test_the_registry_is_restored_after_the_toy() -> None:
+    assert "toy-sanitize" not in REGISTRY and "toy-sanitize" not in method_names("sanitize")
+
+
+def test_cli_refuses_an_unregistered_method_with_the_list(capsys) -> None:
+    assert main(["sanitize", "-", "--method", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --method 'nope'; choose one of dp-fusion, dp-decoding, dp-prompt, original, ner-scrub" in err
