@@ -65,6 +65,7 @@ def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, te
     logits are read as ``b_min``: any utility within ``[b_min, b_max]`` keeps the guarantee.
 
     >>> z = torch.tensor([[5.0, 0.0, -torch.inf]], dtype=torch.float64)
+    >>> import math
     >>> clipped_log_probs(z, 0.0, math.log(2.0), 1.0).exp()  # utilities (log 2, 0, 0) → (2, 1, 1)/4
     tensor([[0.5000, 0.2500, 0.2500]], dtype=torch.float64)
     """
