@@ -237,3 +237,34 @@ def test_cli_prints_the_protected_prompt_only(tiny_model_dir, capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {"prompt", "exemplar", "keywords", "rewrites", "guarantee", "epsilon_per_token"}
     assert data["guarantee"]["parameters"]["jem_epsilon"] == pp.DEFAULT_JEM_EPSILON
+
+
+def test_stage1_mechanism_meets_the_contract() -> None:
+    """The mechanism contract (tests/unit/mechanisms/test_contract.py) on stage 1 exactly as protect_prompt builds it:
+    one token per rewrite row, drawn from the generator only; guarantee ex ante, non-decreasing in T_max; more rows
+    than the rewrites it covers refused."""
+    def build() -> DPPrompt:
+        return pp.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
+
+    def run(seed: int) -> list[list[int]]:
+        mech = build()
+        mech.start(3, 32)
+        data = torch.Generator().manual_seed(9)
+        source = SeededRandom(seed)
+        out = []
+        for t in range(5):
+            z = torch.randn(3, 32, dtype=torch.float64, generator=data) * 20
+            info = StepInfo(step=t, max_new_tokens=8, num_contexts=3, finished=torch.zeros(3, dtype=torch.bool))
+            out.append(mech.step(z, info, source).tokens.tolist())
+        return out
+
+    state = torch.get_rng_state()
+    first = run(4)
+    assert torch.equal(state, torch.get_rng_state()) and first == run(4) and all(len(r) == 3 for r in first)
+    mech = build()
+    before = [mech.guarantee(t).to_dict() for t in (1, 8, 48)]
+    run(1)
+    assert before == [mech.guarantee(t).to_dict() for t in (1, 8, 48)]
+    assert before[0]["epsilon"] < before[1]["epsilon"] < before[2]["epsilon"]
+    with pytest.raises(ConfigurationError, match="num_rewrites"):
+        build().start(4, 32)
