@@ -9,8 +9,14 @@ A method of a task (``dpinfer sanitize --method``, ``dpinfer synth --method``, t
   context). A mechanism that a task's baseline runs is offered through the baseline only, not under its own name.
 
 So registering a mechanism for a task is enough for the task's pipeline, its command-line ``choices`` and ``--help``,
-and the checks in :mod:`dpinfer.validation` to offer it. This module is data and lookups: it imports the registry (and
-so torch) only when a method list is asked for, never at import.
+and the checks in :mod:`dpinfer.validation` to offer it.
+
+Torch-free lookups. Reading :data:`~dpinfer.mechanisms.registry.REGISTRY` imports every mechanism, and so torch and
+the accountant (seconds); the command line must refuse a bad ``--method`` and print ``--help`` in well under a second.
+So while no mechanism has been imported in this process, the names, tasks and summaries are read from the built-in
+modules' ``@register(...)`` lines (:func:`declared_mechanisms`, without importing them: the decorator stays the one
+place a mechanism is declared); once :mod:`dpinfer.mechanisms` is imported (a pipeline ran, or code registered a
+mechanism of its own), the registry itself answers. A test keeps the two readings equal.
 
 >>> method_names("sanitize")[:1], is_baseline("sanitize", "ner-scrub"), baseline("synthesize", "public").context
 (['dp-fusion'], True, 'public')
@@ -18,7 +24,11 @@ so torch) only when a method list is asked for, never at import.
 
 from __future__ import annotations
 
+import ast
+import functools
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from dpinfer.defaults import SANITIZE, SYNTH
@@ -63,13 +73,63 @@ def _check_task(task: str) -> None:
         raise ConfigurationError(f"unknown task {task!r}; tasks with methods: {', '.join(BASELINES)}")
 
 
-def mechanism_names(task: str) -> list[str]:
-    """The registered mechanisms the task offers under their own names (those its baselines run are left out)."""
+@functools.lru_cache(maxsize=1)
+def declared_mechanisms() -> dict[str, tuple[tuple[str, ...], str]] | None:
+    """Name → (tasks, summary) of the built-in mechanisms, read from the ``@register("name", tasks=(...),
+    summary="...")`` decorators of the modules in ``BUILTIN_MODULES`` (``dpinfer/mechanisms/registry.py``) by parsing
+    their source, without importing them. None when a declaration is not literal (the registry must be read).
+
+    >>> declared_mechanisms()["dp-fusion"][0]
+    ('sanitize',)
+    """
+    import dpinfer
+
+    folder = Path(dpinfer.__file__).resolve().parent / "mechanisms"
+    try:
+        modules = _literal_assignment(folder / "registry.py", "BUILTIN_MODULES")
+        out: dict[str, tuple[tuple[str, ...], str]] = {}
+        for module in modules:  # type: ignore[union-attr]
+            tree = ast.parse((folder / f"{module}.py").read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                for deco in node.decorator_list:
+                    func = deco.func if isinstance(deco, ast.Call) else None
+                    if getattr(func, "id", getattr(func, "attr", None)) != "register":
+                        continue
+                    kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords}  # type: ignore[union-attr]
+                    name = ast.literal_eval(deco.args[0])  # type: ignore[union-attr]
+                    out[name] = (tuple(kw.get("tasks", ())), str(kw.get("summary", "")))
+    except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError):
+        return None
+    return out or None
+
+
+def _literal_assignment(path: Path, target: str) -> object:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == target for t in node.targets):
+            return ast.literal_eval(node.value)
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == target and node.value is not None:
+            return ast.literal_eval(node.value)
+    raise KeyError(target)
+
+
+def _registered(task: str) -> dict[str, str]:
+    """Name → summary of the mechanisms registered for ``task`` (sorted by name), torch-free while no mechanism has
+    been imported (see the module docstring)."""
+    declared = None if "dpinfer.mechanisms" in sys.modules else declared_mechanisms()
+    if declared is not None:
+        return {n: summary for n, (tasks, summary) in sorted(declared.items()) if task in tasks}
     from dpinfer.mechanisms.registry import REGISTRY
 
+    return {n: REGISTRY.get(n).summary for n in REGISTRY.names(task=task)}
+
+
+def mechanism_names(task: str) -> list[str]:
+    """The registered mechanisms the task offers under their own names (those its baselines run are left out)."""
     _check_task(task)
     used = {b.mechanism for b in BASELINES[task].values()}
-    names = [n for n in REGISTRY.names(task=task) if n not in used]
+    names = [n for n in _registered(task) if n not in used]
     default = DEFAULT_METHODS[task]
     return sorted(names, key=lambda n: (n != default, n))
 
@@ -99,9 +159,8 @@ def mechanism_of(task: str, method: str) -> str:
 
 def summaries(task: str) -> dict[str, str]:
     """Method → one-line summary (the registry's for mechanisms), in :func:`method_names` order."""
-    from dpinfer.mechanisms.registry import REGISTRY
-
-    out = {n: REGISTRY.get(n).summary for n in mechanism_names(task)}
+    registered = _registered(task)
+    out = {n: registered[n] for n in mechanism_names(task)}
     out.update({n: b.summary for n, b in BASELINES[task].items()})
     return out
 

@@ -1,8 +1,8 @@
 """Checks shared by the command line and the API, run before any model loads.
 
 Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
-plain Python: no model, a few microseconds; the method is checked last (:func:`check_method`: a method other than
-the default and the baselines is looked up in the mechanism registry, which imports torch once). Budget checks
+plain Python: no model, no torch, a few microseconds (the method list is read without importing the mechanisms:
+:mod:`dpinfer.methods`). Budget checks
 (:func:`check_sanitize_budget`, :func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they
 import torch, still no model).
 Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
@@ -60,13 +60,10 @@ def _optional_k(value: object, name: str) -> None:
 # ------------------------------------------------------------------------------------------------------ commands
 def check_method(task: str, method: object, name: str = "method") -> str:
     """``method`` as one of ``task``'s methods (:func:`dpinfer.methods.method_names`: the mechanisms registered for
-    the task and its baselines); an unknown one is refused with the list. The default method and the baselines are
-    known without reading the registry; any other name is looked up there (the first lookup imports the registered
-    mechanisms, and so torch: about as long as ``import torch``)."""
-    from dpinfer.methods import DEFAULT_METHODS, is_baseline, method_names
+    the task and its baselines); an unknown one is refused with the list (torch-free while no mechanism is imported).
+    """
+    from dpinfer.methods import method_names
 
-    if is_baseline(task, method) or (method == DEFAULT_METHODS.get(task) and isinstance(method, str)):
-        return method  # type: ignore[return-value]
     return one_of(method, name, method_names(task))
 
 
@@ -110,6 +107,7 @@ def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object =
     from dpinfer.methods import is_baseline
 
     n = _namer(cli)
+    check_method("sanitize", method, n("method"))
     if epsilon is not None:
         positive_number(epsilon, n("epsilon"))
     from dpinfer.taggers.base import TAB_LABELS
@@ -142,7 +140,6 @@ def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object =
         from dpinfer.taggers.registry import available_taggers
 
         one_of(tagger, n("tagger"), available_taggers())
-    check_method("sanitize", method, n("method"))
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
@@ -202,6 +199,7 @@ def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None,
     from dpinfer.methods import is_baseline
 
     n = _namer(cli)
+    check_method("synthesize", method, n("method"))
     public = is_baseline("synthesize", method)  # reads no reference: needs no ε
     if epsilon is None and not public:
         raise ConfigurationError(f"{n('epsilon')} is required (the target ε per reference), except with "
@@ -220,7 +218,6 @@ def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None,
         int_at_least(max_reference_tokens, n("max_reference_tokens"), 1, " (None: no cut)")
     if limit is not None:
         int_at_least(limit, n("limit"), 1)
-    check_method("synthesize", method, n("method"))
 
 
 def _baselines(task: str) -> list[str]:

@@ -79,3 +79,30 @@ def test_cli_refuses_an_unregistered_method_with_the_list(capsys) -> None:
     assert main(["sanitize", "-", "--method", "nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown --method 'nope'; choose one of dp-fusion, dp-decoding, dp-prompt, original, ner-scrub" in err
+
+
+def test_declared_mechanisms_are_exactly_the_registry() -> None:
+    """The torch-free reading of the @register lines agrees with the registry, name for name, task for task."""
+    from dpinfer.methods import declared_mechanisms
+
+    declared = declared_mechanisms()
+    assert declared is not None
+    assert declared == {e.name: (e.tasks, e.summary) for e in REGISTRY}
+
+
+@pytest.mark.parametrize("argv", [["sanitize", "doc.txt", "--method", "nope"], ["synth", "c.jsonl", "--text-field",
+                                  "t", "--out", "o.jsonl", "--method", "nope"], ["sanitize", "--help"]])
+def test_method_refusal_and_help_import_no_mechanism(argv: list[str]) -> None:
+    """A bad --method is refused and --help lists the methods without importing torch or any mechanism (fast)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom dpinfer.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    rc = e.code\nbad = [m for m in sys.modules if m == 'torch' or m.startswith('dpinfer.mechanisms')]\n"
+            "print('IMPORTED', bad)\nsys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert "IMPORTED []" in res.stdout, res.stdout + res.stderr
+    if "--help" in argv:
+        assert res.returncode == 0 and "dp-decoding: DP-Decoding" in " ".join(res.stdout.split())
+    else:
+        assert res.returncode == 2 and "unknown --method 'nope'; choose one of" in res.stderr

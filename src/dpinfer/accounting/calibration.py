@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 
 from dpinfer.accounting._format import format_up
-from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp, Zcdp, _check_delta
-from dpinfer.checks import positive_number
+from dpinfer.accounting.losses import DELTA_HINT, PrivacyLoss, SingleOrderRdp, Zcdp
+from dpinfer.checks import check_delta, positive_number
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 
 
@@ -40,7 +40,7 @@ def calibrate(
     >>> round(sigma, 4), Zcdp(1 / (2 * sigma**2)).to_epsilon(1e-5) <= 1.0
     (4.0451, True)
     """
-    epsilon, delta = positive_number(epsilon, "a target ε"), _check_delta(delta)
+    epsilon, delta = positive_number(epsilon, "a target ε"), check_delta(delta, "δ", DELTA_HINT)
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
         raise ConfigurationError(f"the bracket for {name} must be finite with lo < hi, got lo = {lo!r}, hi = {hi!r}")
     if not 0.0 < rtol < 1.0:
@@ -93,7 +93,7 @@ def zcdp_rho_for_target(epsilon: float, delta: float) -> float:
     >>> round(rho, 3), round(7 * 1.1 * math.sqrt(2 * rho / 500), 3)
     (1.539, 0.604)
     """
-    epsilon, delta = positive_number(epsilon, "a target ε"), _check_delta(delta)
+    epsilon, delta = positive_number(epsilon, "a target ε"), check_delta(delta, "δ", DELTA_HINT)
     hi = 1.0
     while Zcdp(hi).to_epsilon(delta) <= epsilon:
         hi *= 2.0

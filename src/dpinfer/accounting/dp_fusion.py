@@ -3,13 +3,22 @@
 
 Thareja et al., "DP-Fusion: Token-Level Differentially Private Inference for Large Language Models" (ICLR 2026).
 Each privacy group i has a bound ``b_i = α·β_i`` that the mechanism (:mod:`dpinfer.mechanisms.dp_fusion`) enforces
-on its mollified distribution ``q_i``: ``D↔_α(q_i, p_pub) ≤ b_i``. With m groups averaged into ``p_out``, joint
-convexity of ``(P, Q) ↦ Σ_v P_v^α Q_v^(1−α)`` (α > 1) bounds the per-token loss of group i by
+on its mollified distribution ``q_i = (1 − λ_i)·p_pub + λ_i·p_i``: ``D↔_α(q_i, p_pub) ≤ b_i``; it releases a token
+from ``p_out = (1/m)·Σ_i q_i``.
 
-    ε_step(b_i, m, α) = 1/(α−1) · log( (m−1)/m + e^{(α−1)·b_i}/m )          (:func:`step_epsilon`; b_i for m = 1)
+Privacy. Adjacency is replace-by-null of one group's tagged spans: D′ equals D with the tokens of group i replaced
+by placeholders, so ``private_i(D′) = public(D)`` while the public context and every other private context are
+unchanged (they already hide group i). Under D′ the mixture for group i is ``p_pub`` itself; the other q_j are the
+same. The map ``(P, Q) ↦ Σ_v P_v^α Q_v^(1−α)`` is jointly convex for α > 1 (the perspective of ``t ↦ t^α``), and it
+equals 1 for P = Q, so for both orders of the arguments
 
-at the order α only. Over at most ``T_max`` tokens adaptive composition (Mironov 2017, Prop. 1) gives
-``SingleOrderRdp(α, T_max·ε_step)`` (:class:`MollifiedMixtureEvent`), converted at that order. Under replace-one
+    D_α(p_out(D) ‖ p_out(D′)) ≤ 1/(α−1) · log( (m−1)/m + e^{(α−1)·b_i}/m )  =  :func:`step_epsilon` (b_i, m, α),
+
+which is ``b_i`` for m = 1. This holds at the order α only. Over at most ``T_max`` tokens, adaptive composition
+(Mironov 2017, "Rényi Differential Privacy", Prop. 1) gives ``SingleOrderRdp(α, T_max·ε_step)``
+(:class:`MollifiedMixtureEvent` composed by the accountant), converted to (ε, δ) at that order (Canonne, Kamath &
+Steinke 2020; Balle et al. 2020): ``ε = T_max·ε_step + log1p(−1/α) − (log δ + log α)/(α − 1)`` (:func:`conversion_cost`
+is the last two terms: ≈ 10.1 at α = 2, δ = 1e-5, ≈ 1.2 at α = 8). Under replace-one
 adjacency the bound is enforced at 2α and a group moves by at most ``replace_one_factor(α)·b_i`` at order α.
 ``accounting="as_published"`` reproduces the authors' 4·β per token. Everything here is a function of parameters
 only; nothing reads a logit.
@@ -34,6 +43,8 @@ from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 __all__ = [
     "ACCOUNTINGS",
     "ADJACENCIES",
+    "ADJACENCY",
+    "ADJACENCY_REPLACE_ONE",
     "ALPHA_HINT",
     "MollifiedMixtureEvent",
     "bound_for_step_epsilon",
@@ -50,6 +61,15 @@ __all__ = [
 ]
 
 ADJACENCIES = ("replace-by-null", "replace-one")
+ADJACENCY = (
+    "replace-by-null of one privacy group's tagged spans (the content of the spans is protected; their existence, "
+    "positions and token lengths are not)"
+)
+"""The adjacency DP-Fusion's guarantee states by default (ALGORITHMS §1)."""
+ADJACENCY_REPLACE_ONE = (
+    "replace-one of one privacy group's tagged spans (their content swapped for any other values; existence, "
+    "positions and token lengths are not protected)"
+)
 ACCOUNTINGS = ("dpinfer", "as_published")
 
 ALPHA_HINT = " (DP-Fusion's default is α = 2; a larger α, e.g. 8, lowers the cost of converting the bound to (ε, δ))"
@@ -65,10 +85,6 @@ def _groups(value: object) -> int:
 
 def _tokens(value: object) -> int:
     return positive_int(value, "max_new_tokens (T_max)")
-
-
-def _check_bound(b: object, what: str = "a bound b") -> float:
-    return non_negative_number(b, what)
 
 
 def check_adjacency(adjacency: object, accounting: str = "dpinfer") -> str:
@@ -126,7 +142,7 @@ def step_epsilon(bound: float, num_groups: int, alpha: float) -> float:
     >>> round(step_epsilon(0.05, 3, 2.0), 10) == round(math.log((2 + math.exp(0.05)) / 3), 10)
     True
     """
-    b, m, a = _check_bound(bound), _groups(num_groups), _alpha(alpha)
+    b, m, a = non_negative_number(bound, "a bound b"), _groups(num_groups), _alpha(alpha)
     if m == 1:
         return b
     x = (a - 1.0) * b
@@ -144,7 +160,7 @@ def bound_for_step_epsilon(step_eps: float, num_groups: int, alpha: float) -> fl
     >>> round(step_epsilon(b, 4, 2.0), 12)
     0.02
     """
-    e, m, a = _check_bound(step_eps, "a per-step ε"), _groups(num_groups), _alpha(alpha)
+    e, m, a = non_negative_number(step_eps, "a per-step ε"), _groups(num_groups), _alpha(alpha)
     if m == 1:
         return e
     x = (a - 1.0) * e
@@ -167,10 +183,10 @@ def per_step_rdp(bound: float, num_groups: int, alpha: float, accounting: str = 
     """
     accounting = check_accounting(accounting)
     if check_adjacency(adjacency, accounting) == "replace-one":
-        return step_epsilon(replace_one_factor(alpha) * _check_bound(bound), num_groups, alpha)
+        return step_epsilon(replace_one_factor(alpha) * non_negative_number(bound, "a bound b"), num_groups, alpha)
     if accounting == "as_published":
         _groups(num_groups)
-        return 4.0 * _check_bound(bound) / _alpha(alpha)
+        return 4.0 * non_negative_number(bound, "a bound b") / _alpha(alpha)
     return step_epsilon(bound, num_groups, alpha)
 
 

@@ -42,8 +42,12 @@ Near its optimum the conversion of ρ-zCDP behaves like ``ρ(α − 1) + log(1/�
 _PURE_ORDERS: tuple[float, ...] = (*DEFAULT_ORDERS, math.inf)
 
 
+DELTA_HINT = "; common choices are 1e-5, or well below 1/n for n records"
+"""What the accountant says about a δ it refuses (:func:`dpinfer.checks.check_delta`)."""
+
+
 def _check_delta(delta: object) -> float:
-    return check_delta(delta, "δ", "; common choices are 1e-5, or well below 1/n for n records")
+    return check_delta(delta, "δ", DELTA_HINT)
 
 
 def _check_rdp(value: object) -> float:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,41 @@ def format_markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['config']} | {r['contexts']} | {r['seconds']:.2f} | {pf} | {r['tokens_per_s']:.2f} "
                      f"| {r['ratio_vs_hf']:.2f} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class EngineBenchConfig:
+    """Settings of ``dpinfer bench engine`` (one field per option)."""
+
+    model: str | None = None
+    """Model name or local folder (None: the embedded SmolLM2)."""
+    ks: tuple[int, ...] = (1, 2, 5, 9)
+    """Numbers of contexts K stepped together."""
+    new_tokens: int = 256
+    prompt_tokens: int = 500
+    repeats: int = 1
+    unshared: bool = True
+    """Also time K > 1 without prefix sharing."""
+
+
+def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
+    """The config of parsed ``dpinfer bench engine`` options."""
+    return EngineBenchConfig(model=args.model, ks=tuple(args.k), new_tokens=args.new_tokens,
+                             prompt_tokens=args.prompt_tokens, repeats=args.repeats, unshared=not args.no_unshared)
+
+
+def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Load the model and measure (:func:`run_engine_bench`); ``progress(stage)`` names each run as it starts."""
+    from dpinfer.models import load_model
+
+    lm = load_model(config.model)
+    return run_engine_bench(lm, ks=config.ks, new_tokens=config.new_tokens, prompt_tokens=config.prompt_tokens,
+                            repeats=config.repeats, unshared=config.unshared, progress=progress)
+
+
+def render(res: dict[str, Any]) -> str:
+    """What ``dpinfer bench engine`` prints (the Markdown table)."""
+    return format_markdown(res)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

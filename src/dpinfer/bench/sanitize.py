@@ -26,6 +26,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,12 +302,42 @@ def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+@dataclass(frozen=True)
+class SanitizeBenchConfig:
+    """Settings of ``dpinfer bench sanitize`` (one field per option)."""
+
+    data: str | None = None
+    """TAB jsonl (None: ``../shared/data/tab/tab_echr_docs.jsonl``)."""
+    n: int = 4
+    skip: int = 0
+    max_chars: int | None = None
+    """Cut documents to this many characters (None: 2000; with ``perf``: 2600)."""
+    max_new_tokens: int | None = None
+    """T_max of every release (None: 128; with ``perf``: 256)."""
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    methods: tuple[str, ...] | None = None
+    """None: every method of ``dpinfer sanitize``, the baselines first."""
+    seed: int = 0
+    model: str | None = None
+    quantize: str | None = None
+    out: str = "bench-out"
+    temperature: float | None = None
+    """Decoding overrides (None: sanitize's defaults)."""
+    top_k: int | None = None
+    """0 = full vocabulary."""
+    no_repeat_ngram: int | None = None
+    """0 = off."""
+    perf: bool = False
+    repeats: int = 1
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="TAB jsonl (default ../shared/data/tab/tab_echr_docs.jsonl)")
     p.add_argument("--n", type=int, default=4, help="documents (default 4)")
     p.add_argument("--skip", type=int, default=0, help="skip the first documents (default 0)")
-    p.add_argument("--max-chars", type=int, default=2000, help="cut documents to this many characters (default 2000)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="T_max of every release (default 128)")
+    p.add_argument("--max-chars", type=int, default=None,
+                   help="cut documents to this many characters (default 2000; --perf: 2600)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="T_max of every release (default 128; --perf: 256)")
     p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
                    help="ε sweep, comma-separated (default 12,20,40,100)")
     p.add_argument("--methods", default=None,
@@ -326,51 +357,67 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="--perf: interleaved rounds, median reported")
 
 
-def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
+    """The config of parsed ``dpinfer bench sanitize`` options; the ε list and the methods are checked here, before
+    any model loads."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import load_model
+    from dpinfer.methods import method_names
 
-    quantize = getattr(args, "quantize", None)
-    lm = load_model(args.model, quantize=quantize)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.perf:
-        doc = load_tab(args.data, 1, args.max_chars if args.max_chars != 2000 else 2600, skip=args.skip)[0]
-        res = run_perf(lm, doc, max_new_tokens=args.max_new_tokens if args.max_new_tokens != 128 else 256,
-                       seed=args.seed, repeats=args.repeats, progress=progress)
-        res["settings"]["quantize"] = quantize
-        res["markdown"] = format_perf(res)
-        (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")
-        return res
     try:
         epsilons = tuple(float(x) for x in args.epsilons.split(",") if x.strip())
     except ValueError:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
-    from dpinfer.methods import BASELINES, mechanism_names, method_names
-
-    if args.methods is None:
-        methods = (*BASELINES["sanitize"], *mechanism_names("sanitize"))
-    else:
+    methods = None
+    if args.methods is not None:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    unknown = set(methods) - set(method_names("sanitize"))
-    if unknown:
-        raise ConfigurationError(f"unknown method(s) {sorted(unknown)}")
-    docs = load_tab(args.data, args.n, args.max_chars, skip=args.skip)
-    pool_docs = load_tab(args.data, 10_000, 10**9)
+        unknown = set(methods) - set(method_names("sanitize"))
+        if unknown:
+            raise ConfigurationError(f"unknown method(s) {sorted(unknown)}")
+    return SanitizeBenchConfig(
+        data=args.data, n=args.n, skip=args.skip, max_chars=args.max_chars, max_new_tokens=args.max_new_tokens,
+        epsilons=epsilons, methods=methods, seed=args.seed, model=args.model, quantize=getattr(args, "quantize", None),
+        out=args.out, temperature=args.temperature, top_k=args.top_k, no_repeat_ngram=args.no_repeat_ngram,
+        perf=args.perf, repeats=args.repeats)
+
+
+def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the quality sweep (or, with ``perf``, the throughput run); write its files into ``config.out``; return
+    the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
+    from dpinfer.defaults import SANITIZE
+    from dpinfer.methods import BASELINES, mechanism_names
+    from dpinfer.models import load_model
+
+    c = config
+    lm = load_model(c.model, quantize=c.quantize)
+    out = Path(c.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if c.perf:
+        doc = load_tab(c.data, 1, 2600 if c.max_chars is None else c.max_chars, skip=c.skip)[0]
+        res = run_perf(lm, doc, max_new_tokens=256 if c.max_new_tokens is None else c.max_new_tokens,
+                       seed=c.seed, repeats=c.repeats, progress=progress)
+        res["settings"]["quantize"] = c.quantize
+        res["markdown"] = format_perf(res)
+        (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")
+        return res
+    max_chars = 2000 if c.max_chars is None else c.max_chars
+    max_new_tokens = 128 if c.max_new_tokens is None else c.max_new_tokens
+    methods = c.methods if c.methods is not None else (*BASELINES["sanitize"], *mechanism_names("sanitize"))
+    docs = load_tab(c.data, c.n, max_chars, skip=c.skip)
+    pool_docs = load_tab(c.data, 10_000, 10**9)
     t0 = time.perf_counter()
     decoding: dict[str, Any] = {}
-    if args.temperature is not None:
-        decoding["temperature"] = args.temperature
-    if args.top_k is not None:
-        decoding["top_k"] = None if args.top_k == 0 else args.top_k
-    if args.no_repeat_ngram is not None:
-        decoding["no_repeat_ngram"] = args.no_repeat_ngram or None
-    res = run_quality(lm, docs, pool_docs, epsilons=epsilons, methods=methods, max_new_tokens=args.max_new_tokens,
-                      seed=args.seed, progress=progress, decoding=decoding)
+    if c.temperature is not None:
+        decoding["temperature"] = c.temperature
+    if c.top_k is not None:
+        decoding["top_k"] = None if c.top_k == 0 else c.top_k
+    if c.no_repeat_ngram is not None:
+        decoding["no_repeat_ngram"] = c.no_repeat_ngram or None
+    res = run_quality(lm, docs, pool_docs, epsilons=c.epsilons, methods=methods, max_new_tokens=max_new_tokens,
+                      seed=c.seed, progress=progress, decoding=decoding)
     res["settings"] = {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
-                       "max_chars": args.max_chars, "max_new_tokens": args.max_new_tokens, "delta": 1e-5,
-                       "seed": args.seed, "epsilons": list(epsilons), "seconds": round(time.perf_counter() - t0, 1),
-                       "decoding": decoding or "sanitize defaults", "quantize": quantize,
+                       "max_chars": max_chars, "max_new_tokens": max_new_tokens, "delta": SANITIZE.delta,
+                       "seed": c.seed, "epsilons": list(c.epsilons), "seconds": round(time.perf_counter() - t0, 1),
+                       "decoding": decoding or "sanitize defaults", "quantize": c.quantize,
                        "scorer": "float32 (whole-sequence passes)"}
     res["markdown"] = format_quality(res)
     (out / "sanitize_quality.md").write_text(res["markdown"] + "\n")
@@ -378,3 +425,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     png = plot_quality(res, out / "sanitize_privacy_utility.png")
     res["plot"] = str(png) if png else None
     return res
+
+
+def render(res: dict[str, Any]) -> str:
+    """What ``dpinfer bench sanitize`` prints: the Markdown table, and the plot's path when one was drawn."""
+    return res["markdown"] + (f"\n\nplot: {res['plot']}" if res.get("plot") else "")

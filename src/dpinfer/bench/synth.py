@@ -27,8 +27,12 @@ import argparse
 import math
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dpinfer.defaults import SYNTH
 
 DEFAULT_METHODS = ("public", "invisibleink", "amin")
 DEFAULT_BATCH_SIZES = (2, 4, 8)
@@ -196,49 +200,73 @@ def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+@dataclass(frozen=True)
+class SynthBenchConfig:
+    """Settings of ``dpinfer bench synth`` (one field per option)."""
+
+    data: str | None = None
+    """Corpus .csv/.jsonl (None: ``../shared/data/yelp/yelp_reviews.csv``)."""
+    text_field: str = "text"
+    label_fields: tuple[str, ...] = ("label1", "label2")
+    template: str = "yelp"
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    epsilon: float = 10.0
+    delta: float = SYNTH.delta
+    n_texts: int = 24
+    n_private: int = 2000
+    n_real: int = 200
+    max_new_tokens: int = 64
+    top_k: int | None = SYNTH.top_k
+    """None (or 0 on the command line): the full vocabulary."""
+    temperature: float = SYNTH.temperature
+    mauve_repeats: int = 5
+    amin_sound: bool = False
+    seed: int = 0
+    model: str | None = None
+    perf: bool = False
+    perf_batch_size: int = 8
+    repeats: int = 1
+    out_dir: str = "bench-out"
+    append: bool = False
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = SynthBenchConfig()
     p.add_argument("--data", default=None, help="corpus .csv/.jsonl (default ../shared/data/yelp/yelp_reviews.csv)")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--label-fields", default="label1,label2", help="public label fields ('' for none)")
-    p.add_argument("--template", default="yelp", choices=["generic", "yelp", "tab"])
-    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="comma-separated methods of dpinfer synth (default public,invisibleink,amin)")
-    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)), help="B values, e.g. 2,4,8")
-    p.add_argument("--epsilon", type=float, default=10.0)
-    p.add_argument("--delta", type=float, default=1e-6)
-    p.add_argument("--n-texts", type=int, default=24, help="synthetic texts per (method, B)")
-    p.add_argument("--n-private", type=int, default=2000, help="records used as references")
-    p.add_argument("--n-real", type=int, default=200, help="held-out records MAUVE compares with")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--top-k", type=int, default=50, help="0 = full vocabulary")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--mauve-repeats", type=int, default=5)
+    p.add_argument("--text-field", default=d.text_field)
+    p.add_argument("--label-fields", default=",".join(d.label_fields), help="public label fields ('' for none)")
+    p.add_argument("--template", default=d.template, choices=["generic", "yelp", "tab"])
+    p.add_argument("--methods", default=",".join(d.methods),
+                   help=f"comma-separated methods of dpinfer synth (default {','.join(d.methods)})")
+    p.add_argument("--batch-sizes", default=",".join(map(str, d.batch_sizes)), help="B values, e.g. 2,4,8")
+    p.add_argument("--epsilon", type=float, default=d.epsilon)
+    p.add_argument("--delta", type=float, default=d.delta)
+    p.add_argument("--n-texts", type=int, default=d.n_texts, help="synthetic texts per (method, B)")
+    p.add_argument("--n-private", type=int, default=d.n_private, help="records used as references")
+    p.add_argument("--n-real", type=int, default=d.n_real, help="held-out records MAUVE compares with")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--top-k", type=int, default=d.top_k or 0, help="0 = full vocabulary")
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--mauve-repeats", type=int, default=d.mauve_repeats)
     p.add_argument("--amin-sound", action="store_true", help="Amin et al. with the sound 2C/B sensitivity")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--model", default=None)
     p.add_argument("--perf", action="store_true", help="throughput of InvisibleInk (B = 8) vs plain generation")
-    p.add_argument("--perf-batch-size", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=1, help="--perf repeats (median)")
-    p.add_argument("--out-dir", default="bench-out", help="where the JSON, markdown and PNG go")
+    p.add_argument("--perf-batch-size", type=int, default=d.perf_batch_size)
+    p.add_argument("--repeats", type=int, default=d.repeats, help="--perf repeats (median)")
+    p.add_argument("--out-dir", default=d.out_dir, help="where the JSON, markdown and PNG go")
     p.add_argument("--append", action="store_true",
                    help="add the rows to bench_synth.json of an earlier run with the same settings (to split a long "
                         "sweep into several runs); the table and plot then show all rows")
 
 
-def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
-    import json
-
-    from dpinfer._json import plain
-    from dpinfer.errors import ConfigurationError, DataNotFoundError
-    from dpinfer.models import load_model
-    from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import load_references
+def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
+    """The config of parsed ``dpinfer bench synth`` options; the methods and batch sizes are checked here, before
+    any model loads."""
+    from dpinfer.errors import ConfigurationError
     from dpinfer.validation import check_method
 
-    path = Path(args.data) if args.data else data_file("yelp", "yelp_reviews.csv")
-    if not path.is_file():
-        raise DataNotFoundError(f"benchmark data not found: {path} (expected ../shared/data beside the repo, or "
-                                "$DPINFER_DATA, or --data)")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     for m in methods:
         check_method("synthesize", m, "--methods")
@@ -248,35 +276,60 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
         raise ConfigurationError(f"--batch-sizes must be integers, got {args.batch_sizes!r}") from None
     if not sizes or min(sizes) < 1:
         raise ConfigurationError("--batch-sizes needs integers ≥ 1")
-    labels = [f.strip() for f in args.label_fields.split(",") if f.strip()]
-    records = load_references(path, text_field=args.text_field, label_fields=labels,
-                              limit=args.n_private + args.n_real)
-    if len(records) < args.n_private + args.n_real:
+    return SynthBenchConfig(
+        data=args.data, text_field=args.text_field,
+        label_fields=tuple(f.strip() for f in args.label_fields.split(",") if f.strip()), template=args.template,
+        methods=methods, batch_sizes=sizes, epsilon=args.epsilon, delta=args.delta, n_texts=args.n_texts,
+        n_private=args.n_private, n_real=args.n_real, max_new_tokens=args.max_new_tokens,
+        top_k=None if args.top_k == 0 else args.top_k, temperature=args.temperature,
+        mauve_repeats=args.mauve_repeats, amin_sound=args.amin_sound, seed=args.seed, model=args.model,
+        perf=args.perf, perf_batch_size=args.perf_batch_size, repeats=args.repeats, out_dir=args.out_dir,
+        append=args.append)
+
+
+def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the MAUVE sweep (or, with ``perf``, the throughput run); write its files into ``config.out_dir``; return
+    the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
+    import json
+
+    from dpinfer._json import plain
+    from dpinfer.errors import ConfigurationError, DataNotFoundError
+    from dpinfer.models import load_model
+    from dpinfer.paths import data_file
+    from dpinfer.pipelines.synthesize import load_references
+
+    c = config
+    path = Path(c.data) if c.data else data_file("yelp", "yelp_reviews.csv")
+    if not path.is_file():
+        raise DataNotFoundError(f"benchmark data not found: {path} (expected ../shared/data beside the repo, or "
+                                "$DPINFER_DATA, or --data)")
+    records = load_references(path, text_field=c.text_field, label_fields=list(c.label_fields),
+                              limit=c.n_private + c.n_real)
+    if len(records) < c.n_private + c.n_real:
         raise ConfigurationError(f"{path.name} has {len(records)} records, fewer than --n-private + --n-real")
-    refs, real = records[:args.n_private], records[args.n_private:]
+    refs, real = records[:c.n_private], records[c.n_private:]
     if progress:
         progress("loading the model")
-    lm = load_model(args.model)
-    top_k = None if args.top_k == 0 else args.top_k
-    out_dir = Path(args.out_dir)
+    lm = load_model(c.model)
+    out_dir = Path(c.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.perf:
-        res = run_perf(lm, refs, batch_size=args.perf_batch_size, max_new_tokens=args.max_new_tokens,
-                       template=args.template, seed=args.seed, repeats=args.repeats, epsilon=args.epsilon, top_k=top_k)
+    if c.perf:
+        res = run_perf(lm, refs, batch_size=c.perf_batch_size, max_new_tokens=c.max_new_tokens,
+                       template=c.template, seed=c.seed, repeats=c.repeats, epsilon=c.epsilon, top_k=c.top_k)
         res["markdown"] = format_perf(res)
         res["settings"] = {"model": lm.name, "data": str(path)}
         (out_dir / "bench_synth_perf.json").write_text(json.dumps(plain(res), indent=2), encoding="utf-8")
         return res
-    res = run_quality(lm, refs, real, methods=methods, batch_sizes=sizes, epsilon=args.epsilon, delta=args.delta,
-                      n_texts=args.n_texts, max_new_tokens=args.max_new_tokens, top_k=top_k,
-                      temperature=args.temperature, template=args.template, seed=args.seed,
-                      mauve_repeats=args.mauve_repeats, amin_sound=args.amin_sound, progress=progress)
-    res["settings"] = {"epsilon": args.epsilon, "delta": args.delta, "max_new_tokens": args.max_new_tokens,
-                       "n_texts": args.n_texts, "top_k": top_k, "temperature": args.temperature,
-                       "template": args.template, "model": lm.name, "data": str(path), "seed": args.seed,
-                       "amin_sensitivity": "2C/B (sound)" if args.amin_sound else "C/B (as published)"}
+    res = run_quality(lm, refs, real, methods=c.methods, batch_sizes=c.batch_sizes, epsilon=c.epsilon,
+                      delta=c.delta, n_texts=c.n_texts, max_new_tokens=c.max_new_tokens, top_k=c.top_k,
+                      temperature=c.temperature, template=c.template, seed=c.seed,
+                      mauve_repeats=c.mauve_repeats, amin_sound=c.amin_sound, progress=progress)
+    res["settings"] = {"epsilon": c.epsilon, "delta": c.delta, "max_new_tokens": c.max_new_tokens,
+                       "n_texts": c.n_texts, "top_k": c.top_k, "temperature": c.temperature,
+                       "template": c.template, "model": lm.name, "data": str(path), "seed": c.seed,
+                       "amin_sensitivity": "2C/B (sound)" if c.amin_sound else "C/B (as published)"}
     previous = out_dir / "bench_synth.json"
-    if args.append and previous.is_file():
+    if c.append and previous.is_file():
         old = json.loads(previous.read_text(encoding="utf-8"))
         same = {k: v for k, v in old.get("settings", {}).items() if k != "seed"} == {
             k: v for k, v in plain(res["settings"]).items() if k != "seed"}
@@ -292,3 +345,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     (out_dir / "bench_synth.json").write_text(json.dumps(plain(res), indent=2, ensure_ascii=False), encoding="utf-8")
     (out_dir / "bench_synth.md").write_text(res["markdown"] + "\n", encoding="utf-8")
     return res
+
+
+def render(res: dict[str, Any]) -> str:
+    """What ``dpinfer bench synth`` prints: the Markdown table, and the plot's path when one was drawn."""
+    return res["markdown"] + (f"\n\nplot: {res['plot']}" if res.get("plot") else "")

@@ -29,7 +29,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dpinfer.errors import InvalidInputError, MissingDependencyError
@@ -374,6 +375,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class TaggerBenchConfig:
+    """Settings of ``dpinfer bench tagger`` (one field per option)."""
+
+    taggers: tuple[str, ...] = ("regex", "presidio")
+    datasets: tuple[str, ...] = tuple(DATASETS)
+    n: int | None = None
+    """Only the first N documents of each dataset (None: all)."""
+    json: bool | str | None = None
+    """True or ``"-"``: print JSON instead of Markdown; a path: write the JSON there and print the Markdown."""
+
+
 def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The tagger and dataset names of ``args``, checked (unknown names, --n < 1) without loading any tagger."""
     from dpinfer.taggers.registry import available_taggers
@@ -392,15 +405,28 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return taggers, datasets
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the benchmark from parsed ``args`` and print the report; returns the exit status (0)."""
+def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
+    """The config of parsed ``dpinfer bench tagger`` options, checked (names, --n, a --json PATH that cannot be
+    written) before any tagger loads."""
     taggers, datasets = check_args(args)
     target = getattr(args, "json", None)
     if isinstance(target, str) and target != "-":
         from dpinfer.validation import check_output_path
 
         check_output_path(target, option="--json")
-    results = run_tagger_bench(taggers, n_tab=args.n, n_synth=args.n, datasets=datasets)
+    return TaggerBenchConfig(taggers=tuple(taggers), datasets=tuple(datasets), n=args.n, json=target)
+
+
+def run(config: TaggerBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every tagger of ``config`` on its datasets (:func:`run_tagger_bench`)."""
+    if progress:
+        progress(", ".join(config.taggers))
+    return run_tagger_bench(config.taggers, n_tab=config.n, n_synth=config.n, datasets=config.datasets)
+
+
+def report(config: TaggerBenchConfig, results: dict[str, Any]) -> None:
+    """Print the Markdown report, or the JSON (``config.json``: True / ``"-"`` prints it, a path receives it)."""
+    target = config.json
     if target:
         text = json.dumps(results, indent=2)
         if target is True or target == "-":
@@ -408,10 +434,16 @@ def main(args: argparse.Namespace) -> int:
         else:
             from dpinfer.validation import atomic_write_text
 
-            atomic_write_text(target, text + "\n")
+            atomic_write_text(str(target), text + "\n")
             sys.stdout.write(format_markdown(results))
     else:
         sys.stdout.write(format_markdown(results))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark from parsed ``args`` and print the report; returns the exit status (0)."""
+    config = config_from_args(args)
+    report(config, run(config))
     return 0
 
 

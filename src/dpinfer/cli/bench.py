@@ -84,49 +84,46 @@ def check_bench_args(args: argparse.Namespace) -> None:
                 raise InvalidInputError(f"--{name.replace('_', '-')} {folder} is a file; give a folder")
 
 
-def run_engine(args: argparse.Namespace) -> int:
-    from dpinfer.bench.engine import format_markdown, run_engine_bench
-    from dpinfer.models import load_model
+def run_bench(name: str, args: argparse.Namespace) -> int:
+    """``dpinfer bench NAME``: check the options, convert them to the bench's typed config
+    (``dpinfer.bench.<name>.config_from_args``), run it (``run(config, progress)``) under a spinner, and print what it
+    returns (its ``report``, or ``render`` / ``--json``).
 
-    check_bench_args(args)
-    lm = load_model(args.model)
-    prog, update = progress_runner("bench engine")
-    with prog:
-        res = run_engine_bench(lm, ks=tuple(args.k), new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
-                               repeats=args.repeats, unshared=not args.no_unshared, progress=update)
-    if args.json:
-        print_json(res)
-    else:
-        print(format_markdown(res))
-    return 0
-
-
-def _run_bench_module(name: str, args: argparse.Namespace) -> int:
-    """Run ``dpinfer.bench.<name>.main`` with a progress spinner; print its markdown (and plot path) or its JSON."""
+    A bench module without ``config_from_args`` is run the older way, ``main(args, progress=...)``, returning a dict
+    with its ``"markdown"`` (and optional ``"plot"`` path)."""
     check_bench_args(args)
     bench = importlib.import_module(f"dpinfer.bench.{name}")
     prog, update = progress_runner(f"bench {name}")
-    with prog:
-        res = bench.main(args, progress=update)
+    if hasattr(bench, "config_from_args"):
+        config = bench.config_from_args(args)
+        with prog:
+            res = bench.run(config, progress=update)
+        if hasattr(bench, "report"):
+            bench.report(config, res)
+            return 0
+    else:
+        with prog:
+            res = bench.main(args, progress=update)
     if args.json:
         print_json(res)
+    elif hasattr(bench, "render"):
+        print(bench.render(res))
     else:
-        print(res["markdown"])
-        if res.get("plot"):
-            print(f"\nplot: {res['plot']}")
+        print(res["markdown"] + (f"\n\nplot: {res['plot']}" if res.get("plot") else ""))
     return 0
 
 
+def run_engine(args: argparse.Namespace) -> int:
+    return run_bench("engine", args)
+
+
 def run_sanitize(args: argparse.Namespace) -> int:
-    return _run_bench_module("sanitize", args)
+    return run_bench("sanitize", args)
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    return _run_bench_module("synth", args)
+    return run_bench("synth", args)
 
 
 def run_tagger(args: argparse.Namespace) -> int:
-    from dpinfer.bench import tagger
-
-    check_bench_args(args)
-    return int(tagger.main(args) or 0)
+    return run_bench("tagger", args)

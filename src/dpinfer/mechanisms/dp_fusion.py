@@ -13,18 +13,10 @@ next-token distributions,
 where ``D_α(P‖Q) = 1/(α−1)·log Σ_v P_v^α Q_v^(1−α)`` and ``D↔_α(P, Q) = max(D_α(P‖Q), D_α(Q‖P))`` (this module's
 :func:`renyi_divergence`, :func:`symmetric_renyi`, :func:`mix`, :func:`mollify`).
 
-Privacy. Adjacency is replace-by-null of one group's tagged spans: D′ equals D with the tokens of group i replaced
-by placeholders, so ``private_i(D′) = public(D)`` while the public context and every other private context are
-unchanged (they already hide group i). Under D′ the mixture for group i is ``p_pub`` itself; the other q_j are the
-same. The map ``(P, Q) ↦ Σ_v P_v^α Q_v^(1−α)`` is jointly convex for α > 1 (the perspective of ``t ↦ t^α``), and it
-equals 1 for P = Q, so for both orders of the arguments
-
-    D_α(p_out(D) ‖ p_out(D′)) ≤ 1/(α−1) · log( (m−1)/m + e^{(α−1)·b_i}/m )  =  :func:`step_epsilon` (b_i, m, α),
-
-which is ``b_i`` for m = 1. This holds at the order α only. Over at most ``T_max`` tokens, adaptive composition
-(Mironov 2017, "Rényi Differential Privacy", Prop. 1) gives ``T_max · step_epsilon`` at order α, converted to (ε, δ)
-at that order (Canonne, Kamath & Steinke 2020; Balle et al. 2020): ``ε = T_max·ε_step + log1p(−1/α) −
-(log δ + log α)/(α − 1)``. The conversion alone costs ≈ 10.1 at α = 2, δ = 1e-5 and ≈ 1.2 at α = 8.
+Privacy (the proof and the formulas are in :mod:`dpinfer.accounting.dp_fusion`): adjacency is replace-by-null of one
+group's tagged spans; by joint convexity each group's per-token loss is at most :func:`step_epsilon` (b_i, m, α) at
+the order α only, composed over ``T_max`` tokens and converted at that order (≈ 10.1 of conversion cost at α = 2,
+δ = 1e-5; ≈ 1.2 at α = 8).
 
 The guarantee covers the content of the tagged spans, not their existence, positions or token lengths (the
 placeholders reveal those), and nothing the tagger missed. Temperature and truncation to a token set S are applied to
@@ -64,6 +56,8 @@ from dpinfer.accounting import GroupGuarantee, Guarantee
 from dpinfer.accounting.dp_fusion import (
     ACCOUNTINGS,
     ADJACENCIES,
+    ADJACENCY,
+    ADJACENCY_REPLACE_ONE,
     ALPHA_HINT,
     bound_for_step_epsilon,
     calibrate_bound,
@@ -87,48 +81,17 @@ from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_probs
 from dpinfer.mechanisms.transforms import PublicSupport
 
-__all__ = [
-    "ACCOUNTINGS",
-    "ADJACENCIES",
-    "ADJACENCY",
-    "ADJACENCY_REPLACE_ONE",
-    "DPFusion",
-    "bound_for_step_epsilon",
-    "calibrate_bound",
-    "conversion_cost",
-    "enforcement_order",
-    "group_guarantees",
-    "group_loss",
-    "mix",
-    "mollify",
-    "mollify_with_divergence",
-    "per_step_rdp",
-    "renyi_divergence",
-    "replace_one_factor",
-    "step_epsilon",
+__all__ = [  # the divergences, the solver and the accounting are re-exported: DP-Fusion's API always offered them here
+    "ACCOUNTINGS", "ADJACENCIES", "ADJACENCY", "ADJACENCY_REPLACE_ONE", "DPFusion", "bound_for_step_epsilon",
+    "calibrate_bound", "conversion_cost", "enforcement_order", "group_guarantees", "group_loss", "mix", "mollify",
+    "mollify_with_divergence", "per_step_rdp", "renyi_divergence", "replace_one_factor", "step_epsilon",
     "symmetric_renyi",
 ]
-# The divergences, the mollification solver and the accounting formulas live in their own modules
-# (dpinfer.mechanisms.divergences, dpinfer.mechanisms.mollify, dpinfer.accounting.dp_fusion); they are re-exported here
-# because DP-Fusion's public API always offered them under this module.
 _check_adjacency = check_adjacency  # the former private name, still read by pipelines/sanitize.py
-
-ADJACENCY = (
-    "replace-by-null of one privacy group's tagged spans (the content of the spans is protected; their existence, "
-    "positions and token lengths are not)"
-)
-ADJACENCY_REPLACE_ONE = (
-    "replace-one of one privacy group's tagged spans (their content swapped for any other values; existence, "
-    "positions and token lengths are not protected)"
-)
 
 _NEG_INF = -math.inf
 _LOG_TINY = -708.0
 """log of a normal float64 (e^-708 ≈ 3e-308): every released probability on the support is at least this."""
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# the mechanism
 
 
 @register(
@@ -291,8 +254,7 @@ class DPFusion(Mechanism):
         m = len(group_epsilon)
         bounds = []
         for name, eps in group_epsilon.items():
-            if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < math.inf:
-                raise ConfigurationError(f"the target ε of group {name!r} must be a finite number > 0, got {eps!r}")
+            eps = positive_number(eps, f"the target ε of group {name!r}")
             bounds.append(
                 calibrate_bound(
                     eps,

@@ -489,12 +489,12 @@ def sanitize(
     ngram = SANITIZE.no_repeat_ngram if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
     processors = [NoRepeatNGram(int(ngram))] if ngram else []
-    box: list[Any] = []
-    for event in Engine(model).stream(contexts, mech, max_new_tokens=t_max, seed=seed, processors=processors,
-                                      min_new_tokens=min(min_new_tokens, t_max), result=box):
+    run = Engine(model).stream(contexts, mech, max_new_tokens=t_max, seed=seed, processors=processors,
+                               min_new_tokens=min(min_new_tokens, t_max))
+    for event in run:
         if progress is not None:
             progress(event.step + 1, t_max)
-    out = box[0]
+    out = run.output
     seconds = time.perf_counter() - t0
     ids = out.sequences[0]
     if plan.protects == "spans" and not prep.group_names:

@@ -60,6 +60,10 @@ PROPERTY = settings(max_examples=CASES, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 REL, ABS = 1e-9, 1e-12
 """Slack of the numerical bound checks: float64 rounding of the divergence, never a budget."""
+ZERO_TOL = 1e-7
+"""How close the zero-budget output must be to the private-free one: DP-Fusion's solver tests feasibility in float64,
+where ``S − 1`` below ~1e-16 rounds to 0, so at a bound of 1e-300 it may keep λ up to ~1e-8 (a divergence of ~1e-17
+instead of 1e-300: below the resolution of the divergence, not a budget)."""
 
 FACTORIES: dict[str, tuple[Callable[[], Mechanism], int, int]] = {
     # name: (factory, K it steps, a K it must refuse (0 = any K is fine))
@@ -377,10 +381,10 @@ def check_step(spec: Spec, params: dict[str, Any], z: torch.Tensor, other: torch
         else:
             p1 = spec.released(zero, torch.cat([z[:1], other[:1].expand(spec.k - 1, -1)]))
             # the public-only input (every private row = the public row) releases the same
-            assert float((p0 - spec.released(zero, z[:1].expand(spec.k, -1).clone())).abs().max()) <= 1e-9
-        assert float((p0 - p1).abs().max()) <= 1e-9
+            assert float((p0 - spec.released(zero, z[:1].expand(spec.k, -1).clone())).abs().max()) <= ZERO_TOL
+        assert float((p0 - p1).abs().max()) <= ZERO_TOL
         if spec.public is not None:
-            assert float((p0 - spec.public(z, params)).abs().max()) <= 1e-9
+            assert float((p0 - spec.public(z, params)).abs().max()) <= ZERO_TOL
 
 
 @pytest.mark.extended

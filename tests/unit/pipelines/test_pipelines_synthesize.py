@@ -1,4 +1,4 @@
-"""The synthesis pipeline (dpinfer.synthesize) and ``dpinfer synth`` on the tiny random-weight model."""
+"""The synthesis pipeline (dpinfer.synthesize) on the tiny random-weight model (``dpinfer synth``: tests/unit/cli)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from dpinfer.cli import main as cli_main
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 from dpinfer.pipelines.synthesize import (
     TEMPLATES,
@@ -171,60 +170,6 @@ def test_synthesize_rejects_bad_input(tiny_lm, kwargs: dict, error: type, match:
     refs = args.pop("references")
     with pytest.raises(error, match=match):
         synthesize(refs, **args)
-
-
-def _write_corpus(tmp_path: Path) -> Path:
-    p = tmp_path / "corpus.csv"
-    rows = ["text,cat,stars"] + [f'"{t}",{c},{s}' for t, c, s in REVIEWS]
-    p.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return p
-
-
-def test_cli_synth_writes_the_guarantee_and_texts(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
-    corpus = _write_corpus(tmp_path)
-    tpl = tmp_path / "tpl.json"
-    tpl.write_text(json.dumps({"private": TEMPLATE.private, "public": TEMPLATE.public}), encoding="utf-8")
-    out = tmp_path / "out.jsonl"
-    rc = cli_main(["synth", str(corpus), "--text-field", "text", "--label-fields", "cat,stars", "--epsilon", "6",
-                   "--batch-size", "2", "--max-new-tokens", "5", "--template-file", str(tpl), "--out", str(out),
-                   "--model", str(tiny_model_dir), "--seed", "0", "--json"])
-    assert rc == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["guarantee"]["epsilon"] <= 6.0 and summary["texts"] == 2
-    header = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
-    assert header["dpinfer"]["settings"]["epsilon"] == 6.0
-
-
-@pytest.mark.parametrize(
-    "extra,match",
-    [
-        (["--epsilon", "0"], "--epsilon must be"),
-        (["--epsilon", "-2"], "--epsilon must be"),
-        (["--epsilon", "5", "--batch-size", "50"], "fewer than one batch"),
-        (["--epsilon", "5", "--text-field", "body"], "no field 'body'"),
-        ([], "--epsilon is required"),
-    ],
-)
-def test_cli_synth_bad_input_is_one_line(tiny_model_dir: Path, tmp_path: Path, capsys, extra: list[str],
-                                         match: str) -> None:
-    corpus = _write_corpus(tmp_path)
-    args = ["synth", str(corpus), "--text-field", "text", "--out", str(tmp_path / "o.jsonl"),
-            "--model", str(tiny_model_dir), *extra]
-    if "--text-field" in extra:
-        args.remove("--text-field")
-        args.remove("text")
-    assert cli_main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert match in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not (tmp_path / "o.jsonl").exists()
-
-
-def test_cli_synth_empty_corpus(tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
-    p = tmp_path / "e.jsonl"
-    p.write_text("", encoding="utf-8")
-    assert cli_main(["synth", str(p), "--text-field", "text", "--epsilon", "3", "--out", str(tmp_path / "o.jsonl"),
-                     "--model", str(tiny_model_dir)]) == 2
-    assert "no records" in capsys.readouterr().err
 
 
 def test_response_prefix_opens_every_context(tiny_lm) -> None:

@@ -126,35 +126,6 @@ def test_failing_tagger_releases_nothing(tiny_lm):
     assert "Smith" not in str(exc.value)
 
 
-def test_cli_sanitize_json_and_errors(tiny_model_dir, tmp_path, capsys):
-    doc = tmp_path / "doc.txt"
-    doc.write_text(DOC)
-    spans = tmp_path / "spans.json"
-    spans.write_text(json.dumps([s.to_dict() for s in SPANS]))
-    rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "6",
-               "--seed", "1", "--json", "--group-epsilon", "PERSON=25"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
-    assert {"text", "guarantee"} <= set(out)
-    assert {"epsilon", "delta", "groups"} <= set(out["guarantee"])
-    bad = [
-        (["--epsilon", "0"], "must be > 0"),
-        (["--epsilon", "-3"], "must be > 0"),
-        (["--group-epsilon", "PERSON"], "NAME=EPSILON"),
-        (["--group-epsilon", "NAMES=3"], "neither a group nor a label"),
-    ]
-    for extra, needle in bad:
-        rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), *extra])
-        err = capsys.readouterr().err
-        assert rc == 2 and needle in err and err.count("\n") == 1, (extra, err)
-    spans.write_text(json.dumps([{"start": 0, "end": 999, "label": "PERSON"}]))
-    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)]) == 2
-    assert "ends beyond" in capsys.readouterr().err
-    spans.write_text(json.dumps([{"start": 0, "end": 2, "label": "NAME"}]))
-    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)]) == 2
-    assert "unknown label" in capsys.readouterr().err
-
-
 def test_guarantee_is_ex_ante(tiny_lm):
     """Same groups, targets and T_max: the same guarantee whatever the document says and whatever was generated."""
     other = "Ms Brown, a judge sitting in Oslo, heard case no. 11111/01 on 1 June 2001 and closed it the same day."
@@ -164,16 +135,6 @@ def test_guarantee_is_ex_ante(tiny_lm):
     b = sanitize(other, lm=tiny_lm, spans=other_spans, max_new_tokens=10, seed=2, epsilon=25.0)
     assert a.guarantee.to_dict() == b.guarantee.to_dict()
     assert "before" in str(a.guarantee)
-
-
-@pytest.mark.parametrize(("content", "needle"), [(b"", "is empty"), (b"  \n\t", "is empty"),
-                                                 (b"\x00\x01binary", "binary"), (b"\xff\xfe\xfa", "UTF-8")])
-def test_cli_sanitize_rejects_bad_files(content, needle, tiny_model_dir, tmp_path, capsys):
-    bad = tmp_path / "bad.txt"
-    bad.write_bytes(content)
-    rc = main(["sanitize", str(bad), "--tagger", "regex", "--model", str(tiny_model_dir)])
-    err = capsys.readouterr().err
-    assert rc == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_ner_scrub_is_dp_fusion_at_lambda_zero_on_common_random_numbers(tiny_lm):
@@ -359,20 +320,6 @@ def test_zero_spans_are_refused_before_the_model_loads(tiny_lm):
     assert math.isinf(res.guarantee.epsilon) and res.to_dict()["guarantee"]["not_protected"].startswith("everything")
 
 
-def test_cli_zero_spans_file_is_refused(tiny_model_dir, tmp_path, capsys):
-    doc = tmp_path / "doc.txt"
-    doc.write_text(DOC, encoding="utf-8")
-    spans = tmp_path / "spans.json"
-    spans.write_text("[]")
-    rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)])
-    captured = capsys.readouterr()
-    assert rc == 2 and "--allow-untagged" in captured.err and captured.err.count("\n") == 1
-    assert "Smith" not in captured.out + captured.err
-    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--allow-untagged",
-                 "--max-new-tokens", "3", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["guarantee"]["sentence"].startswith("Guarantee: none")
-
-
 def test_spans_from_another_document_are_refused():
     other = "Ms Brown, a judge sitting in Oslo, heard case no. 11111/01 on 1 June 2001 and closed it the same day."
     tab = {"text": other, "entity_mentions": [{"start_offset": 3, "end_offset": 8, "entity_type": "PERSON",
@@ -390,12 +337,3 @@ def test_overlapping_user_spans_are_merged(tiny_lm):
     spans = [Span(3, 8, "PERSON"), Span(0, 5, "ORG"), Span(33, 39, "LOC")]
     res = sanitize(DOC, lm=tiny_lm, spans=spans, method="ner-scrub", max_new_tokens=2, seed=0)
     assert [(s.start, s.end) for s in res.spans] == [(0, 8), (33, 39)]
-
-
-def test_sanitize_help_explains_the_default_epsilon_and_t_max(capsys):
-    with pytest.raises(SystemExit):
-        main(["sanitize", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "e^40" in text and "per group" in text and "docs/sanitize.md" in text
-    assert "public under its adjacency" in text and "fixed 256" in text
-    assert "--allow-untagged" in text and "--debug-stats" in text
