@@ -120,6 +120,6 @@ def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from dpinfer.cli.bench import _run_bench_module
+    from dpinfer.cli.bench import run_bench as run_named_bench
 
-    return _run_bench_module("gtr", args)
+    return run_named_bench("gtr", args)
