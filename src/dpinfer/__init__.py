@@ -30,6 +30,8 @@ _LAZY = {
     "PromptTemplate": "dpinfer.pipelines.synthesize",
     "PrivateRAG": "dpinfer.pipelines.rag",
     "RagAnswer": "dpinfer.pipelines.rag",
+    "protect_prompt": "dpinfer.pipelines.protect_prompt",
+    "ProtectedPrompt": "dpinfer.pipelines.protect_prompt",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -91,10 +91,30 @@ class RagDefaults:
     static_sigma: float = 1.0
 
 
+@dataclass(frozen=True)
+class ProtectDefaults:
+    """Prompt protection (:func:`dpinfer.protect_prompt`, ``dpinfer protect-prompt``; docs/prompt-protection.md).
+
+    T_max = 48 covers a question of a few sentences and is fixed in advance (never the prompt's length); τ = 0.75 is
+    the warmest temperature of the CSQA benchmark; ε₂ = 40 is where JEM over the 73k-word universe starts to release
+    the consensus words rather than random ones (it protects one rewrite and is not added to the headline ε).
+    """
+
+    method: str = "dp-gtr"
+    delta: float = 1e-5
+    temperature: float = 0.75
+    n_rewrites: int = 10
+    n_keywords: int = 10
+    keywords: str = "ndp"
+    max_new_tokens: int = 48
+    jem_epsilon: float = 40.0
+
+
 GENERATE = GenerateDefaults()
 SANITIZE = SanitizeDefaults()
 SYNTH = SynthDefaults()
 RAG = RagDefaults()
+PROTECT = ProtectDefaults()
 
-__all__ = ["GENERATE", "RAG", "SANITIZE", "SYNTH", "GenerateDefaults", "RagDefaults", "SanitizeDefaults",
-           "SynthDefaults"]
+__all__ = ["GENERATE", "PROTECT", "RAG", "SANITIZE", "SYNTH", "GenerateDefaults", "ProtectDefaults", "RagDefaults",
+           "SanitizeDefaults", "SynthDefaults"]

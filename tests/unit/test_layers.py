@@ -26,12 +26,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 
-KNOWN_EXCEPTIONS = {
-    # DP-Prompt's public clip calibration runs the engine on public text; issue 11 moves it into the pipelines (the
-    # DP-GTR work). Remove these lines when it moves.
-    ("mechanisms/dp_prompt.py", "dpinfer.engine"),
-    ("mechanisms/dp_prompt.py", "dpinfer.models"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
+"""(file, module) pairs allowed to break the rule. None: DP-Prompt's public clip calibration, the last one, moved to
+:mod:`dpinfer.pipelines.clip_bounds` (issue 13)."""
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:

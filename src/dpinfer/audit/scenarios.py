@@ -9,8 +9,9 @@ clipped difference sits at ±C). Its neighbour D′ follows the mechanism's adja
 * DP-Fusion (replace-by-null of one group, K = m + 1 rows, m = 1): the private row of D′ equals the public row.
 * InvisibleInk, Amin et al., AdaPMixED (replace-by-null of one reference, K = B + 1, B = 2): reference 1 of D′ is the
   null reference, whose row is the public row; reference 2 is the same mild row in both.
-* DP-Decoding, DP-Prompt, the sampler (local DP, any two inputs, K = 1): two different rows, one favouring X and one
-  favouring A (at the clip bounds for DP-Prompt).
+* DP-Decoding, the sampler (local DP, any two inputs, K = 1): two different rows, one favouring X and one favouring A.
+* DP-Prompt in DP-GTR's stage-1 layout (local DP, K = 2 rewrites of 2 tokens, every token observed): rows at the
+  clip bounds, favouring X on D and A on D′.
 
 The batch and group mechanisms get two candidate pairs, a public row with logit 2 on A ("moderate": X keeps enough
 mass for a clipped or mollified shift to show) and one with logit 8 ("peaked": X is nearly impossible publicly, so
@@ -19,14 +20,16 @@ an unbounded shift or a corrupted public row shows); the runner picks one on the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from dpinfer.audit.broken import BROKEN
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms import Mechanism, available_mechanisms
+from dpinfer.mechanisms import Mechanism, StepInfo, StepResult, available_mechanisms
 from dpinfer.mechanisms.adapmixed import AdaPMixED
 from dpinfer.mechanisms.amin import AminSVT
 from dpinfer.mechanisms.dp_decoding import DPDecoding
@@ -36,6 +39,10 @@ from dpinfer.mechanisms.invisibleink import InvisibleInk
 from dpinfer.mechanisms.pad import Pad, PadAsPublished
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.mechanisms.static_noise import StaticNoise
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+    from dpinfer.mechanisms.randomness import Randomness
 
 VOCAB = 16
 """V of the stand-in."""
@@ -167,15 +174,43 @@ def _dp_decoding(variant: str | None) -> Scenario:
                     "D: logit 40 on X, 0 elsewhere; D′: logit 40 on A, 0 elsewhere")
 
 
+class _RewriteAfterRewrite(Mechanism):
+    """DP-Prompt in DP-GTR's stage-1 layout for the audit: ``n`` independent rewrites of ``t`` tokens each (one row per
+    rewrite), released as ONE sequence of ``n·t`` tokens, rewrite after rewrite, so the audit's test sees every token
+    of every rewrite. Its claim is the inner mechanism's guarantee for ``n`` rewrites of ``t`` tokens."""
+
+    name = "dp-prompt"
+    mode = "joint"
+
+    def __init__(self, inner: DPPrompt, tokens_per_rewrite: int) -> None:
+        self.inner, self.t = inner, tokens_per_rewrite
+
+    def start(self, num_contexts: int, vocab_size: int) -> None:
+        self.inner.start(num_contexts, vocab_size)
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        row = min(info.step // self.t, logits.shape[0] - 1)
+        one = StepInfo(step=info.step % self.t, max_new_tokens=self.t, num_contexts=1,
+                       finished=torch.zeros(1, dtype=torch.bool))
+        return StepResult(tokens=self.inner.step(logits[row:row + 1], one, generator).tokens[0])
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        return self.inner.guarantee(max(1, math.ceil(max_new_tokens / self.inner.num_rewrites)))
+
+
 def _dp_prompt(variant: str | None) -> Scenario:
-    t = 1
+    n, t = 2, 2  # DP-GTR stage 1: n rewrites of the same prompt, t tokens each, in independent mode
 
     def build() -> Mechanism:
-        return DPPrompt.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, clip_min=0.0, clip_max=4.0)
+        inner = DPPrompt.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, clip_min=0.0, clip_max=4.0,
+                                    num_rewrites=n)
+        return _RewriteAfterRewrite(inner, t)
 
-    pairs = _local_pair(_row(TOKEN_X, 4.0), 4.0 - _row(TOKEN_X, 4.0))
-    return Scenario("dp-prompt", variant, build, pairs, t, _LOCAL,
-                    "clip bounds [0, 4]; D: 4 on X, 0 elsewhere; D′: 0 on X, 4 elsewhere")
+    d, d_prime = _row(TOKEN_X, 4.0), 4.0 - _row(TOKEN_X, 4.0)
+    pairs = (InputPair("local", torch.stack([d, d]), torch.stack([d_prime, d_prime])),)
+    return Scenario("dp-prompt", variant, build, pairs, n * t, _LOCAL,
+                    f"DP-GTR stage 1: {n} rewrites × {t} tokens (one row each, all {n * t} tokens observed); clip "
+                    "bounds [0, 4]; D: 4 on X, 0 elsewhere; D′: 0 on X, 4 elsewhere")
 
 
 def _sampler(variant: str | None) -> Scenario:

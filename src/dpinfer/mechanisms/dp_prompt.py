@@ -22,43 +22,30 @@ Top-k or top-p truncation would make the support depend on the private logits (a
 for one prompt and not for another: ε = ∞); the authors' code left transformers' default ``top_k = 50`` on. This
 implementation never truncates and rejects ``top_k`` / ``top_p``.
 
-The clip bounds must not be computed from the private data. :func:`public_clip_bounds` derives them as in DP-GTR
-(Appendix A.2): ``(μ, μ + 4σ)`` of all logits the model produces while paraphrasing a public corpus (the paragraphs
-in ``dpinfer/data/public_corpus.txt``, written for this purpose: generic, non-personal descriptions).
+The clip bounds must not be computed from the private data. :func:`dpinfer.pipelines.clip_bounds.clip_bounds` gives
+them as in DP-GTR (Appendix A.2): ``(μ, μ + 4σ)`` of all logits the model produces while paraphrasing a public corpus,
+measured once per model and stored (``dpinfer calibrate-clip``; the embedded model's ship with the package). This
+module never runs a model.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp
 from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
 from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, check_prompt_temperature
-from dpinfer.checks import check_delta, finite_number, positive_int, positive_number
+from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
-from dpinfer.mechanisms.sampler import Sampler, sample_rows
-
-if TYPE_CHECKING:
-    from dpinfer.models import LM
+from dpinfer.mechanisms.sampler import sample_rows
 
 ADJACENCY = "any two private prompts (the whole text may change; local DP)"
-
-PARAPHRASE_INSTRUCTION = "Paraphrase the following text in your own words.\n\n{text}"
-"""The instruction used to paraphrase the public corpus in :func:`public_clip_bounds`."""
-
-_CLIP_CACHE: dict[tuple[str, int, int, float], tuple[float, float]] = {}
-
-
-_check_number = finite_number  # the name public_clip_bounds uses
 
 
 def epsilon_per_token(clip_min: float, clip_max: float, temperature: float) -> float:
@@ -78,6 +65,7 @@ def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, te
     logits are read as ``b_min``: any utility within ``[b_min, b_max]`` keeps the guarantee.
 
     >>> z = torch.tensor([[5.0, 0.0, -torch.inf]], dtype=torch.float64)
+    >>> import math
     >>> clipped_log_probs(z, 0.0, math.log(2.0), 1.0).exp()  # utilities (log 2, 0, 0) → (2, 1, 1)/4
     tensor([[0.5000, 0.2500, 0.2500]], dtype=torch.float64)
     """
@@ -102,7 +90,8 @@ class DPPrompt(Mechanism):
     two prompts; ``num_rewrites`` rewrites of at most ``T_max`` tokens compose to ``num_rewrites · T_max`` tokens.
 
     Args:
-        clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only (:func:`public_clip_bounds`).
+        clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only
+            (:func:`dpinfer.pipelines.clip_bounds.clip_bounds`).
         temperature: τ > 0.
         mode: ``"independent"`` (default): each row is one rewrite of the private prompt and gets its own token;
             ``"joint"``: read row ``row`` and emit one token for every row.
@@ -257,82 +246,3 @@ class DPPrompt(Mechanism):
             },
             route=True,
         )
-
-
-# ---------------------------------------------------------------------------------------------- public clip bounds
-def public_corpus() -> list[str]:
-    """The paragraphs of ``dpinfer/data/public_corpus.txt`` (generic, non-personal text written for calibration).
-
-    >>> paragraphs = public_corpus()
-    >>> 10 <= len(paragraphs) <= 20, paragraphs[0].startswith("A court")
-    (True, True)
-    """
-    text = resources.files("dpinfer").joinpath("data/public_corpus.txt").read_text(encoding="utf-8")
-    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
-
-
-class _LogitMoments(Mechanism):
-    """Plain sampling (τ = 1, independent rows) that records the count, sum and sum of squares of the logits seen."""
-
-    name = "logit-moments"
-    mode = "independent"
-
-    def __init__(self) -> None:
-        self.sampler = Sampler(temperature=1.0, mode="independent")
-        self.count, self.total, self.total_sq = 0, 0.0, 0.0
-
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        live = logits if info.finished is None else logits[~info.finished.to(logits.device)]
-        values = live[torch.isfinite(live)]
-        self.count += int(values.numel())
-        self.total += float(values.sum())
-        self.total_sq += float((values * values).sum())
-        return self.sampler.step(logits, info, generator)
-
-
-def public_clip_bounds(
-    lm: LM, *, n_texts: int = 8, max_new_tokens: int = 32, sigmas: float = 4.0
-) -> tuple[float, float]:
-    """``(μ, μ + sigmas·σ)`` of the logits ``lm`` produces while paraphrasing the public corpus (DP-GTR, App. A.2).
-
-    The first ``n_texts`` paragraphs of :func:`public_corpus` are each put in the model's chat template with
-    :data:`PARAPHRASE_INSTRUCTION`, and paraphrased in one batch on the :class:`~dpinfer.engine.Engine` for at most
-    ``max_new_tokens`` tokens (plain sampling at τ = 1, fixed seed 0). μ and σ are the mean and standard deviation of
-    every logit of every generation step (all V entries, all rows still generating), in float64. Nothing private is
-    read, so the bounds cost no privacy. The result is cached in memory per model name and arguments.
-
-    >>> # lo, hi = public_clip_bounds(dpinfer.load_model())   # SmolLM2-135M: (4.15, 28.93), about 5 CPU-seconds
-    """
-    n_texts = positive_int(n_texts, "n_texts")
-    max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
-    sigmas = _check_number(sigmas, "sigmas")
-    if sigmas <= 0:
-        raise ConfigurationError(f"sigmas must be > 0 (DP-GTR uses 4), got {sigmas!r}")
-    key = (str(lm.name), n_texts, max_new_tokens, sigmas)
-    if key in _CLIP_CACHE:
-        return _CLIP_CACHE[key]
-    corpus = public_corpus()
-    if n_texts > len(corpus):
-        raise ConfigurationError(
-            f"n_texts must be between 1 and {len(corpus)} (the public corpus has that many paragraphs), got {n_texts}"
-        )
-    from dpinfer.engine import Engine
-
-    prompts = [lm.encode(lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=t))) for t in corpus[:n_texts]]
-    prompts = [p for p in prompts if len(p) + max_new_tokens <= lm.context_window]
-    if not prompts:
-        raise ConfigurationError(
-            f"no public paraphrase prompt plus max_new_tokens={max_new_tokens} fits the model's context window of "
-            f"{lm.context_window} tokens; lower max_new_tokens"
-        )
-    recorder = _LogitMoments()
-    Engine(lm).generate(prompts, recorder, max_new_tokens=max_new_tokens, seed=0)
-    if recorder.count < 2:
-        raise ConfigurationError("the public paraphrase run produced no finite logits; check the model")
-    mean = recorder.total / recorder.count
-    var = max(recorder.total_sq / recorder.count - mean * mean, 0.0)
-    bounds = (mean, mean + sigmas * math.sqrt(var))
-    if not bounds[0] < bounds[1]:
-        raise ConfigurationError(f"the model's public logits have no spread (σ = {math.sqrt(var)!r}); check the model")
-    _CLIP_CACHE[key] = bounds
-    return bounds

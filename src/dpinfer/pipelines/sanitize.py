@@ -637,10 +637,10 @@ def _build_decoding(a: BuildArgs) -> Mechanism:
 
 def _build_prompt(a: BuildArgs) -> Mechanism:
     from dpinfer.mechanisms import REGISTRY
-    from dpinfer.mechanisms.dp_prompt import public_clip_bounds
+    from dpinfer.pipelines.clip_bounds import clip_bounds
 
     a.settings["top_k"] = None
-    lo, hi = public_clip_bounds(a.lm)
+    lo, hi = clip_bounds(a.lm).bounds
     a.settings["clip"] = [lo, hi]
     return REGISTRY.get("dp-prompt").cls.calibrated(  # type: ignore[attr-defined]
         a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens, clip_min=lo, clip_max=hi, mode="joint")

@@ -18,7 +18,7 @@ from dpinfer.mechanisms.dp_decoding import (
     lambda_for_epsilon,
     mixture_log_probs,
 )
-from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_log_probs, public_clip_bounds, public_corpus
+from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_log_probs
 from dpinfer.mechanisms.dp_prompt import epsilon_per_token as prompt_epsilon_per_token
 
 INFO = StepInfo(step=0, max_new_tokens=1, num_contexts=1)
@@ -286,7 +286,7 @@ def test_dp_prompt_calibration_passes_options() -> None:
 @pytest.mark.parametrize(
     ("args", "kwargs", "match"),
     [
-        ((1.0, 1.0), {}, "b_min < b_max.*public_clip_bounds"),
+        ((1.0, 1.0), {}, "b_min < b_max.*clip_bounds"),
         ((2.0, 1.0), {}, "b_min < b_max"),
         ((math.nan, 1.0), {}, "clip_min"),
         ((0.0, math.inf), {}, "clip_max"),
@@ -334,52 +334,6 @@ def test_registry_builds_both() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ on a model
-def test_public_corpus_is_packaged() -> None:
-    paragraphs = public_corpus()
-    assert 10 <= len(paragraphs) <= 20
-    assert all(20 <= len(p.split()) <= 80 for p in paragraphs)
-
-
-def test_public_clip_bounds_on_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    lo, hi = public_clip_bounds(tiny_lm, n_texts=4, max_new_tokens=8)
-    assert math.isfinite(lo) and math.isfinite(hi) and lo < hi
-    import dpinfer.engine
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the cached bounds were recomputed")
-
-    monkeypatch.setattr(dpinfer.engine.Engine, "generate", refuse)
-    assert public_clip_bounds(tiny_lm, n_texts=4, max_new_tokens=8) == (lo, hi)
-    with pytest.raises(AssertionError, match="recomputed"):  # other arguments: not the cached entry
-        public_clip_bounds(tiny_lm, n_texts=3, max_new_tokens=8)
-    with pytest.raises(ConfigurationError, match="n_texts"):
-        public_clip_bounds(tiny_lm, n_texts=100)
-    with pytest.raises(ConfigurationError, match="sigmas"):
-        public_clip_bounds(tiny_lm, sigmas=0.0)
-
-
-def test_public_clip_bounds_are_mean_and_mean_plus_sigmas_std(tiny_lm) -> None:
-    from dpinfer.engine import Engine
-    from dpinfer.mechanisms.dp_prompt import PARAPHRASE_INSTRUCTION
-    from dpinfer.mechanisms.sampler import Sampler
-
-    seen: list[torch.Tensor] = []
-
-    class Record(Sampler):
-        def step(self, logits, info, generator):
-            seen.append(logits[~info.finished].flatten().clone())
-            return super().step(logits, info, generator)
-
-    prompts = [
-        tiny_lm.encode(tiny_lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=t))) for t in public_corpus()[:2]
-    ]
-    Engine(tiny_lm).generate(prompts, Record(temperature=1.0), max_new_tokens=5, seed=0)
-    values = torch.cat(seen)
-    lo, hi = public_clip_bounds(tiny_lm, n_texts=2, max_new_tokens=5, sigmas=2.0)
-    assert lo == pytest.approx(float(values.mean()), rel=1e-9)
-    assert hi == pytest.approx(float(values.mean() + 2.0 * values.std(unbiased=False)), rel=1e-9)
-
-
 @pytest.mark.parametrize("which", ["dp-decoding", "dp-prompt"])
 def test_baselines_run_on_the_engine(tiny_lm, which: str) -> None:
     from dpinfer.engine import Engine

@@ -1,0 +1,439 @@
+"""``dpinfer bench gtr``: prompt protection on CommonsenseQA, DP-GTR (NDP, JEM) against DP-Prompt, or ``--perf``.
+
+Quality run (default). The first ``--n`` questions of CSQA's dev split (``--data csqa``: ../shared/data/csqa/
+csqa_dev.jsonl, or a JSONL file of the same shape) are protected at each temperature τ of ``--temperatures``,
+``--repeats`` times each (fresh noise per repeat), by
+
+* **DP-GTR (NDP)** and **DP-GTR (JEM)**: ``--n-rewrites`` stage-1 rewrites at τ (shared by the two: they differ only
+  in the keyword release, which is post-processing), exemplar, keywords, greedy final prompt;
+* **DP-Prompt, equal τ**: one DP-Prompt rewrite at τ. It is the FIRST of the stage-1 rewrites: every stage-1 row is an
+  independent DP-Prompt rewrite at τ, so this is exactly a DP-Prompt release (common random numbers, no extra cost).
+  Its ε is n times smaller than DP-GTR's composed ε;
+* **DP-Prompt, equal ε**: one rewrite at the colder τ′ whose ε (one rewrite of T_max tokens) equals DP-GTR's composed
+  ε at τ.
+
+Privacy (lower = less leakage): ROUGE-1 and ROUGE-L F1 (rouge-score, no stemming) and sentence BLEU (sacrebleu, /100)
+between the original and the protected question, mean over questions and repeats with a 95% t-interval. Utility:
+accuracy of an answerer that sees ONLY the protected question and the original five choices. Default answerer:
+all-MiniLM-L6-v2 cosine between the question and each choice (the embedded 135M LM answers CSQA at chance);
+``--answer-model M``: a local causal LM scoring each choice's log-likelihood after the question. Beside them: the
+answerer's accuracy on the original questions and chance (1/5). Accuracy intervals are 95% Wilson intervals over all
+answers (questions × repeats; repeats of one question are not independent, so the interval is somewhat too narrow
+when repeats > 1). Every row carries the per-token ε (ε_tok = 2(b_max − b_min)/τ) and the composed (ε, δ).
+
+The run ends with the issue's check, computed from the numbers above: at every τ ≤ 0.75, DP-GTR's ROUGE-1 against
+DP-Prompt's at equal τ (target ≤ 0.8× on average) and DP-GTR's accuracy against the lower end of DP-Prompt's interval.
+
+``--perf``: ten rewrites against one rewrite of the same length (EOS masked: every row makes exactly
+``--max-new-tokens`` tokens), side by side in one run, ``--repeats`` times; target ≤ 3×.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+METHODS = ("dp-prompt", "dp-gtr-ndp", "dp-gtr-jem", "dp-prompt-equal-eps")
+LABELS = {"dp-prompt": "DP-Prompt (equal τ)", "dp-gtr-ndp": "DP-GTR (NDP)", "dp-gtr-jem": "DP-GTR (JEM)",
+          "dp-prompt-equal-eps": "DP-Prompt (equal ε)"}
+DEFAULT_TEMPERATURES = (0.25, 0.5, 0.75)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", dest="dataset", default="csqa",
+                   help="csqa (default: ../shared/data/csqa/csqa_dev.jsonl) or a CSQA-shaped .jsonl file")
+    p.add_argument("--n", type=int, default=200, help="questions (default 200)")
+    p.add_argument("--temperatures", default=",".join(map(str, DEFAULT_TEMPERATURES)),
+                   help="comma-separated stage-1 temperatures (default 0.25,0.5,0.75)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per τ, fresh noise each (default 3; --perf: 3)")
+    p.add_argument("--n-rewrites", type=int, default=10, help="DP-GTR stage-1 rewrites (default 10)")
+    p.add_argument("--n-keywords", type=int, default=10, help="keywords K (default 10)")
+    p.add_argument("--jem-epsilon", type=float, default=None, help="ε₂ of JEM (default: the pipeline's, 40)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="T_max (default 48)")
+    p.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
+    p.add_argument("--batch-questions", type=int, default=4,
+                   help="questions decoded together in one engine batch (default 4: 4 × n rows)")
+    p.add_argument("--answer-model", default=None,
+                   help="also answer with this local causal LM (log-likelihood of each choice)")
+    p.add_argument("--perf", action="store_true", help="ten rewrites vs one rewrite of the same length, in one run")
+    p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the benchmark's noise (default 0)")
+    p.add_argument("--out", default=None, help="folder for gtr.json, gtr.md and gtr.png (default: no files)")
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def load_csqa(dataset: str, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` CSQA records ``{question, choices: [5 texts], answer: index}``."""
+    from dpinfer.errors import InvalidInputError
+    from dpinfer.paths import data_file
+
+    path = data_file("csqa", "csqa_dev.jsonl") if dataset == "csqa" else Path(dataset)
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                labels, texts = rec["choices"]["label"], rec["choices"]["text"]
+                out.append({"question": rec["question"], "choices": list(texts),
+                            "answer": labels.index(rec["answerKey"])})
+            except (ValueError, KeyError, TypeError):
+                raise InvalidInputError(f"{path.name}, line {i}: not a CSQA record "
+                                        "({question, choices: {label, text}, answerKey})") from None
+            if len(out) == n:
+                break
+    if not out:
+        raise InvalidInputError(f"{path} holds no CSQA records")
+    return out
+
+
+def parse_temperatures(text: str) -> list[float]:
+    from dpinfer.errors import ConfigurationError
+
+    try:
+        values = [float(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise ConfigurationError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigurationError(f"--temperatures must be numbers > 0, got {text!r}")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------------- scoring
+def privacy_scores(original: str, protected: str) -> dict[str, float]:
+    """ROUGE-1 / ROUGE-L F1 and sentence BLEU (/100) between the original and the protected question."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
+    r = scorer.score(original, protected)
+    bleu = sacrebleu.sentence_bleu(protected, [original]).score / 100.0 if protected.strip() else 0.0
+    return {"rouge1": r["rouge1"].fmeasure, "rougeL": r["rougeL"].fmeasure, "bleu": bleu}
+
+
+class MiniLMAnswerer:
+    """Answers a multiple-choice question by the cosine of all-MiniLM-L6-v2 embeddings (question vs each choice)."""
+
+    name = "minilm-cosine"
+
+    def __init__(self) -> None:
+        from dpinfer.eval.embeddings import load_embedder
+
+        self.embedder = load_embedder()
+
+    def answer(self, questions: list[str], choices: list[list[str]]) -> list[int]:
+        q = self.embedder.encode([x if x.strip() else "?" for x in questions])
+        flat = [c for cs in choices for c in cs]
+        c = self.embedder.encode(flat)
+        out, at = [], 0
+        for i, cs in enumerate(choices):
+            sims = c[at:at + len(cs)] @ q[i]
+            out.append(int(sims.argmax()))
+            at += len(cs)
+        return out
+
+
+class LMAnswerer:
+    """Answers by the mean log-likelihood of each choice after ``Question: …\\nAnswer:`` under a local causal LM."""
+
+    def __init__(self, lm: Any) -> None:
+        self.lm = lm
+        self.name = f"lm-loglik ({lm.name})"
+
+    def answer(self, questions: list[str], choices: list[list[str]]) -> list[int]:
+        from dpinfer.eval.metrics import continuation_nll
+
+        out = []
+        for q, cs in zip(questions, choices, strict=True):
+            ctx = self.lm.encode(self.lm.instruction_prompt(f"Question: {q}\nAnswer with one of: {', '.join(cs)}."))
+            scores = []
+            for c in cs:
+                ids = self.lm.encode(c)
+                scores.append(-continuation_nll(self.lm, [ctx], ids)[0] / max(1, len(ids)))
+            out.append(max(range(len(cs)), key=lambda j: scores[j]))
+        return out
+
+
+def _mean_ci(values: list[float]) -> tuple[float, float, float]:
+    if not values:
+        return (math.nan, math.nan, math.nan)
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return (m, math.nan, math.nan)
+    from scipy.stats import t
+
+    half = t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return (m, m - half, m + half)
+
+
+# ---------------------------------------------------------------------------------------------------------- quality
+def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
+                n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
+                seed: int, answerers: list[Any], progress: Any = None) -> dict[str, Any]:
+    from dpinfer.engine import Engine
+    from dpinfer.eval.metrics import wilson_interval
+    from dpinfer.mechanisms.dp_prompt import DPPrompt
+    from dpinfer.mechanisms.randomness import SeededRandom
+    from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    bounds = clip_bounds(lm)
+    lo, hi = bounds.bounds
+    engine = Engine(lm)
+    questions = [r["question"] for r in records]
+    choices = [r["choices"] for r in records]
+    gold = [r["answer"] for r in records]
+    original_acc = {a.name: sum(int(p == g) for p, g in zip(a.answer(questions, choices), gold, strict=True))
+                    for a in answerers}
+    ids = [pp.paraphrase_ids(lm, q) for q in questions]
+    rows_out: list[dict[str, Any]] = []
+    examples: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for tau in temperatures:
+        gtr_mech = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=n_rewrites, max_new_tokens=max_new_tokens,
+                                       delta=delta, temperature=tau)
+        gtr_g = gtr_mech.guarantee(max_new_tokens)
+        one_g = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
+                                    temperature=tau).guarantee(max_new_tokens)
+        eq_mech = DPPrompt.calibrated(gtr_g.epsilon, delta=delta, max_new_tokens=max_new_tokens, clip_min=lo,
+                                      clip_max=hi, num_rewrites=1)
+        eq_g = eq_mech.guarantee(max_new_tokens)
+        released: dict[str, list[list[str]]] = {m: [[] for _ in range(repeats)] for m in METHODS}
+        for rep in range(repeats):
+            source = SeededRandom(seed * 1_000_003 + rep * 7919 + round(tau * 1000))
+            for start in range(0, len(records), batch_questions):
+                chunk = list(range(start, min(start + batch_questions, len(records))))
+                if progress:
+                    progress(f"τ={tau:g} repeat {rep + 1}/{repeats} questions {chunk[0] + 1}-{chunk[-1] + 1}")
+                # stage 1 of every question of the chunk in one independent-mode batch (rows are independent draws)
+                rows = [ids[i] for i in chunk for _ in range(n_rewrites)]
+                batch_mech = DPPrompt(lo, hi, tau, num_rewrites=len(rows), delta=delta)
+                out = engine.generate(rows, batch_mech, max_new_tokens=max_new_tokens, generator=source)
+                texts = [lm.decode(s).strip() for s in out.sequences]
+                per_q = [texts[j * n_rewrites:(j + 1) * n_rewrites] for j in range(len(chunk))]
+                items = []
+                for rewrites in per_q:
+                    exemplar = pp.choose_exemplar(lm, rewrites)
+                    ndp = pp.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
+                                              generator=source)
+                    jem = pp.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
+                                              generator=source)
+                    items += [(exemplar, ndp), (exemplar, jem)]
+                finals = pp.stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens)
+                eq_rows = [ids[i] for i in chunk]
+                eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
+                                                           delta=delta),
+                                         max_new_tokens=max_new_tokens, generator=source)
+                for j, _ in enumerate(chunk):
+                    released["dp-prompt"][rep].append(per_q[j][0])
+                    released["dp-gtr-ndp"][rep].append(finals[2 * j])
+                    released["dp-gtr-jem"][rep].append(finals[2 * j + 1])
+                    released["dp-prompt-equal-eps"][rep].append(lm.decode(eq_out.sequences[j]).strip())
+                    if rep == 0 and chunk[0] == 0 and j < 2:
+                        examples.append({"tau": tau, "question": questions[j], "dp-prompt": per_q[j][0],
+                                         "exemplar": items[2 * j][0], "ndp_keywords": items[2 * j][1],
+                                         "jem_keywords": items[2 * j + 1][1], "dp-gtr-ndp": finals[2 * j],
+                                         "dp-gtr-jem": finals[2 * j + 1],
+                                         "dp-prompt-equal-eps": released["dp-prompt-equal-eps"][rep][-1]})
+        guarantees = {"dp-prompt": (tau, one_g), "dp-gtr-ndp": (tau, gtr_g), "dp-gtr-jem": (tau, gtr_g),
+                      "dp-prompt-equal-eps": (eq_mech.temperature, eq_g)}
+        for method in METHODS:
+            prot = [x for rep in released[method] for x in rep]
+            orig = questions * repeats
+            scores = [privacy_scores(o, p) for o, p in zip(orig, prot, strict=True)]
+            m_tau, g = guarantees[method]
+            row: dict[str, Any] = {
+                "method": method, "label": LABELS[method], "tau": tau, "stage1_tau": m_tau,
+                "epsilon_per_token": g.parameters["epsilon_per_token"], "epsilon": g.epsilon, "delta": g.delta,
+                "rewrites": g.parameters["num_rewrites"], "n": len(prot),
+                "empty_share": sum(not p.strip() for p in prot) / len(prot),
+            }
+            for metric in ("rouge1", "rougeL", "bleu"):
+                mean, low, high = _mean_ci([s[metric] for s in scores])
+                row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
+            row["accuracy"] = {}
+            for a in answerers:
+                pred = a.answer(prot, choices * repeats)
+                hits = sum(int(p == g_) for p, g_ in zip(pred, gold * repeats, strict=True))
+                low, high = wilson_interval(hits, len(prot))
+                row["accuracy"][a.name] = {"accuracy": hits / len(prot), "low": low, "high": high, "hits": hits}
+            rows_out.append(row)
+    n = len(records)
+    return {
+        "rows": rows_out,
+        "original": {a: {"accuracy": hits / n, "low": wilson_interval(hits, n)[0], "high": wilson_interval(hits, n)[1]}
+                     for a, hits in original_acc.items()},
+        "chance": 0.2,
+        "answerers": [a.name for a in answerers],
+        "clip": {"clip_min": lo, "clip_max": hi, "source": bounds.source},
+        "examples": examples,
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
+def issue_check(res: dict[str, Any], answerer: str) -> list[dict[str, Any]]:
+    """Per τ ≤ 0.75: DP-GTR's ROUGE-1 over DP-Prompt's (equal τ) and DP-GTR's accuracy against the lower end of
+    DP-Prompt's Wilson interval, for NDP and JEM."""
+    out = []
+    by = {(r["method"], r["tau"]): r for r in res["rows"]}
+    for tau in sorted({r["tau"] for r in res["rows"]}):
+        if tau > 0.75:
+            continue
+        base = by[("dp-prompt", tau)]
+        for m in ("dp-gtr-ndp", "dp-gtr-jem"):
+            r = by[(m, tau)]
+            ratio = r["rouge1"] / base["rouge1"] if base["rouge1"] > 0 else math.inf
+            acc, floor = r["accuracy"][answerer]["accuracy"], base["accuracy"][answerer]["low"]
+            out.append({"tau": tau, "method": m, "rouge1_ratio": ratio, "accuracy": acc, "dp_prompt_low": floor,
+                        "accuracy_ok": acc >= floor})
+    return out
+
+
+def format_markdown(res: dict[str, Any], settings: dict[str, Any]) -> str:
+    ans = res["answerers"]
+    lines = [f"CSQA, {settings['n']} questions × {settings['repeats']} repeats, model {settings['model']}, clip "
+             f"[{res['clip']['clip_min']:.3f}, {res['clip']['clip_max']:.3f}] ({res['clip']['source']}), T_max "
+             f"{settings['max_new_tokens']}, n = {settings['n_rewrites']} rewrites, K = {settings['n_keywords']}, "
+             f"JEM ε₂ = {settings['jem_epsilon']:g}, δ = {settings['delta']:g}; {res['seconds']:.0f} s.", ""]
+    head = "| method | τ | ε_tok | composed ε | ROUGE-1 | ROUGE-L | BLEU | " + " | ".join(
+        f"acc ({a})" for a in ans) + " |"
+    lines += [head, "|" + "---|" * (7 + len(ans))]
+    for r in res["rows"]:
+        accs = " | ".join(f"{r['accuracy'][a]['accuracy']:.3f} [{r['accuracy'][a]['low']:.3f}, "
+                          f"{r['accuracy'][a]['high']:.3f}]" for a in ans)
+        lines.append(f"| {r['label']} | {r['stage1_tau']:.3g} | {r['epsilon_per_token']:.1f} | {r['epsilon']:.4g} | "
+                     f"{r['rouge1']:.3f} ± {(r['rouge1_high'] - r['rouge1']):.3f} | {r['rougeL']:.3f} | "
+                     f"{r['bleu']:.3f} | {accs} |")
+    orig = " | ".join(f"{res['original'][a]['accuracy']:.3f} [{res['original'][a]['low']:.3f}, "
+                      f"{res['original'][a]['high']:.3f}]" for a in ans)
+    lines.append(f"| original (no privacy) | – | – | ∞ | 1.000 | 1.000 | 1.000 | {orig} |")
+    lines.append(f"| chance | – | – | 0 | – | – | – | {' | '.join('0.200' for _ in ans)} |")
+    lines += ["", "ROUGE/BLEU: mean ± 95% t half-width over questions × repeats; accuracy: 95% Wilson interval. "
+              "DP-Prompt (equal τ) is the first stage-1 rewrite of DP-GTR (an exact DP-Prompt draw at τ); "
+              "DP-Prompt (equal ε) is one rewrite at the τ′ whose ε equals DP-GTR's composed ε.", "",
+              f"Issue check (answerer {ans[0]}): DP-GTR ROUGE-1 / DP-Prompt ROUGE-1 at equal τ (target ≤ 0.8 on "
+              "average), accuracy ≥ DP-Prompt's lower Wilson end:"]
+    checks = issue_check(res, ans[0])
+    for c in checks:
+        lines.append(f"- τ = {c['tau']:g}, {LABELS[c['method']]}: ratio {c['rouge1_ratio']:.3f}, accuracy "
+                     f"{c['accuracy']:.3f} vs {c['dp_prompt_low']:.3f}: {'ok' if c['accuracy_ok'] else 'below'}")
+    for m in ("dp-gtr-ndp", "dp-gtr-jem"):
+        ratios = [c["rouge1_ratio"] for c in checks if c["method"] == m]
+        if ratios:
+            mean = statistics.fmean(ratios)
+            lines.append(f"- {LABELS[m]}: mean ROUGE-1 ratio {mean:.3f} ({'≤' if mean <= 0.8 else '>'} 0.8)")
+    return "\n".join(lines)
+
+
+def plot(res: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ans = res["answerers"][0]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for method, marker in zip(METHODS, "osD^", strict=True):
+        pts = [r for r in res["rows"] if r["method"] == method]
+        ax.plot([r["rouge1"] for r in pts], [r["accuracy"][ans]["accuracy"] for r in pts], marker=marker,
+                label=LABELS[method])
+        for r in pts:
+            ax.annotate(f"τ={r['tau']:g}", (r["rouge1"], r["accuracy"][ans]["accuracy"]), fontsize=7)
+    ax.axhline(res["original"][ans]["accuracy"], color="grey", linestyle="--", label="original question")
+    ax.axhline(0.2, color="black", linestyle=":", label="chance")
+    ax.set_xlabel("ROUGE-1 with the original question (leakage, lower is more private)")
+    ax.set_ylabel(f"accuracy ({ans})")
+    ax.set_title("CSQA: DP-GTR vs DP-Prompt")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------- perf
+def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, repeats: int, seed: int,
+             temperature: float = 0.75) -> dict[str, Any]:
+    """Seconds for ``n_rewrites`` rows vs 1 row of exactly ``max_new_tokens`` tokens, alternated, same prompt."""
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.dp_prompt import DPPrompt
+    from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    lo, hi = clip_bounds(lm).bounds
+    ids = pp.paraphrase_ids(lm, question)
+    engine = Engine(lm)
+    times: dict[int, list[float]] = {1: [], n_rewrites: []}
+    engine.generate([ids], DPPrompt(lo, hi, temperature), max_new_tokens=4, seed=seed)  # warm-up
+    for r in range(repeats):
+        for k in (1, n_rewrites):
+            t0 = time.perf_counter()
+            out = engine.generate([ids] * k, DPPrompt(lo, hi, temperature, num_rewrites=k),
+                                  max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r)
+            times[k].append(time.perf_counter() - t0)
+            assert all(len(s) == max_new_tokens for s in out.sequences)
+    one, many = statistics.median(times[1]), statistics.median(times[n_rewrites])
+    return {"rows": {"1": times[1], str(n_rewrites): times[n_rewrites]}, "median_one": one, "median_many": many,
+            "ratio": many / one, "n_rewrites": n_rewrites, "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "prompt_tokens": len(ids)}
+
+
+# ---------------------------------------------------------------------------------------------------------- main
+def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.protect_prompt import DEFAULT_JEM_EPSILON
+    from dpinfer.validation import check_output_path, int_at_least, positive_number
+
+    temperatures = parse_temperatures(args.temperatures)
+    for name in ("n_rewrites", "n_keywords", "batch_questions"):
+        int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 1)
+    jem_epsilon = DEFAULT_JEM_EPSILON if args.jem_epsilon is None else positive_number(args.jem_epsilon,
+                                                                                       "--jem-epsilon")
+    if args.perf and args.n_rewrites < 2:
+        raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        check_output_path(out_dir / "gtr.json")
+    records = load_csqa(args.dataset, 1 if args.perf else args.n)
+    lm = load_model(args.model)
+    settings = {"n": len(records), "repeats": args.repeats, "temperatures": temperatures,
+                "n_rewrites": args.n_rewrites, "n_keywords": args.n_keywords, "jem_epsilon": jem_epsilon,
+                "max_new_tokens": args.max_new_tokens, "delta": args.delta, "model": lm.name,
+                "batch_questions": args.batch_questions}  # never the seed
+    if args.perf:
+        perf = run_perf(lm, records[0]["question"], n_rewrites=args.n_rewrites, max_new_tokens=args.max_new_tokens,
+                        repeats=args.repeats, seed=args.seed)
+        md = (f"{args.n_rewrites} rewrites vs 1 rewrite of exactly {args.max_new_tokens} tokens (prompt "
+              f"{perf['prompt_tokens']} tokens, {args.repeats} alternated repeats, medians): "
+              f"{perf['median_many']:.2f} s vs {perf['median_one']:.2f} s = {perf['ratio']:.2f}× (target ≤ 3×)")
+        result = {"perf": perf, "settings": settings, "markdown": md}
+    else:
+        from dpinfer.generation import resolve_lm
+
+        answerers: list[Any] = [MiniLMAnswerer()]
+        if args.answer_model:
+            answerers.append(LMAnswerer(resolve_lm(args.answer_model)))
+        res = run_quality(lm, records, temperatures=temperatures, repeats=args.repeats, n_rewrites=args.n_rewrites,
+                          n_keywords=args.n_keywords, jem_epsilon=jem_epsilon, max_new_tokens=args.max_new_tokens,
+                          delta=args.delta, batch_questions=args.batch_questions, seed=args.seed,
+                          answerers=answerers, progress=progress)
+        md = format_markdown(res, settings)
+        result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]), "markdown": md}
+        if out_dir is not None:
+            result["plot"] = str(plot(res, out_dir / "gtr.png"))
+    if out_dir is not None:
+        from dpinfer._json import plain
+        from dpinfer.validation import atomic_write_text
+
+        atomic_write_text(out_dir / "gtr.md", result["markdown"] + "\n")
+        atomic_write_text(out_dir / "gtr.json", json.dumps(plain({k: v for k, v in result.items()
+                                                                   if k != "markdown"}), indent=2) + "\n")
+    return result

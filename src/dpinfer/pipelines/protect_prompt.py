@@ -1,0 +1,440 @@
+"""Prompt protection: DP-GTR (Li et al. 2025) and its baseline DP-Prompt (Utpala et al. 2023), ALGORITHMS §4.
+
+A user wants to send a question to a remote LLM without revealing its exact wording or identifiers. dpinfer rewrites it
+locally with local differential privacy and hands back the protected prompt.
+
+**Stage 1** (the only stage that reads the prompt): ``n`` paraphrases of the chat-templated prompt
+(:data:`~dpinfer.pipelines.clip_bounds.PARAPHRASE_INSTRUCTION`, the instruction the clip bounds were
+measured with) are decoded in ONE batch on the engine's independent mode with
+:class:`~dpinfer.mechanisms.dp_prompt.DPPrompt`: logits clipped to the model's public bounds
+(:func:`~dpinfer.pipelines.clip_bounds.clip_bounds`), a token drawn from the full vocabulary at temperature τ (no top-k
+or top-p: the mechanism refuses them), at most ``T_max = max_new_tokens`` tokens each, a number fixed before the prompt
+is read (never derived from its length). Per token ``ε_tok = 2(b_max − b_min)/τ`` against any two prompts; the ``n``
+rewrites compose to ``n·T_max`` tokens, converted to (ε, δ) by the accountant (the smaller of basic composition and
+the bounded-range RDP curve ``min(ε_tok, α·ε_tok²/8)`` per token). That is the headline guarantee.
+
+**Stage 2** (post-processing of the rewrites): the *exemplar* is the rewrite with the lowest perplexity under a PUBLIC
+instruction (:data:`EXEMPLAR_INSTRUCTION`, which holds no private text) among the rewrites with at least
+:data:`MIN_CONTENT_WORDS` content words (all non-empty rewrites when none has); *keywords* are counted over the
+rewrites and released as the top K (``ndp``) or with the Joint Exponential Mechanism (``jem``, ε₂ over a fixed public
+word universe): :mod:`dpinfer.pipelines.keywords`. JEM is ε₂-DP with respect to one rewrite; for the adjacency of the
+headline (any two prompts) it is post-processing, so ε₂ is recorded as a parameter and NOT added.
+
+**Stage 3** (post-processing): the final prompt is generated greedily from the exemplar and the keywords only, with
+the ALGORITHMS §4 template (:data:`FINAL_TEMPLATE`; the keywords are words to AVOID), and template echoes are stripped
+(:func:`strip_echoes`). The original prompt never reaches stages 2 and 3 nor any scorer.
+
+``method="dp-prompt"``: one DP-Prompt rewrite, released as is (the baseline).
+
+What the authors' code got wrong and this implementation does not repeat: top_k = 50 sampling (voids the exponential
+mechanism); ``max_new_tokens`` = the private prompt's length + 20 (leaks the length); no clipping on the large model;
+JEM with the wrong sensitivity over the observed words only; case-sensitive keywords; only the per-token ε reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.defaults import PROTECT
+from dpinfer.errors import ConfigurationError
+from dpinfer.pipelines.clip_bounds import PARAPHRASE_INSTRUCTION
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.dp_prompt import DPPrompt
+    from dpinfer.mechanisms.randomness import RandomSource
+    from dpinfer.models import LM
+
+METHODS = ("dp-gtr", "dp-prompt")
+KEYWORD_METHODS = ("ndp", "jem")
+ADJACENCY = "any two private prompts (the whole prompt may change; local DP)"
+
+DEFAULT_N_REWRITES = PROTECT.n_rewrites
+DEFAULT_N_KEYWORDS = PROTECT.n_keywords
+DEFAULT_MAX_NEW_TOKENS = PROTECT.max_new_tokens
+DEFAULT_TEMPERATURE = PROTECT.temperature
+DEFAULT_JEM_EPSILON = PROTECT.jem_epsilon
+"""ε₂ of the JEM keyword release (:data:`dpinfer.defaults.PROTECT`).
+
+Over a 73k-word universe, JEM picks mostly random words below ε₂ ≈ 4·ln(73k^K)/n
+(≈ 45 for K = n = 10); ε₂ protects one rewrite, whose stage-1 loss is T_max·ε_tok (thousands), so a large ε₂ costs
+nothing the headline does not already state (docs/prompt-protection.md)."""
+MIN_CONTENT_WORDS = 3
+
+EXEMPLAR_INSTRUCTION = "Write a short question."
+"""The PUBLIC instruction under which stage 2 scores the rewrites' perplexity (no private text)."""
+FINAL_TEMPLATE = ("Refer to the following question to generate a new question:\n{exemplar}\n"
+                  "Avoid using the following tokens:\n{keywords}\nGenerated question:\n")
+"""Stage 3's prompt (ALGORITHMS §4), put in the model's chat template; decoded greedily."""
+
+_ECHO_LINES = re.compile(
+    r"^\s*(refer to the following question|avoid using the following tokens|generated question|new question|"
+    r"paraphrased? (question|text)|question)\s*[:：]\s*",
+    re.IGNORECASE,
+)
+
+
+def strip_echoes(text: str, keywords: Sequence[str] = ()) -> str:
+    """The generated question without template echoes: a leading label (``Generated question:`` …) removed, lines
+    that repeat the template's instructions or list the keywords dropped, the first remaining line kept, surrounding
+    quotes and markdown stripped.
+
+    >>> strip_echoes('Generated question:\\n"Where can you buy a violin?"\\nAvoid using the following tokens: violin')
+    'Where can you buy a violin?'
+    >>> strip_echoes("Avoid using the following tokens:\\ncity, town\\nWhat do people need?", ["city", "town"])
+    'What do people need?'
+    """
+    listing = ", ".join(keywords).lower()
+    for line in text.splitlines():
+        line = line.strip()
+        low = line.lower()
+        if not line or low.startswith(("refer to the following question", "avoid using the following tokens")):
+            continue
+        if listing and low.rstrip(".") == listing:
+            continue
+        line = _ECHO_LINES.sub("", line.strip("*#").strip()).strip().strip("*").strip()
+        line = line.strip("\"'“”‘’`").strip()
+        if line:
+            return line
+    return ""
+
+
+@dataclass
+class ProtectedPrompt:
+    """The release of :func:`protect_prompt`: ``prompt`` (the protected prompt) and the ex-ante ``guarantee``.
+
+    ``exemplar``, ``keywords`` and ``rewrites`` are the intermediate releases (all covered by the same guarantee:
+    everything here is post-processing of stage 1's rewrites). ``epsilon_per_token`` is ε_tok = 2(b_max − b_min)/τ;
+    the guarantee's ε composes it over ``n_rewrites × T_max`` tokens. ``settings`` never hold the seed or the
+    original prompt. ``seconds`` and ``stage_seconds`` are timings.
+    """
+
+    prompt: str
+    exemplar: str
+    keywords: list[str]
+    rewrites: list[str]
+    guarantee: Guarantee
+    method: str
+    epsilon_per_token: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (without the original prompt, which the result never holds)."""
+        from dpinfer._json import plain
+
+        return plain({
+            "prompt": self.prompt, "method": self.method, "exemplar": self.exemplar, "keywords": list(self.keywords),
+            "rewrites": list(self.rewrites), "epsilon_per_token": self.epsilon_per_token,
+            "guarantee": self.guarantee.to_dict(), "settings": self.settings, "seconds": round(self.seconds, 3),
+            "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
+        })
+
+
+# ---------------------------------------------------------------------------------------------------------- checks
+def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, temperature: object = None,
+                         delta: object = 1e-5, n_rewrites: object = None, n_keywords: object = DEFAULT_N_KEYWORDS,
+                         keywords: object = "ndp", max_new_tokens: object = DEFAULT_MAX_NEW_TOKENS,
+                         jem_epsilon: object = DEFAULT_JEM_EPSILON, seed: object = None,
+                         cli: bool = False) -> int:
+    """Every parameter of :func:`protect_prompt`, checked before any model loads; returns the number of rewrites.
+
+    ``cli`` spells the names as options (``--n-rewrites``).
+    """
+    from dpinfer.checks import check_delta, check_seed, int_at_least, one_of, positive_number
+
+    def n(name: str) -> str:
+        return "--" + name.replace("_", "-") if cli else name
+
+    one_of(method, "method", METHODS)
+    one_of(keywords, "keywords method", KEYWORD_METHODS)
+    if epsilon is not None and temperature is not None:
+        raise ConfigurationError(f"give exactly one of {n('epsilon')} or {n('temperature')}, not both (ε fixes τ)")
+    if epsilon is not None:
+        positive_number(epsilon, n("epsilon"), " (the target ε of all rewrites together)")
+    if temperature is not None:
+        positive_number(temperature, n("temperature"), " (ε_tok = 2(b_max − b_min)/τ is infinite at τ = 0)")
+    check_delta(delta, n("delta"))
+    if n_rewrites is None:
+        count = 1 if method == "dp-prompt" else DEFAULT_N_REWRITES
+    else:
+        count = int_at_least(n_rewrites, n("n_rewrites"), 1)
+        if method == "dp-prompt" and count != 1:
+            other = "--method dp-gtr" if cli else "method='dp-gtr'"
+            raise ConfigurationError(f"dp-prompt makes exactly one rewrite; drop {n('n_rewrites')} or use {other}")
+    int_at_least(n_keywords, n("n_keywords"), 1)
+    int_at_least(max_new_tokens, n("max_new_tokens"), 1, " (T_max: fixed in advance, never the prompt's length)")
+    positive_number(jem_epsilon, n("jem_epsilon"))
+    check_seed(seed, n("seed"))
+    return count
+
+
+def _check_prompt(prompt: object) -> str:
+    from dpinfer.validation import check_text
+
+    return check_text(prompt, "the prompt")
+
+
+# ---------------------------------------------------------------------------------------------------------- stages
+def stage1_mechanism(*, clip: tuple[float, float], n_rewrites: int, max_new_tokens: int, delta: float,
+                     epsilon: float | None = None, temperature: float | None = None) -> DPPrompt:
+    """Stage 1's mechanism: :class:`DPPrompt` in independent mode covering ``n_rewrites`` rows of ``max_new_tokens``
+    tokens, at ``temperature`` or calibrated to ``epsilon`` (exactly one; neither: :data:`DEFAULT_TEMPERATURE`)."""
+    from dpinfer.mechanisms.dp_prompt import DPPrompt
+
+    lo, hi = clip
+    if epsilon is not None:
+        return DPPrompt.calibrated(epsilon, delta=delta, max_new_tokens=max_new_tokens, clip_min=lo, clip_max=hi,
+                                   num_rewrites=n_rewrites)
+    tau = DEFAULT_TEMPERATURE if temperature is None else temperature
+    return DPPrompt(lo, hi, tau, num_rewrites=n_rewrites, delta=delta)
+
+
+def paraphrase_ids(lm: LM, prompt: str) -> list[int]:
+    """Token ids of stage 1's chat-templated paraphrase request for ``prompt``."""
+    return lm.encode(lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=prompt)))
+
+
+def stage1_rewrites(engine: Engine, lm: LM, prompt_ids: Sequence[int], mech: DPPrompt, *, max_new_tokens: int,
+                    generator: RandomSource) -> list[str]:
+    """The ``mech.num_rewrites`` DP-Prompt rewrites, decoded in one independent-mode batch on the engine."""
+    rows = [list(prompt_ids)] * mech.num_rewrites
+    out = engine.generate(rows, mech, max_new_tokens=max_new_tokens, generator=generator)
+    return [lm.decode(seq).strip() for seq in out.sequences]
+
+
+def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]]) -> list[float]:
+    """``exp(mean NLL)`` of each of ``outputs`` after the same ``context``, teacher-forced in ONE right-padded batch
+    (float64 log-softmax); ``inf`` for an empty output.
+
+    Right padding leaves every real token at its own position and the mask hides the padding from the real tokens, so
+    each row's score is what it would be alone (up to float rounding of the batched matrix products).
+    """
+    import torch
+
+    rows = [list(context) + list(o) for o in outputs if o]
+    result = [math.inf] * len(outputs)
+    if not rows:
+        return result
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), lm.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(r)
+        mask[i, : len(r)] = 1
+    with torch.inference_mode():
+        logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False).logits
+    start = len(context)
+    j = 0
+    for i, o in enumerate(outputs):
+        if not o:
+            continue
+        lp = torch.log_softmax(logits[j, start - 1 : start - 1 + len(o)].to(torch.float64), dim=-1).cpu()
+        nll = -lp.gather(1, torch.as_tensor(list(o), dtype=torch.long)[:, None]).sum()
+        result[i] = math.exp(float(nll) / len(o))
+        j += 1
+    return result
+
+
+def choose_exemplar(lm: LM, rewrites: Sequence[str], *, min_content_words: int = MIN_CONTENT_WORDS) -> str:
+    """Stage 2: the rewrite with the lowest perplexity under :data:`EXEMPLAR_INSTRUCTION` (public), among those with
+    at least ``min_content_words`` content words (else among the non-empty ones; "" if every rewrite is empty)."""
+    from dpinfer.pipelines.keywords import words
+
+    nonempty = [r for r in rewrites if r.strip()]
+    candidates = [r for r in nonempty if len(words(r)) >= min_content_words] or nonempty
+    if not candidates:
+        return ""
+    context = lm.encode(lm.instruction_prompt(EXEMPLAR_INSTRUCTION))
+    room = max(1, lm.context_window - len(context))
+    scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates])
+    best = min(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
+    return candidates[best]
+
+
+def release_keywords(rewrites: Sequence[str], *, method: str, k: int, jem_epsilon: float,
+                     generator: RandomSource) -> list[str]:
+    """Stage 2: the keywords of the rewrites, by ``ndp`` (top K as is) or ``jem`` (ε₂ = ``jem_epsilon``)."""
+    from dpinfer.pipelines.keywords import keyword_counts, top_k_jem, top_k_ndp
+
+    counts = keyword_counts(rewrites)
+    if method == "ndp":
+        return top_k_ndp(counts, k)
+    return top_k_jem(counts, k, jem_epsilon, generator)
+
+
+def final_prompt_ids(lm: LM, exemplar: str, keywords: Sequence[str]) -> list[int]:
+    """Token ids of stage 3's request (:data:`FINAL_TEMPLATE` in the chat template)."""
+    text = FINAL_TEMPLATE.format(exemplar=exemplar, keywords=", ".join(keywords))
+    return lm.encode(lm.instruction_prompt(text))
+
+
+def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
+                   max_new_tokens: int) -> list[str]:
+    """Stage 3 for several ``(exemplar, keywords)`` pairs in one greedy batch (independent rows, left-padded): each
+    final prompt decoded from its exemplar and keywords only, template echoes stripped (the exemplar when nothing is
+    left, or when the request does not fit the context window)."""
+    from dpinfer.mechanisms.sampler import Sampler
+
+    finals = [ex for ex, _ in items]
+    rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
+    fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
+    if fit:
+        out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
+                              seed=0)
+        for i, seq in zip(fit, out.sequences, strict=True):
+            finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
+    return finals
+
+
+def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int) -> str:
+    """Stage 3 for one exemplar and its keywords (:func:`stage3_prompts`)."""
+    return stage3_prompts(engine, lm, [(exemplar, keywords)], max_new_tokens=max_new_tokens)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------- API
+def protect_prompt(
+    prompt: str,
+    *,
+    lm: LM | str | None = None,
+    method: str = PROTECT.method,
+    epsilon: float | None = None,
+    temperature: float | None = None,
+    delta: float = PROTECT.delta,
+    n_rewrites: int | None = None,
+    n_keywords: int = DEFAULT_N_KEYWORDS,
+    keywords: str = PROTECT.keywords,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    jem_epsilon: float = DEFAULT_JEM_EPSILON,
+    seed: int | None = None,
+) -> ProtectedPrompt:
+    """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
+
+    Args:
+        prompt: the private prompt (never logged, never in an error message, never in the result).
+        lm: model (default: the embedded SmolLM2-135M-Instruct); its clip bounds come from
+            :func:`~dpinfer.pipelines.clip_bounds.clip_bounds` (shipped, stored, or measured once on public text).
+        method: ``"dp-gtr"`` (n rewrites, keywords, final prompt) or ``"dp-prompt"`` (one rewrite, the baseline).
+        epsilon: target ε of ALL rewrites together (τ is calibrated to it); or
+        temperature: τ of stage 1 (ε follows); exactly one of the two (neither: τ = 0.75).
+        delta: δ of the (ε, δ) guarantee.
+        n_rewrites: stage 1's rewrites (default 10 for dp-gtr; dp-prompt makes exactly 1).
+        n_keywords: K, the keywords released in stage 2.
+        keywords: ``"ndp"`` (top K as is) or ``"jem"`` (Joint Exponential Mechanism at ``jem_epsilon``).
+        max_new_tokens: T_max of every rewrite and of the final prompt, fixed in advance (default 48).
+        jem_epsilon: ε₂ of JEM (recorded in the guarantee's parameters, not added: see the module docstring).
+        seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
+
+    Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
+    :class:`~dpinfer.errors.ConfigurationError` for bad parameters (ε ≤ 0, both ε and τ, …). After the tokenizer
+    loads and before any generation: :class:`~dpinfer.errors.ContextTooLongError` when the paraphrase request plus
+    ``max_new_tokens`` exceeds the context window.
+    """
+    from dpinfer.accounting import Guarantee
+    from dpinfer.engine import Engine
+    from dpinfer.errors import ContextTooLongError
+    from dpinfer.generation import resolve_lm
+    from dpinfer.mechanisms.randomness import random_source
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    _check_prompt(prompt)
+    n = check_protect_params(method=method, epsilon=epsilon, temperature=temperature, delta=delta,
+                             n_rewrites=n_rewrites, n_keywords=n_keywords, keywords=keywords,
+                             max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=seed)
+    t0 = time.perf_counter()
+    model = resolve_lm(lm)
+    ids = paraphrase_ids(model, prompt)
+    if len(ids) + max_new_tokens > model.context_window:
+        raise ContextTooLongError(
+            f"the prompt's paraphrase request is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+            f"the model's context window of {model.context_window} tokens; shorten the prompt or lower max_new_tokens"
+        )
+    bounds = clip_bounds(model)
+    mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens, delta=delta,
+                            epsilon=epsilon, temperature=temperature)
+    source = random_source(seed)
+    engine = Engine(model)
+    stages: dict[str, float] = {}
+    t1 = time.perf_counter()
+    rewrites = stage1_rewrites(engine, model, ids, mech, max_new_tokens=max_new_tokens, generator=source)
+    del prompt, ids  # nothing below reads the original prompt
+    stages["rewrite"] = time.perf_counter() - t1
+    if method == "dp-prompt":
+        exemplar, kws, final = rewrites[0], [], rewrites[0]
+    else:
+        t1 = time.perf_counter()
+        exemplar = choose_exemplar(model, rewrites)
+        kws = release_keywords(rewrites, method=keywords, k=n_keywords, jem_epsilon=jem_epsilon, generator=source)
+        stages["keywords"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        final = stage3_prompt(engine, model, exemplar, kws, max_new_tokens=max_new_tokens)
+        stages["final"] = time.perf_counter() - t1
+    parameters: dict[str, Any] = {
+        "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": bounds.source,
+        "temperature": mech.temperature, "epsilon_per_token": mech.epsilon_per_token, "num_rewrites": n,
+        "T_max": max_new_tokens, "composed_tokens": n * max_new_tokens,
+        "composition": mech.guarantee(max_new_tokens).parameters["composition"],
+    }
+    if method == "dp-gtr":
+        parameters["keywords"] = keywords
+        parameters["n_keywords"] = n_keywords
+        if keywords == "jem":
+            parameters["jem_epsilon"] = jem_epsilon
+            parameters["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
+                                      "post-processing for the headline adjacency, not added to ε")
+    guarantee = Guarantee.from_loss(mech.loss(max_new_tokens), delta=delta, mechanism=method, adjacency=ADJACENCY,
+                                    parameters=parameters, max_new_tokens=max_new_tokens)
+    if seed is not None:
+        guarantee = dataclasses.replace(guarantee, seeded=True)
+    settings = {"method": method, "epsilon": epsilon, "temperature": mech.temperature, "delta": delta,
+                "n_rewrites": n, "n_keywords": n_keywords if method == "dp-gtr" else 0,
+                "keywords": keywords if method == "dp-gtr" else None, "max_new_tokens": max_new_tokens,
+                "jem_epsilon": jem_epsilon if method == "dp-gtr" and keywords == "jem" else None,
+                "model": model.name}
+    return ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=list(kws), rewrites=rewrites,
+                           guarantee=guarantee, method=method, epsilon_per_token=mech.epsilon_per_token,
+                           settings=settings, seconds=time.perf_counter() - t0, stage_seconds=stages)
+
+
+def guarantee_lines(res: ProtectedPrompt) -> list[str]:
+    """The guarantee in plain words, per-token ε and composed ε side by side (for the command line)."""
+    g = res.guarantee
+    p = g.parameters
+    lines = [str(g),
+             f"per token: ε_tok = 2(b_max − b_min)/τ = 2·({p['clip_max']:.3g} − {p['clip_min']:.3g})/"
+             f"{p['temperature']:.3g} = {res.epsilon_per_token:.4g}; composed over {p['num_rewrites']} rewrites × "
+             f"T_max {p['T_max']} = "
+             f"{p['composed_tokens']} tokens: ε = {g.epsilon:.4g} at δ = {g.delta:g} ({p['composition']})."]
+    if "jem_epsilon" in p:
+        lines.append(f"keywords by JEM at ε₂ = {p['jem_epsilon']:g} per rewrite (post-processing here; not added).")
+    return lines
+
+
+__all__ = [
+    "ADJACENCY",
+    "FINAL_TEMPLATE",
+    "KEYWORD_METHODS",
+    "METHODS",
+    "ProtectedPrompt",
+    "check_protect_params",
+    "choose_exemplar",
+    "guarantee_lines",
+    "protect_prompt",
+    "release_keywords",
+    "stage1_mechanism",
+    "stage1_rewrites",
+    "stage3_prompt",
+    "stage3_prompts",
+    "strip_echoes",
+]

@@ -1,0 +1,270 @@
+"""Prompt protection (DP-GTR, DP-Prompt): stage-1 sampler, guarantee, stages 2-3 isolation, errors; tiny model."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dpinfer.accounting import DEFAULT_ORDERS
+from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
+from dpinfer.mechanisms.base import StepInfo
+from dpinfer.mechanisms.dp_prompt import DPPrompt
+from dpinfer.mechanisms.randomness import SeededRandom
+from dpinfer.pipelines import protect_prompt as pp
+from dpinfer.pipelines.keywords import word_universe, words
+
+SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One cache for the module: the tiny model's clip bounds are measured once, then read back."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+# ------------------------------------------------------------------------------------------------ stage 1 mechanism
+def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperature() -> None:
+    mech = pp.stage1_mechanism(clip=(0.0, 3.0), n_rewrites=4, max_new_tokens=2, delta=1e-5, epsilon=40.0)
+    assert mech.mode == "independent" and mech.num_rewrites == 4
+    tau = mech.temperature
+    assert mech.guarantee(2).epsilon <= 40.0
+    z = torch.tensor([5.0, 2.5, 1.0, 0.3, -1.0, -40.0, 3.0, 0.0], dtype=torch.float64)  # 5 and 3 clip to 3, -40 to 0
+    expected = torch.softmax(z.clamp(0.0, 3.0) / tau, dim=0).numpy()
+    rows = z.expand(4, -1).clone()
+    source = SeededRandom(5)
+    info = StepInfo(step=0, max_new_tokens=2, num_contexts=4, finished=torch.zeros(4, dtype=torch.bool))
+    draws = torch.cat([mech.step(rows, info, source).tokens for _ in range(2000)]).numpy()
+    observed = np.bincount(draws, minlength=8)
+    assert observed[5] > 0  # full vocabulary: the token at −40 keeps probability e^{(0 − 3)/τ}/Z
+    assert chisquare(observed, expected * observed.sum()).pvalue > 1e-3
+
+
+def test_no_truncation_can_be_switched_on(tiny_lm) -> None:
+    assert not {"top_k", "top_p"} & set(inspect.signature(pp.protect_prompt).parameters)
+    assert not {"top_k", "top_p"} & set(inspect.signature(pp.stage1_mechanism).parameters)
+    for knob in ({"top_k": 50}, {"top_p": 0.9}):
+        with pytest.raises(ConfigurationError, match="full vocabulary"):
+            DPPrompt(0.0, 3.0, 1.0, **knob)
+    with pytest.raises(TypeError):
+        pp.protect_prompt("q", lm=tiny_lm, temperature=1.0, top_k=50)  # type: ignore[call-arg]
+    from dpinfer.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["protect-prompt", "q", "--top-k", "50"])
+
+
+def test_guarantee_is_the_composition_formula(tiny_lm) -> None:
+    res = pp.protect_prompt("What is a kettle for?", lm=tiny_lm, temperature=0.9, n_rewrites=3, max_new_tokens=5,
+                            seed=1)
+    g = res.guarantee
+    p = g.parameters
+    eps_tok = 2 * (p["clip_max"] - p["clip_min"]) / 0.9
+    assert res.epsilon_per_token == pytest.approx(eps_tok, rel=1e-12)
+    n = 3 * 5
+    delta = 1e-5
+    rdp = min(n * min(eps_tok, a * eps_tok**2 / 8) + math.log1p(-1 / a) - (math.log(delta) + math.log(a)) / (a - 1)
+              for a in DEFAULT_ORDERS)
+    assert g.epsilon == pytest.approx(min(n * eps_tok, rdp), rel=1e-9)
+    assert (g.mechanism, g.max_new_tokens, p["num_rewrites"], p["T_max"], p["composed_tokens"]) == ("dp-gtr", 5, 3,
+                                                                                                      5, 15)
+    assert "any two private prompts" in g.adjacency and g.seeded
+    assert "jem_epsilon" not in p
+    jem = pp.protect_prompt("What is a kettle for?", lm=tiny_lm, temperature=0.9, n_rewrites=3, max_new_tokens=5,
+                            keywords="jem", jem_epsilon=7.0, seed=1)
+    assert jem.guarantee.epsilon == g.epsilon  # ε₂ is recorded, not added
+    assert jem.guarantee.parameters["jem_epsilon"] == 7.0
+
+
+def test_epsilon_target_calibrates_the_temperature(tiny_lm) -> None:
+    res = pp.protect_prompt("What is a kettle for?", lm=tiny_lm, epsilon=500.0, n_rewrites=2, max_new_tokens=4,
+                            seed=0)
+    assert res.guarantee.epsilon <= 500.0 * (1 + 1e-9)
+    assert res.guarantee.epsilon == pytest.approx(500.0, rel=1e-5)
+    one = pp.protect_prompt("What is a kettle for?", lm=tiny_lm, method="dp-prompt", epsilon=500.0, max_new_tokens=4,
+                            seed=0)
+    assert one.settings["temperature"] < res.settings["temperature"]  # one rewrite: a colder τ for the same ε
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
+def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, list] = {"stage2+3": []}
+    for name in ("choose_exemplar", "release_keywords", "stage3_prompts"):
+        original = getattr(pp, name)
+
+        def spy(*args, _original=original, **kwargs):
+            seen["stage2+3"].append(repr((args[1:], kwargs)))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(pp, name, spy)
+    lengths: list[int] = []
+    from dpinfer.engine import Engine
+
+    generate = Engine.generate
+
+    def record(self, contexts, mechanism, **kwargs):
+        lengths.append(kwargs["max_new_tokens"])
+        out = generate(self, contexts, mechanism, **kwargs)
+        assert max(len(s) for s in out.sequences) <= kwargs["max_new_tokens"]
+        return out
+
+    monkeypatch.setattr(Engine, "generate", record)
+    res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=4, n_keywords=3, max_new_tokens=6,
+                            seed=3)
+    assert len(res.rewrites) == 4 and res.method == "dp-gtr"
+    counts = {w for r in res.rewrites for w in words(r)}
+    assert set(res.keywords) <= counts and len(res.keywords) <= 3
+    assert res.exemplar in res.rewrites or res.exemplar == ""
+    assert len(seen["stage2+3"]) == 3
+    for call in seen["stage2+3"]:
+        assert "Zanzibarquux" not in call and "Kettleborough" not in call
+    assert lengths[-2:] == [6, 6]  # stage 1 and stage 3 at the fixed T_max (before: the clip calibration, if any)
+    d = res.to_dict()
+    assert "Zanzibarquux" not in repr(d) and "seed" not in d["settings"]
+    assert d["guarantee"]["seeded"] is True
+    res2 = pp.protect_prompt(SECRET + " " + SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=2, max_new_tokens=6,
+                             seed=3)
+    assert lengths[-2] == 6 and res2.guarantee.max_new_tokens == 6  # T_max never follows the prompt's length
+
+
+def test_jem_keywords_come_from_the_public_universe(tiny_lm) -> None:
+    res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, n_keywords=4, keywords="jem",
+                            jem_epsilon=1.0, max_new_tokens=4, seed=2)
+    assert len(res.keywords) == 4 and len(set(res.keywords)) == 4
+    assert set(res.keywords) <= set(word_universe())
+
+
+def test_dp_prompt_is_one_rewrite(tiny_lm) -> None:
+    res = pp.protect_prompt(SECRET, lm=tiny_lm, method="dp-prompt", temperature=1.0, max_new_tokens=5, seed=0)
+    assert len(res.rewrites) == 1 and res.prompt == res.rewrites[0] == res.exemplar and res.keywords == []
+    assert res.guarantee.parameters["num_rewrites"] == 1 and res.guarantee.mechanism == "dp-prompt"
+    with pytest.raises(ConfigurationError, match="exactly one rewrite"):
+        pp.protect_prompt(SECRET, lm=tiny_lm, method="dp-prompt", n_rewrites=3)
+
+
+def test_stage3_strips_echoes_and_falls_back_to_the_exemplar() -> None:
+    assert pp.strip_echoes("Generated question: What is it?\nAvoid using the following tokens: a, b") == "What is it?"
+    assert pp.strip_echoes("**New question:** 'Why?'") == "Why?"
+    assert pp.strip_echoes("\n\n") == ""
+
+
+def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
+    rewrites = ["", "ok", "The applicant was born in 1970 and lives in Izmir.", "zq xv kk ww pp qq"]
+    ex = pp.choose_exemplar(tiny_lm, rewrites)
+    assert ex in rewrites[2:]
+    ctx = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    from dpinfer.eval.metrics import perplexity
+
+    scores = pp.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
+    alone = [perplexity(tiny_lm, ctx, tiny_lm.encode(r)) for r in rewrites[2:]]
+    assert scores == pytest.approx(alone, rel=1e-4)
+    assert ex == rewrites[2 + int(np.argmin(scores))]
+    assert pp.choose_exemplar(tiny_lm, ["", "  "]) == ""
+    assert pp.choose_exemplar(tiny_lm, ["hi", ""]) == "hi"  # nothing has 3 content words: any non-empty one
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpinfer.generation
+    import dpinfer.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(dpinfer.models, "load_model", refuse)
+    monkeypatch.setattr(dpinfer.generation, "default_lm", refuse)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"prompt": "   "}, InvalidInputError, "empty"),
+    ({"prompt": "q", "epsilon": 0.0}, ConfigurationError, "epsilon must be > 0"),
+    ({"prompt": "q", "epsilon": -3.0}, ConfigurationError, "epsilon must be > 0"),
+    ({"prompt": "q", "temperature": 0.0}, ConfigurationError, "temperature must be > 0"),
+    ({"prompt": "q", "epsilon": 1.0, "temperature": 1.0}, ConfigurationError, "exactly one"),
+    ({"prompt": "q", "keywords": "tfidf"}, ConfigurationError, "keywords method"),
+    ({"prompt": "q", "method": "dp-fusion"}, ConfigurationError, "method"),
+    ({"prompt": "q", "n_rewrites": 0}, ConfigurationError, "n_rewrites"),
+    ({"prompt": "q", "max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
+    ({"prompt": "q", "delta": 1.0}, ConfigurationError, "delta"),
+])
+def test_bad_input_is_refused_before_the_model_loads(kwargs: dict, error: type, match: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _refuse_load(monkeypatch)
+    prompt = kwargs.pop("prompt")
+    with pytest.raises(error, match=match):
+        pp.protect_prompt(prompt, **kwargs)
+
+
+def test_prompt_over_the_context_window_is_refused_without_echo(tiny_lm) -> None:
+    long = ("Zanzibarquux " * 600).strip()
+    with pytest.raises(ContextTooLongError, match="context window") as info:
+        pp.protect_prompt(long, lm=tiny_lm, temperature=1.0)
+    assert "Zanzibarquux" not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_errors_are_one_line_and_never_echo_the_prompt(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from dpinfer.cli import main
+
+    _refuse_load(monkeypatch)
+    for argv in (["protect-prompt", "   "], ["protect-prompt", SECRET, "--epsilon", "0"],
+                 ["protect-prompt", SECRET, "--epsilon", "-1"], ["protect-prompt", SECRET, "--n-rewrites", "0"],
+                 ["protect-prompt"], ["protect-prompt", SECRET, "--file", "x.txt"],
+                 ["protect-prompt", SECRET, "--method", "dp-prompt", "--n-rewrites", "4"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and err.startswith("dpinfer: error: ")
+        assert "Zanzibarquux" not in err
+
+
+def test_cli_prints_the_protected_prompt_only(tiny_model_dir, capsys) -> None:
+    import json
+
+    from dpinfer.cli import main
+
+    args = ["protect-prompt", SECRET, "--model", str(tiny_model_dir), "--device", "cpu", "--temperature", "1",
+            "--n-rewrites", "2", "--max-new-tokens", "4", "--seed", "1"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1 and "Zanzibarquux" not in out + err
+    assert "ε_tok" in err and "composed over 2 rewrites × T_max 4 = 8 tokens" in err
+    assert main([*args, "--json", "--keywords", "jem"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {"prompt", "exemplar", "keywords", "rewrites", "guarantee", "epsilon_per_token"}
+    assert data["guarantee"]["parameters"]["jem_epsilon"] == pp.DEFAULT_JEM_EPSILON
+
+
+def test_stage1_mechanism_meets_the_contract() -> None:
+    """The mechanism contract (tests/unit/mechanisms/test_contract.py) on stage 1 exactly as protect_prompt builds it:
+    one token per rewrite row, drawn from the generator only; guarantee ex ante, non-decreasing in T_max; more rows
+    than the rewrites it covers refused."""
+    def build() -> DPPrompt:
+        return pp.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
+
+    def run(seed: int) -> list[list[int]]:
+        mech = build()
+        mech.start(3, 32)
+        data = torch.Generator().manual_seed(9)
+        source = SeededRandom(seed)
+        out = []
+        for t in range(5):
+            z = torch.randn(3, 32, dtype=torch.float64, generator=data) * 20
+            info = StepInfo(step=t, max_new_tokens=8, num_contexts=3, finished=torch.zeros(3, dtype=torch.bool))
+            out.append(mech.step(z, info, source).tokens.tolist())
+        return out
+
+    state = torch.get_rng_state()
+    first = run(4)
+    assert torch.equal(state, torch.get_rng_state()) and first == run(4) and all(len(r) == 3 for r in first)
+    mech = build()
+    before = [mech.guarantee(t).to_dict() for t in (1, 8, 48)]
+    run(1)
+    assert before == [mech.guarantee(t).to_dict() for t in (1, 8, 48)]
+    assert before[0]["epsilon"] < before[1]["epsilon"] < before[2]["epsilon"]
+    with pytest.raises(ConfigurationError, match="num_rewrites"):
+        build().start(4, 32)
