@@ -28,6 +28,25 @@ MAX_TEXT_BYTES = 4 * 1024 * 1024
 """Largest document or prompt file read whole (4 MiB, far beyond any supported model's context window)."""
 
 
+def decode_text(data: bytes, where: str) -> str:
+    """``data`` as UTF-8 text, or a one-line refusal naming ``where`` (never the content): larger than
+    :data:`MAX_TEXT_BYTES`, binary (NUL bytes), not UTF-8, or empty.
+
+    >>> decode_text(b"ok", "doc.txt")
+    'ok'
+    """
+    if len(data) > MAX_TEXT_BYTES:
+        raise InvalidInputError(f"{where} is larger than {MAX_TEXT_BYTES // (1024 * 1024)} MiB; split it into parts")
+    if b"\x00" in data:
+        raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{where} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text.strip():
+        raise InvalidInputError(f"{where} is empty")
+    return text
+
 
 # ------------------------------------------------------------------------------------------------------ scalars
 # The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are

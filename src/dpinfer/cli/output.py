@@ -39,7 +39,7 @@ def print_json(obj: Any) -> None:
 def read_text_arg(source: str, what: str = "input") -> str:
     """Text of a FILE argument, or standard input for ``-``; refuses a missing file, a folder, an empty, binary,
     non-UTF-8 or oversized (> 4 MiB) input with a one-line message (sizes and offsets only, never the content)."""
-    from dpinfer.validation import MAX_TEXT_BYTES, input_file
+    from dpinfer.validation import MAX_TEXT_BYTES, decode_text, input_file
 
     limit_mib = MAX_TEXT_BYTES // (1024 * 1024)
     if source == "-":
@@ -51,17 +51,7 @@ def read_text_arg(source: str, what: str = "input") -> str:
             raise InvalidInputError(f"{source} is larger than {limit_mib} MiB; split it into parts")
         data = p.read_bytes()
         where = source
-    if len(data) > MAX_TEXT_BYTES:
-        raise InvalidInputError(f"{where} is larger than {limit_mib} MiB; split it into parts")
-    if b"\x00" in data:
-        raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{where} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
-    if not text.strip():
-        raise InvalidInputError(f"{where} is empty")
-    return text
+    return decode_text(data, where)
 
 
 def cli_k(value: int | None, option: str) -> int | None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.defaults import RAG
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.validation import decode_text
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee, PrivacyLoss
@@ -492,15 +493,7 @@ def read_documents(paths: Sequence[str | Path], *, text_field: str = "text",
                 if id_field:
                     ids.append(r.labels[id_field])
             continue
-        data = p.read_bytes()
-        if b"\x00" in data:
-            raise InvalidInputError(f"{p.name} looks binary (it contains NUL bytes); give a UTF-8 text file")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidInputError(f"{p.name} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
-        if not text.strip():
-            raise InvalidInputError(f"{p.name} is empty")
+        text = decode_text(p.read_bytes(), p.name)
         texts.append(text)
         if id_field:
             ids.append(p.stem)
