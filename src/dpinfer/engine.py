@@ -96,6 +96,22 @@ class EngineOutput:
         return max((len(s) for s in self.sequences), default=0)
 
 
+@dataclass
+class EngineJob:
+    """One job for :meth:`Engine.run_jobs`: its K contexts, its mechanism and the :meth:`Engine.stream` arguments that
+    apply to it alone (see there). Jobs are independent: each has its own mechanism state and its own randomness."""
+
+    contexts: Sequence[Sequence[int]]
+    mechanism: Mechanism
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    seed: int | None = None
+    generator: Randomness | None = None
+    stop_on_eos: bool = True
+    processors: Sequence[LogitsProcessor] = ()
+    pad_width: int | None = None
+
+
 @functools.cache
 def _cache_parameter(cls: type) -> str:
     """The name under which ``cls.forward`` takes the KV cache: ``cache`` (transformers ≥ 5.2x, where
@@ -431,6 +447,27 @@ class Engine:
         for _ in run:
             pass
         return run.output
+
+    def run_jobs(self, jobs: Sequence[EngineJob]) -> Iterator[tuple[int, EngineOutput]]:
+        """Run several independent jobs; yield ``(index in jobs, output)`` as each job finishes (not necessarily in
+        order). Every job is checked before any runs (a bad job raises, naming its index).
+
+        This reference implementation runs the jobs one after another, exactly as :meth:`generate` would.
+        """
+        checked = []
+        for i, job in enumerate(jobs):
+            try:
+                rows = self._check_run(job.contexts, job.max_new_tokens, job.min_new_tokens, job.pad_width)
+                procs = check_processors(job.processors)
+            except (ConfigurationError, InvalidInputError) as err:
+                raise type(err)(f"job {i}: {err}") from None
+            checked.append((rows, procs))
+        for i, (job, (rows, procs)) in enumerate(zip(jobs, checked, strict=True)):
+            run = EngineStream(self._run(rows, job.mechanism, job.max_new_tokens, job.min_new_tokens, job.seed,
+                                         job.generator, job.stop_on_eos, procs, job.pad_width))
+            for _ in run:
+                pass
+            yield i, run.output
 
     def _check_run(self, contexts: Sequence[Sequence[int]], max_new_tokens: int, min_new_tokens: int,
                    pad_width: int | None) -> list[list[int]]:

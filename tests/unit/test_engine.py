@@ -319,3 +319,21 @@ def test_bad_pad_width(tiny_lm):
     for bad in (-1, 2.5, True):
         with pytest.raises(ConfigurationError, match="pad_width"):
             Engine(tiny_lm).generate([ids, ids], Recorder(), max_new_tokens=2, pad_width=bad)
+
+
+def test_run_jobs_matches_one_run_per_job(tiny_lm):
+    """``run_jobs`` gives each job the output ``generate`` gives it alone (same seed), and checks every job first."""
+    from dpinfer.engine import EngineJob
+
+    jobs = [EngineJob([[1, 2, 3, 4]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=6, seed=s)
+            for s in (0, 1, 2)]
+    jobs.append(EngineJob([[5, 6, 7], [5, 6, 8, 9]], Sampler(temperature=1.0, mode="independent"),
+                          max_new_tokens=5, seed=3))
+    got = dict(Engine(tiny_lm).run_jobs(jobs))
+    assert sorted(got) == [0, 1, 2, 3]
+    for i, job in enumerate(jobs):
+        alone = Engine(tiny_lm).generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed)
+        assert got[i].sequences == alone.sequences
+    bad = [jobs[0], EngineJob([[1]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=0)]
+    with pytest.raises(ConfigurationError, match=r"^job 1: max_new_tokens"):
+        next(Engine(tiny_lm).run_jobs(bad))
