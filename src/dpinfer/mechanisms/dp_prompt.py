@@ -43,7 +43,7 @@ from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
-from dpinfer.mechanisms.sampler import sample_rows
+from dpinfer.mechanisms.sampler import sample_probs
 
 ADJACENCY = "any two private prompts (the whole text may change; local DP)"
 
@@ -71,6 +71,27 @@ def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, te
     """
     u = torch.nan_to_num(logits.to(torch.float64), nan=clip_min).clamp(clip_min, clip_max)
     return torch.log_softmax(u / temperature, dim=-1)
+
+
+def clipped_weights(logits: torch.Tensor, clip_min: float, clip_max: float, temperature: float) -> torch.Tensor:
+    """The unnormalised sampling weights ``exp((clip(z, b_min, b_max) − b_max)/τ)`` ∈ (0, 1], row by row: the same
+    distribution as :func:`clipped_log_probs` after normalisation, in four passes over the vocabulary instead of a
+    log-softmax and a softmax (the step of :class:`DPPrompt`; :func:`~dpinfer.mechanisms.sampler.sample_probs`
+    normalises exactly). No max is subtracted: ``clip(z) − b_max ≤ 0``, so nothing overflows. NaN logits are read as
+    ``b_min`` (``fmax`` ignores NaN), ``±inf`` are clipped like any other value. A new tensor: ``logits`` is not
+    modified.
+
+    >>> z = torch.tensor([[5.0, 0.0, -torch.inf, torch.nan]], dtype=torch.float64)
+    >>> import math
+    >>> w = clipped_weights(z, 0.0, math.log(2.0), 1.0)
+    >>> (w / w.sum()).tolist()  # utilities (log 2, 0, 0, 0) → (2, 1, 1, 1)/5
+    [[0.4, 0.2, 0.2, 0.2]]
+    >>> torch.allclose(w / w.sum(), clipped_log_probs(z, 0.0, math.log(2.0), 1.0).exp())
+    True
+    """
+    z = logits if logits.dtype == torch.float64 else logits.to(torch.float64)
+    u = torch.fmax(z, z.new_tensor(clip_min))  # a new tensor; NaN → b_min
+    return u.clamp_(max=clip_max).sub_(clip_max).div_(temperature).exp_()
 
 
 def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
@@ -220,7 +241,7 @@ class DPPrompt(Mechanism):
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits
-        tokens = sample_rows(clipped_log_probs(rows, self.clip_min, self.clip_max, self.temperature), generator)
+        tokens = sample_probs(clipped_weights(rows, self.clip_min, self.clip_max, self.temperature), generator)
         return StepResult(tokens=tokens[0] if self.mode == "joint" else tokens)
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
