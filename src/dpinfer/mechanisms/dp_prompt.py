@@ -74,12 +74,13 @@ def clipped_log_probs(logits: torch.Tensor, clip_min: float, clip_max: float, te
 
 
 def clipped_weights(logits: torch.Tensor, clip_min: float, clip_max: float, temperature: float) -> torch.Tensor:
-    """The unnormalised sampling weights ``exp((clip(z, b_min, b_max) − b_max)/τ)`` ∈ (0, 1], row by row: the same
-    distribution as :func:`clipped_log_probs` after normalisation, in four passes over the vocabulary instead of a
-    log-softmax and a softmax (the step of :class:`DPPrompt`; :func:`~dpinfer.mechanisms.sampler.sample_probs`
-    normalises exactly). No max is subtracted: ``clip(z) − b_max ≤ 0``, so nothing overflows. NaN logits are read as
-    ``b_min`` (``fmax`` ignores NaN), ``±inf`` are clipped like any other value. A new tensor: ``logits`` is not
-    modified.
+    """The unnormalised sampling weights ``exp((u − max u)/τ)`` with ``u = clip(z, b_min, b_max)``, row by row: the
+    same distribution as :func:`clipped_log_probs` after normalisation, with one exponential pass over the vocabulary
+    instead of a log-softmax and a softmax (the step of :class:`DPPrompt`;
+    :func:`~dpinfer.mechanisms.sampler.sample_probs` normalises exactly). Subtracting the row's largest utility (not
+    ``b_max``) keeps the most likely token at weight 1 whatever τ: at ``(b_max − b_min)/τ`` > 745 the far tokens
+    underflow to 0 in float64 exactly as they do in a softmax. NaN logits are read as ``b_min`` (``fmax`` ignores NaN),
+    ``±inf`` are clipped like any other value. A new tensor: ``logits`` is not modified.
 
     >>> z = torch.tensor([[5.0, 0.0, -torch.inf, torch.nan]], dtype=torch.float64)
     >>> import math
@@ -88,10 +89,13 @@ def clipped_weights(logits: torch.Tensor, clip_min: float, clip_max: float, temp
     [[0.4, 0.2, 0.2, 0.2]]
     >>> torch.allclose(w / w.sum(), clipped_log_probs(z, 0.0, math.log(2.0), 1.0).exp())
     True
+    >>> w = clipped_weights(torch.tensor([[0.5, 0.0]], dtype=torch.float64), 0.0, 1000.0, 0.001)  # no underflow
+    >>> w.tolist()  # the top token keeps weight 1 (the other is e^-500)
+    [[1.0, 7.124576406741286e-218]]
     """
     z = logits if logits.dtype == torch.float64 else logits.to(torch.float64)
-    u = torch.fmax(z, z.new_tensor(clip_min))  # a new tensor; NaN → b_min
-    return u.clamp_(max=clip_max).sub_(clip_max).div_(temperature).exp_()
+    u = torch.fmax(z, z.new_tensor(clip_min)).clamp_(max=clip_max)  # a new tensor; NaN → b_min
+    return u.sub_(u.amax(dim=-1, keepdim=True)).div_(temperature).exp_()
 
 
 def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:

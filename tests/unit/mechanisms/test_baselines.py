@@ -18,7 +18,7 @@ from dpinfer.mechanisms.dp_decoding import (
     lambda_for_epsilon,
     mixture_log_probs,
 )
-from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_log_probs
+from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_log_probs, clipped_weights
 from dpinfer.mechanisms.dp_prompt import epsilon_per_token as prompt_epsilon_per_token
 
 INFO = StepInfo(step=0, max_new_tokens=1, num_contexts=1)
@@ -262,6 +262,22 @@ def test_dp_prompt_samples_from_the_clipped_softmax() -> None:
     assert tokens.shape == (n,)
     freq = torch.bincount(tokens, minlength=4).double() / n
     assert torch.allclose(freq, clipped_log_probs(z[:1], -1.0, 1.0, 0.8)[0].exp(), atol=0.01)
+
+
+@pytest.mark.parametrize(("lo", "hi", "tau"), [(-1.0, 1.0, 0.8), (0.0, 22.0, 0.025), (3.0, 4.0, 50.0)])
+def test_dp_prompt_weights_match_the_clipped_softmax(lo: float, hi: float, tau: float) -> None:
+    # the step's unnormalised weights give exactly the distribution of clipped_log_probs, also at a τ so small that
+    # (b_max − b_min)/τ > 745 (the far tokens underflow, the top token keeps weight 1; a regression: weights taken
+    # relative to b_max instead of the row's top utility were all 0 when no logit reached b_max)
+    z = torch.tensor([[5.0, 0.3, -0.2, -9.0, torch.nan, -torch.inf], [0.5, 0.4, 0.2, 0.1, 0.0, -1.0]],
+                     dtype=torch.float64) + lo
+    w = clipped_weights(z, lo, hi, tau)
+    assert torch.allclose(w / w.sum(dim=-1, keepdim=True), clipped_log_probs(z, lo, hi, tau).exp(), rtol=1e-12,
+                          atol=1e-300)
+    assert bool((w.amax(dim=-1) == 1.0).all())
+    assert torch.equal(z.isnan(), torch.tensor([[False] * 4 + [True, False], [False] * 6]))  # input not modified
+    tokens = DPPrompt(lo, hi, tau, num_rewrites=2).step(z, StepInfo(0, 1, 2), torch.Generator().manual_seed(0))
+    assert tokens.tokens.shape == (2,)
 
 
 @pytest.mark.parametrize("num_rewrites", [1, 10])
