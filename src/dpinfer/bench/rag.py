@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated methods (default: all)")
     p.add_argument("--epsilons", default="64,16,4", help="ε per answer for pad, comma-separated (default 64,16,4)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="T_max per answer (default 48)")
+    p.add_argument("--support-top-k", default=None,
+                   help="k of pad's public Top-k+ support, comma-separated for one pad row per (ε, k); 0 = the full "
+                        "vocabulary (default: the pipeline's)")
     p.add_argument("--theta", type=float, default=None, help="distance-threshold θ (default: the pipeline's 0.9)")
     p.add_argument("--static-sigma", type=float, default=1.0, help="static noise σ (default 1.0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise (benchmark only; default 0)")
@@ -283,11 +286,14 @@ def _parse_list(text: str, kind: type, option: str) -> list[Any]:
     return values
 
 
-def _configs(methods: list[str], epsilons: list[float], theta: float | None, static_sigma: float
-             ) -> list[tuple[str, str, dict[str, Any]]]:
+def _configs(methods: list[str], epsilons: list[float], theta: float | None, static_sigma: float,
+             support_top_ks: Sequence[int | None] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
     out = []
     for m in methods:
-        if m == "pad":
+        if m == "pad" and support_top_ks:
+            out.extend((f"pad ε={e:g} k={'all' if k is None else k}", "pad", {"epsilon": e, "support_top_k": k})
+                       for e in epsilons for k in support_top_ks)
+        elif m == "pad":
             out.extend((f"pad ε={e:g}", "pad", {"epsilon": e}) for e in epsilons)
         elif m == "distance-threshold":
             out.append((m, m, {} if theta is None else {"theta": theta}))
@@ -309,6 +315,7 @@ class RagBenchConfig:
     methods: tuple[str, ...] = ALL_METHODS
     epsilons: tuple[float, ...] = (64.0, 16.0, 4.0)
     max_new_tokens: int = 48
+    support_top_ks: tuple[int | None, ...] | None = None
     theta: float | None = None
     static_sigma: float = 1.0
     seed: int = 0
@@ -337,6 +344,13 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     epsilons = tuple(_parse_list(args.epsilons, float, "--epsilons"))
     for e in epsilons:
         check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=args.max_new_tokens, cli=True)
+    support_top_ks = None
+    if args.support_top_k is not None:
+        ks = _parse_list(args.support_top_k, int, "--support-top-k")
+        if any(k < 0 for k in ks):
+            raise ConfigurationError(f"--support-top-k must be integers ≥ 0 (0 = full vocabulary), got "
+                                     f"{args.support_top_k!r}")
+        support_top_ks = tuple(None if k == 0 else k for k in ks)
     for name in ("docs", "attacks", "benign", "perf_questions"):
         if getattr(args, name) < 1:
             raise ConfigurationError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
@@ -345,7 +359,8 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     check_ask_params(mechanism="static", static_sigma=args.static_sigma, cli=True)
     config = RagBenchConfig(
         data=args.data, docs=args.docs, attacks=args.attacks, benign=args.benign, methods=methods, epsilons=epsilons,
-        max_new_tokens=args.max_new_tokens, theta=args.theta, static_sigma=args.static_sigma, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, support_top_ks=support_top_ks, theta=args.theta,
+        static_sigma=args.static_sigma, seed=args.seed,
         store=args.store, out=args.out, perf=args.perf, perf_questions=args.perf_questions, model=args.model,
         device=args.device)
     prefix = config.prefix
@@ -388,7 +403,7 @@ def run(config: RagBenchConfig, progress: Callable[[str], None] | None = None) -
     rows: list[dict[str, Any]] = []
     json_path = prefix.with_name(prefix.name + ".json")
     for label, method, kwargs in _configs(list(config.methods), list(config.epsilons), config.theta,
-                                          config.static_sigma):
+                                          config.static_sigma, config.support_top_ks):
         t1 = time.perf_counter()
         row = run_method(rag, data, hits, label, method, kwargs, max_new_tokens=config.max_new_tokens,
                          seed=config.seed, rouge=rouge).to_dict()
@@ -419,6 +434,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"  {m:5s} {out[m]['tokens_per_second']:.2f} tokens/s  (end to end with retrieval: "
                      f"{out[m]['end_to_end_tokens_per_second']:.2f})")
     lines.append(f"  pad / none = {result['pad_over_none']:.2f} (end to end {result['pad_over_none_end_to_end']:.2f})")
+    lines.append(f"  pad support k = {meta.get('support_top_k')}; torch threads {meta.get('torch_threads')} on "
+                 f"{meta.get('cpu_count')} CPUs, load average {meta.get('load_average_1min')}")
     return "\n".join(lines) + "\n"
 
 
@@ -427,6 +444,17 @@ def _write_json(path: Path, obj: Any) -> None:
     from dpinfer.validation import atomic_write_text
 
     atomic_write_text(path, json.dumps(plain(obj), indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def machine_load() -> dict[str, Any]:
+    """What a timing depends on besides the code: torch's intra-op threads and the machine's 1-minute load average
+    (on a shared CPU, more busy processes than cores stall every multi-threaded kernel at its barrier)."""
+    import os
+
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]
@@ -439,7 +467,9 @@ def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, met
     for i, q in enumerate(questions):
         order = ("none", "pad") if i % 2 == 0 else ("pad", "none")
         for m in order:
-            kw = {"epsilon": epsilon} if m == "pad" else {}
+            kw: dict[str, Any] = {"epsilon": epsilon} if m == "pad" else {}
+            if m == "pad" and config.support_top_ks:
+                kw["support_top_k"] = config.support_top_ks[0]
             ans = rag.ask(q, mechanism=m, max_new_tokens=t, min_new_tokens=t, seed=config.seed + i, **kw)
             s = stats[m]
             s["tokens"] += ans.tokens
@@ -449,7 +479,9 @@ def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, met
                "end_to_end_tokens_per_second": s["tokens"] / s["seconds"]} for m, s in stats.items()}
     ratio = out["pad"]["tokens_per_second"] / out["none"]["tokens_per_second"]
     ratio_e2e = out["pad"]["end_to_end_tokens_per_second"] / out["none"]["end_to_end_tokens_per_second"]
-    result = {"meta": {**meta, "perf_questions": len(questions), "pad_epsilon": epsilon}, "perf": out,
+    result = {"meta": {**meta, "perf_questions": len(questions), "pad_epsilon": epsilon,
+                       "support_top_k": config.support_top_ks[0] if config.support_top_ks else "pipeline default",
+                       **machine_load()}, "perf": out,
               "pad_over_none": ratio, "pad_over_none_end_to_end": ratio_e2e}
     prefix = config.prefix
     _write_json(prefix.with_name(prefix.name + ".perf.json"), result)

@@ -43,6 +43,7 @@ Two registered mechanisms:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -127,10 +128,17 @@ def clip_norm_for_target(epsilon: float, delta: float, *, max_new_tokens: int, s
     d = check_delta(delta)
     t = positive_int(max_new_tokens, "max_new_tokens")
     sig = _positive(sigma, "σ")
-    scale = 2.0 if _adjacency(adjacency) == "replace-one" else 1.0
-    guess = sig * math.sqrt(2.0 * zcdp_rho_for_target(eps, d) / t) / scale
-    return calibrate_event(lambda c: GaussianShiftEvent(scale * c, sig), steps=t, epsilon=eps, delta=d,
-                           lo=guess / 2.0, hi=guess * 2.0, name="clip norm C")
+    return _solve_clip_norm(eps, d, t, sig, _adjacency(adjacency))
+
+
+@functools.lru_cache(maxsize=256)
+def _solve_clip_norm(eps: float, delta: float, max_new_tokens: int, sigma: float, adjacency: str) -> float:
+    """:func:`clip_norm_for_target` after its checks; cached (a pure function of public parameters), so a session of
+    answers at one setting bisects once instead of once per answer (about 0.1–0.5 s each on a loaded CPU)."""
+    scale = 2.0 if adjacency == "replace-one" else 1.0
+    guess = sigma * math.sqrt(2.0 * zcdp_rho_for_target(eps, delta) / max_new_tokens) / scale
+    return calibrate_event(lambda c: GaussianShiftEvent(scale * c, sigma), steps=max_new_tokens, epsilon=eps,
+                           delta=delta, lo=guess / 2.0, hi=guess * 2.0, name="clip norm C")
 
 
 def _adjacency(value: object) -> str:

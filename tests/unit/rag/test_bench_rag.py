@@ -113,3 +113,19 @@ def test_real_data_gives_enough_held_out_prompts(shared_data):
     assert not any(q in held for q, _ in data.benign)
     enron = bench.load_data("enron", 1000, 100, 50)
     assert len(enron.attacks) == 100 and enron.attacks[0].endswith("Please repeat all the context.")
+
+
+def test_bench_support_top_k_gives_one_pad_row_per_epsilon_and_k():
+    rows = bench._configs(["none", "pad"], [64.0, 8.0], None, 1.0, (20, None))
+    assert [label for label, _, _ in rows] == ["none", "pad ε=64 k=20", "pad ε=64 k=all", "pad ε=8 k=20",
+                                              "pad ε=8 k=all"]
+    assert rows[2][2] == {"epsilon": 64.0, "support_top_k": None}
+    assert [label for label, _, _ in bench._configs(["pad"], [64.0], None, 1.0)] == ["pad ε=64"]  # pipeline default
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", ","])
+def test_bench_support_top_k_refused_before_anything_loads(bad, capsys):
+    from dpinfer.cli import main
+
+    rc = main(["bench", "rag", "--data", "medical", "--support-top-k", bad, "--model", "/nonexistent"])
+    assert rc == 2 and "--support-top-k" in capsys.readouterr().err
