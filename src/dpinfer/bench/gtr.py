@@ -361,6 +361,7 @@ def plot(res: dict[str, Any], path: Path) -> Path:
 def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, repeats: int, seed: int,
              temperature: float = 0.75) -> dict[str, Any]:
     """Seconds for ``n_rewrites`` rows vs 1 row of exactly ``max_new_tokens`` tokens, alternated, same prompt."""
+    from dpinfer.bench import machine_load
     from dpinfer.engine import Engine
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.pipelines import protect_prompt as pp
@@ -381,7 +382,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     one, many = statistics.median(times[1]), statistics.median(times[n_rewrites])
     return {"rows": {"1": times[1], str(n_rewrites): times[n_rewrites]}, "median_one": one, "median_many": many,
             "ratio": many / one, "n_rewrites": n_rewrites, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "prompt_tokens": len(ids)}
+            "prompt_tokens": len(ids), **machine_load()}
 
 
 # ---------------------------------------------------------------------------------------------------------- main
@@ -413,7 +414,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
                         repeats=args.repeats, seed=args.seed)
         md = (f"{args.n_rewrites} rewrites vs 1 rewrite of exactly {args.max_new_tokens} tokens (prompt "
               f"{perf['prompt_tokens']} tokens, {args.repeats} alternated repeats, medians): "
-              f"{perf['median_many']:.2f} s vs {perf['median_one']:.2f} s = {perf['ratio']:.2f}× (target ≤ 3×)")
+              f"{perf['median_many']:.2f} s vs {perf['median_one']:.2f} s = {perf['ratio']:.2f}× (target ≤ 3×); torch "
+              f"threads {perf['torch_threads']} on {perf['cpu_count']} CPUs, load average {perf['load_average_1min']}")
         result = {"perf": perf, "settings": settings, "markdown": md}
     else:
         from dpinfer.generation import resolve_lm

@@ -446,20 +446,11 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(plain(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def machine_load() -> dict[str, Any]:
-    """What a timing depends on besides the code: torch's intra-op threads and the machine's 1-minute load average
-    (on a shared CPU, more busy processes than cores stall every multi-threaded kernel at its barrier)."""
-    import os
-
-    import torch
-
-    return {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-            "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
-
-
 def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]
           ) -> dict[str, Any]:
     """none and pad, alternating on the same questions, every answer exactly T_max tokens (EOS masked)."""
+    from dpinfer.bench import machine_load
+
     questions = (data.attacks + [q for q, _ in data.benign])[:config.perf_questions]
     t = config.max_new_tokens
     rag.ask(questions[0], mechanism="none", max_new_tokens=2, seed=0)  # warm-up (first-call overheads)
