@@ -257,6 +257,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
             for metric in ("rouge1", "rougeL", "bleu"):
                 mean, low, high = _mean_ci([s[metric] for s in scores])
                 row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
+            row["rouge1_items"] = [s["rouge1"] for s in scores]  # (repeat, question) order, the same in every row
             row["accuracy"] = {}
             for a in answerers:
                 pred = a.answer(prot, choices * repeats)
@@ -277,6 +278,27 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
     }
 
 
+def ratio_interval(num: list[float], den: list[float], *, resamples: int = 2000, seed: int = 0
+                   ) -> tuple[float, float]:
+    """95% paired-bootstrap percentile interval of ``mean(num) / mean(den)`` (the same items resampled in both;
+    the bootstrap's own seed, a statistic of the benchmark, not privacy noise).
+
+    >>> lo, hi = ratio_interval([0.5, 0.4, 0.6, 0.5], [1.0, 0.8, 1.2, 1.0])
+    >>> round(lo, 6), round(hi, 6)  # every item is exactly half: the ratio never moves
+    (0.5, 0.5)
+    """
+    import numpy as np
+
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if a.shape != b.shape or a.size < 2:
+        return (math.nan, math.nan)
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
+    sa, sb = a[idx].mean(axis=1), b[idx].mean(axis=1)
+    ratios = np.divide(sa, sb, out=np.full_like(sa, np.inf), where=sb > 0)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return (float(low), float(high))
+
+
 def issue_check(res: dict[str, Any], answerer: str) -> list[dict[str, Any]]:
     """Per τ ≤ 0.75: DP-GTR's ROUGE-1 over DP-Prompt's (equal τ) and DP-GTR's accuracy against the lower end of
     DP-Prompt's Wilson interval, for NDP and JEM."""
@@ -289,8 +311,10 @@ def issue_check(res: dict[str, Any], answerer: str) -> list[dict[str, Any]]:
         for m in ("dp-gtr-ndp", "dp-gtr-jem"):
             r = by[(m, tau)]
             ratio = r["rouge1"] / base["rouge1"] if base["rouge1"] > 0 else math.inf
+            low, high = ratio_interval(r.get("rouge1_items", []), base.get("rouge1_items", []))
             acc, floor = r["accuracy"][answerer]["accuracy"], base["accuracy"][answerer]["low"]
-            out.append({"tau": tau, "method": m, "rouge1_ratio": ratio, "accuracy": acc, "dp_prompt_low": floor,
+            out.append({"tau": tau, "method": m, "rouge1_ratio": ratio, "rouge1_ratio_low": low,
+                        "rouge1_ratio_high": high, "accuracy": acc, "dp_prompt_low": floor,
                         "accuracy_ok": acc >= floor})
     return out
 
@@ -321,7 +345,8 @@ def format_markdown(res: dict[str, Any], settings: dict[str, Any]) -> str:
               "average), accuracy ≥ DP-Prompt's lower Wilson end:"]
     checks = issue_check(res, ans[0])
     for c in checks:
-        lines.append(f"- τ = {c['tau']:g}, {LABELS[c['method']]}: ratio {c['rouge1_ratio']:.3f}, accuracy "
+        lines.append(f"- τ = {c['tau']:g}, {LABELS[c['method']]}: ratio {c['rouge1_ratio']:.3f} "
+                     f"[{c['rouge1_ratio_low']:.3f}, {c['rouge1_ratio_high']:.3f}] (95% paired bootstrap), accuracy "
                      f"{c['accuracy']:.3f} vs {c['dp_prompt_low']:.3f}: {'ok' if c['accuracy_ok'] else 'below'}")
     for m in ("dp-gtr-ndp", "dp-gtr-jem"):
         ratios = [c["rouge1_ratio"] for c in checks if c["method"] == m]

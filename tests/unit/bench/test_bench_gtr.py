@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -60,6 +61,11 @@ def test_quality_run_on_the_tiny_model(tiny_lm, tmp_path) -> None:
     assert "| DP-GTR (NDP) | 0.5 |" in md and "| chance |" in md and "Issue check" in md
     checks = gtr.issue_check(res, "first-choice")
     assert {c["tau"] for c in checks} == {0.5}  # τ ≤ 0.75 only
+    assert all(len(r["rouge1_items"]) == 4 for r in res["rows"])
+    for c in checks:  # the paired bootstrap interval of the ROUGE-1 ratio comes with every check
+        assert {"rouge1_ratio_low", "rouge1_ratio_high"} <= set(c)
+        if math.isfinite(c["rouge1_ratio"]):
+            assert c["rouge1_ratio_low"] <= c["rouge1_ratio"] + 1e-12 or math.isnan(c["rouge1_ratio_low"])
     assert gtr.plot(res, tmp_path / "gtr.png").stat().st_size > 1000
 
 
@@ -86,3 +92,11 @@ def test_bench_arguments_are_checked_before_the_model_loads(tmp_path, capsys) ->
     args = argparse.Namespace(temperatures="x")
     with pytest.raises(Exception, match="comma-separated"):
         gtr.parse_temperatures(args.temperatures)
+
+
+def test_ratio_interval_is_paired() -> None:
+    # the numerator tracks the denominator item by item: the paired interval is tight around 0.5
+    den = [0.2, 0.9, 0.4, 0.7, 0.1, 0.8, 0.3, 0.6]
+    lo, hi = gtr.ratio_interval([0.5 * d + 0.01 * (-1) ** i for i, d in enumerate(den)], den)
+    assert 0.45 < lo <= hi < 0.55
+    assert all(math.isnan(x) for x in gtr.ratio_interval([0.5], [1.0]))  # one item: no interval
