@@ -199,12 +199,12 @@ class DecodeStep:
     hidden states, the new keys written at each row's length (the caller then advances the lengths)."""
 
     def __init__(self, lm: Any, cache: SlotCache, compile: bool) -> None:
-        from dpinfer.engine import _cache_kwargs
+        from dpinfer.engine import _cache_parameter
 
         self.decoder = lm.model.get_decoder()
         self.cache = cache
         self.dtype = lm.dtype
-        self._kwargs = _cache_kwargs
+        self._cache_name = _cache_parameter(type(self.decoder))
         self.compiled = compile
         self._fn = self._eager
         if compile:
@@ -213,9 +213,8 @@ class DecodeStep:
 
     def _eager(self, ids: torch.Tensor) -> torch.Tensor:
         cache = self.cache
-        out = self.decoder(**self._kwargs(self.decoder, dict(
-            input_ids=ids, attention_mask=cache.mask(self.dtype), position_ids=cache.lengths.view(-1, 1),
-            past_key_values=cache.hf, use_cache=True)))
+        out = self.decoder(input_ids=ids, attention_mask=cache.mask(self.dtype), position_ids=cache.lengths.view(-1, 1),
+                           use_cache=True, **{self._cache_name: cache.hf})
         return out.last_hidden_state[:, -1, :]
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
