@@ -153,6 +153,7 @@ class SlotCache:
         layer_cls = _layer_class()
         self.hf = Cache(layers=[layer_cls(self) for _ in range(num_layers)])
         self.allocated = False
+        self.busy = False
 
     @property
     def layers(self) -> list[Any]:
@@ -289,14 +290,17 @@ class SlotServer:
         return mixed, solo, slots, capacity
 
     def _pool(self, slots: int, capacity: int) -> tuple[SlotCache, DecodeStep]:
-        """The engine's cache and decode step for this (S, C) bucket, reused across calls (one compilation each)."""
+        """The engine's cache and decode step for this (S, C) bucket, reused across calls (one compilation each);
+        a fresh pair while another ``run_jobs`` of the same engine still holds it."""
         pools = self.engine.__dict__.setdefault("_slot_pools", {})
         key = (slots, capacity, self.compile)
-        if key not in pools:
-            n_layers = self.lm.model.config.num_hidden_layers
-            cache = SlotCache(n_layers, slots, capacity, self.lm.device)
+        if key not in pools or pools[key][0].busy:
+            cache = SlotCache(self.lm.model.config.num_hidden_layers, slots, capacity, self.lm.device)
+            pair = (cache, DecodeStep(self.lm, cache, self.compile))
+            if key in pools:
+                return pair
             pools.clear()  # one bucket held at a time (memory)
-            pools[key] = (cache, DecodeStep(self.lm, cache, self.compile))
+            pools[key] = pair
         cache, step = pools[key]
         cache.lengths.zero_()
         return cache, step
@@ -308,13 +312,18 @@ class SlotServer:
         mixed, solo, slots, capacity = self.plan(lives)
         with torch.inference_mode():
             if mixed:
-                yield from self._serve(mixed, *self._pool(slots, capacity), mixed=True)
+                cache, step = self._pool(slots, capacity)
+                cache.busy = True
+                try:
+                    yield from self._serve(mixed, cache, step)
+                finally:
+                    cache.busy = False
             for live in solo:
                 need = max(map(len, live.rows)) + live.job.max_new_tokens
                 cache = SlotCache(self.lm.model.config.num_hidden_layers, live.k, need, self.lm.device)
-                yield from self._serve([live], cache, DecodeStep(self.lm, cache, False), mixed=False)
+                yield from self._serve([live], cache, DecodeStep(self.lm, cache, False))
 
-    def _serve(self, queue: list[LiveJob], cache: SlotCache, step: DecodeStep, *, mixed: bool
+    def _serve(self, queue: list[LiveJob], cache: SlotCache, step: DecodeStep
                ) -> Iterator[tuple[int, Any]]:
         lm = self.lm
         pending = list(queue)

@@ -297,3 +297,16 @@ def test_compiled_decode_step_gives_the_eager_tokens(tiny_lm):
     compiled = dict(engine.run_jobs([fresh(j, renew(j.mechanism)) for j in jobs], max_rows=8, compile=True))
     for i in range(len(jobs)):
         assert compiled[i].sequences == eager[i].sequences, f"job {i}"
+
+
+def test_two_interleaved_run_jobs_on_one_engine_do_not_share_a_cache(tiny_lm):
+    jobs = mixed_jobs(tiny_lm)[:5]
+    engine = Engine(tiny_lm)
+    alone = dict(engine.run_jobs([fresh(j, renew(j.mechanism)) for j in jobs], max_rows=6, compile=False))
+    first = engine.run_jobs([fresh(j, renew(j.mechanism)) for j in jobs], max_rows=6, compile=False)
+    second = engine.run_jobs([fresh(j, renew(j.mechanism)) for j in jobs], max_rows=6, compile=False)
+    got_a, got_b = dict([next(first)]), dict([next(second)])
+    got_a.update(first)
+    got_b.update(second)
+    for i in range(len(jobs)):
+        assert got_a[i].sequences == got_b[i].sequences == alone[i].sequences
