@@ -308,61 +308,71 @@ class SlotServer:
     # -------------------------------------------------------------- run
     def serve(self, lives: Sequence[LiveJob]) -> Iterator[tuple[int, Any]]:
         """Yield ``(job index, EngineOutput)`` as jobs finish: the mixed jobs through one shared batch, then each
-        solo job in a batch of its own."""
+        solo job in a batch of its own. The work runs under ``torch.inference_mode``, never held across a yield (the
+        caller's code, or another ``run_jobs`` interleaved with this one, keeps its own grad mode)."""
         mixed, solo, slots, capacity = self.plan(lives)
-        with torch.inference_mode():
-            if mixed:
+        if mixed:
+            with torch.inference_mode():
                 cache, step = self._pool(slots, capacity)
-                cache.busy = True
-                try:
-                    yield from self._serve(mixed, cache, step)
-                finally:
-                    cache.busy = False
-            for live in solo:
-                need = max(map(len, live.rows)) + live.job.max_new_tokens
+            cache.busy = True
+            try:
+                yield from self._serve(mixed, cache, step)
+            finally:
+                cache.busy = False
+        for live in solo:
+            need = max(map(len, live.rows)) + live.job.max_new_tokens
+            with torch.inference_mode():
                 cache = SlotCache(self.lm.model.config.num_hidden_layers, live.k, need, self.lm.device)
-                yield from self._serve([live], cache, DecodeStep(self.lm, cache, False))
+            yield from self._serve([live], cache, DecodeStep(self.lm, cache, False))
 
-    def _serve(self, queue: list[LiveJob], cache: SlotCache, step: DecodeStep
-               ) -> Iterator[tuple[int, Any]]:
-        lm = self.lm
+    def _serve(self, queue: list[LiveJob], cache: SlotCache, step: DecodeStep) -> Iterator[tuple[int, Any]]:
         pending = list(queue)
         free = list(range(cache.slots))
         active: list[LiveJob] = []
-        ids = torch.full((cache.slots, 1), lm.pad_token_id, dtype=torch.long, device=lm.device)
+        with torch.inference_mode():
+            ids = torch.full((cache.slots, 1), self.lm.pad_token_id, dtype=torch.long, device=self.lm.device)
         while pending or active:
-            for live in list(pending):  # first fit, in job order
-                if live.k <= len(free):
-                    live.slots, free = free[:live.k], free[live.k:]
-                    pending.remove(live)
-                    self._admit(live, cache)
-                    active.append(live)
-            still = []
-            for live in active:
-                next_ids = self._mechanism_step(live)
-                if next_ids is None:
-                    cache.release(live.slots)
-                    free = sorted(free + live.slots)
-                    yield live.index, self._output(live)
-                    continue
-                ids[live.slots] = next_ids
-                still.append(live)
-            active = still
-            if not active:
-                if pending and len(free) == cache.slots and min(x.k for x in pending) > cache.slots:
-                    raise RuntimeError("a job needs more slots than the batch has")  # plan() prevents it
+            with torch.inference_mode():
+                finished, active, free = self._round(pending, active, free, cache, step, ids)
+            yield from finished
+
+    def _round(self, pending: list[LiveJob], active: list[LiveJob], free: list[int], cache: SlotCache,
+               step: DecodeStep, ids: torch.Tensor) -> tuple[list[tuple[int, Any]], list[LiveJob], list[int]]:
+        """One round: admit what fits (first fit, in job order), step every active job's mechanism, release the
+        finished ones, run one forward for the others. Returns (finished (index, output), active, free slots)."""
+        lm = self.lm
+        for live in list(pending):
+            if live.k <= len(free):
+                live.slots, free = free[:live.k], free[live.k:]
+                pending.remove(live)
+                self._admit(live, cache)
+                active.append(live)
+        finished, still = [], []
+        for live in active:
+            next_ids = self._mechanism_step(live)
+            if next_ids is None:
+                cache.release(live.slots)
+                free = sorted(free + live.slots)
+                finished.append((live.index, self._output(live)))
                 continue
-            hidden = step(ids)
-            advance = torch.zeros(cache.slots, dtype=torch.long, device=lm.device)
-            for live in active:
-                advance[live.slots] = 1
-            for live in active:
-                for r in live.side_rows:
-                    advance[live.slots[r]] = 0  # idle filler
-            cache.lengths += advance
-            self._logits(active, hidden, ids)
-            for live in active:
-                ids[live.slots] = lm.pad_token_id
+            ids[live.slots] = next_ids
+            still.append(live)
+        active = still
+        if not active:
+            if pending and min(x.k for x in pending) > cache.slots:
+                raise RuntimeError("a job needs more slots than the batch has")  # plan() prevents it
+            return finished, active, free
+        hidden = step(ids)
+        advance = torch.zeros(cache.slots, dtype=torch.long, device=lm.device)
+        for live in active:
+            advance[live.slots] = 1
+            for r in live.side_rows:
+                advance[live.slots[r]] = 0  # idle filler
+        cache.lengths += advance
+        self._logits(active, hidden, ids)
+        for live in active:
+            ids[live.slots] = lm.pad_token_id
+        return finished, active, free
 
     def _admit(self, live: LiveJob, cache: SlotCache) -> None:
         """Prefill a job alone and put its rows in its slots (rows that do not fit go to a side batch)."""
