@@ -22,6 +22,9 @@ holds zeros and every shape of the batch (K, width, step) is public. A private r
 slot in the batch filled with a copy of the public row (ignored) and is decoded in a second batch of its own. With
 int8 layers every row has its own quantisation scale (:func:`dpinfer.models.quantize_int8`).
 
+**Many jobs** (:meth:`Engine.run_jobs`): the slot engine of :mod:`dpinfer.slots` decodes every job's rows in one
+forward per step (continuous batching, a KV cache with a length per row), with the same public-row rules across jobs.
+
 Randomness comes only from a per-run :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
 CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
 """
