@@ -61,7 +61,9 @@ SLOT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "olmo2", "ph
 stores keys/values through ``Cache.update``; the slot engine is used for them when no sliding window is active."""
 
 COMPILE_CPU_DEFAULT = False
-"""``compile="auto"`` on CPU: measured with ``dpinfer bench engine --jobs 8 --compile`` (see docs/benchmarks.md)."""
+"""``compile="auto"`` on CPU: eager. Measured with ``dpinfer bench engine --jobs 8 --compile`` on the 2-core development
+machine (docs/benchmarks.md): the interleaved decode-step A/B had eager faster (compiled ×0.64), and compiling costs
+up to ~2 minutes per (slot count, capacity) bucket."""
 
 
 def slots_supported(model: Any) -> bool:

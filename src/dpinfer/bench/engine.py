@@ -241,6 +241,15 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     def through_slots(k: int, compiled: bool) -> dict[int, Any]:
         return dict(engine.run_jobs(jobs(k), compile=compiled, max_rows=max_rows))
 
+    step_ab = None
+    if compile:  # the decode step alone, eager vs compiled, interleaved (S = the jobs' slot count)
+        from dpinfer.slots import DEFAULT_MAX_ROWS, bucket_capacity
+
+        if progress:
+            progress("decode step eager vs compiled")
+        default_rows = DEFAULT_MAX_ROWS.get(torch.device(lm.device).type, DEFAULT_MAX_ROWS["cpu"])
+        step_ab = decode_step_ab(lm, slots=min(n_jobs * max(ks), max_rows or default_rows),
+                                 capacity=bucket_capacity(max(map(len, prompts)) + new_tokens))
     if compile:  # first calls compile: timed apart, once per K (then cached per slot-count bucket)
         for k in ks:
             label = f"run_jobs K={k} compiled, first call (compiles)"
@@ -282,7 +291,48 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
                      "repeats": repeats, "torch_threads": torch.get_num_threads(),
                      "max_rows": max_rows or DEFAULT_MAX_ROWS.get(torch.device(lm.device).type)},
         "rows": rows,
+        "decode_step": step_ab,
     }
+
+
+def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dict[str, float]:
+    """One slot-engine decode step (``slots`` rows, half the ``capacity`` filled), eager and compiled, timed
+    alternately ``reps`` times each (so that load drift on a shared machine hits both alike): median milliseconds
+    per step, and the seconds of the first compiled call (the compilation)."""
+    import torch
+
+    from dpinfer.slots import DecodeStep, SlotCache
+
+    config = lm.model.config
+    heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    with torch.inference_mode():
+        cache = SlotCache(config.num_hidden_layers, slots, capacity, lm.device)
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        fill = capacity // 2
+        kv = [(torch.randn((heads, fill, head_dim), generator=gen).to(lm.device, lm.dtype),
+               torch.randn((heads, fill, head_dim), generator=gen).to(lm.device, lm.dtype))
+              for _ in range(config.num_hidden_layers)]
+        for slot in range(slots):
+            cache.write(slot, kv, fill)
+        ids = torch.randint(0, lm.vocab_size, (slots, 1), generator=gen).to(lm.device)
+        eager, compiled = DecodeStep(lm, cache, False), DecodeStep(lm, cache, True)
+        _sync(lm)
+        t0 = time.perf_counter()
+        compiled(ids)
+        _sync(lm)
+        compile_s = time.perf_counter() - t0
+        eager(ids)
+        times: dict[str, list[float]] = {"eager": [], "compiled": []}
+        for _ in range(reps):
+            for name, fn in (("eager", eager), ("compiled", compiled)):
+                _sync(lm)
+                t0 = time.perf_counter()
+                fn(ids)
+                _sync(lm)
+                times[name].append(time.perf_counter() - t0)
+    return {"eager_ms": 1000 * statistics.median(times["eager"]),
+            "compiled_ms": 1000 * statistics.median(times["compiled"]), "compile_seconds": compile_s}
 
 
 def format_jobs_markdown(res: dict[str, Any]) -> str:
@@ -300,6 +350,11 @@ def format_jobs_markdown(res: dict[str, Any]) -> str:
         ratio = "" if r["ratio_vs_one_by_one"] is None else f"{r['ratio_vs_one_by_one']:.2f}"
         lines.append(f"| {r['config']} | {r['contexts']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} | {ratio} "
                      f"| {r.get('same_tokens_as_one_by_one', '')} |")
+    ab = res.get("decode_step")
+    if ab:
+        lines += ["", f"Decode step alone (interleaved): eager {ab['eager_ms']:.1f} ms, compiled "
+                      f"{ab['compiled_ms']:.1f} ms (×{ab['eager_ms'] / ab['compiled_ms']:.2f}); compilation "
+                      f"{ab['compile_seconds']:.1f} s"]
     return "\n".join(lines)
 
 
