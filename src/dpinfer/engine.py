@@ -22,6 +22,9 @@ holds zeros and every shape of the batch (K, width, step) is public. A private r
 slot in the batch filled with a copy of the public row (ignored) and is decoded in a second batch of its own. With
 int8 layers every row has its own quantisation scale (:func:`dpinfer.models.quantize_int8`).
 
+**Many jobs** (:meth:`Engine.run_jobs`): the slot engine of :mod:`dpinfer.slots` decodes every job's rows in one
+forward per step (continuous batching, a KV cache with a length per row), with the same public-row rules across jobs.
+
 Randomness comes only from a per-run :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
 CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
 """
@@ -256,6 +259,23 @@ class Engine:
                         ) -> tuple[torch.Tensor, list[_Batch], int]:
         """Prefill for a mechanism with a public row 0 (see the module docstring): return (last logits (K, V), the
         decode batches, the shortest prefix a private row reuses from the public row)."""
+        last, layers, reused = self._prefill_public_rows(rows)
+        width = max(len(rows[0]), pad_width)
+        lengths = [len(r) for r in rows]
+        main = [i if i == 0 or lengths[i] <= width else None for i in range(len(rows))]
+        batches = [self._batch(main, [layers[0] if d is None else layers[d] for d in main],
+                               [lengths[0] if d is None else lengths[d] for d in main], width, max_new_tokens)]
+        over = [i for i in range(1, len(rows)) if lengths[i] > width]
+        if over:  # never seen by the public row: its batch above has the same shapes either way
+            batches.append(self._batch(over, [layers[i] for i in over], [lengths[i] for i in over],
+                                       max(lengths[i] for i in over), max_new_tokens))
+        return torch.stack(last), batches, reused
+
+    def _prefill_public_rows(self, rows: Sequence[Sequence[int]]
+                             ) -> tuple[list[torch.Tensor], list[list[tuple[torch.Tensor, torch.Tensor]]], int]:
+        """The public row prefilled alone, then each private row alone (reusing the public row's keys for a shared
+        prefix): (last logits per row, per row and layer (keys, values) of shape (1, H, L, D), the shortest prefix
+        a private row reuses). Also the slot engine's prefill (:mod:`dpinfer.slots`)."""
         from transformers import DynamicCache
 
         device, config = self.lm.device, self.lm.model.config
@@ -283,16 +303,7 @@ class Engine:
                                 position_ids=positions, past_key_values=row_cache)
             last.append(out.logits[0, -1, :])
             layers.append([(layer.keys, layer.values) for layer in row_cache.layers])
-        width = max(len(public), pad_width)
-        lengths = [len(r) for r in rows]
-        main = [i if i == 0 or lengths[i] <= width else None for i in range(len(rows))]
-        batches = [self._batch(main, [layers[0] if d is None else layers[d] for d in main],
-                               [lengths[0] if d is None else lengths[d] for d in main], width, max_new_tokens)]
-        over = [i for i in range(1, len(rows)) if lengths[i] > width]
-        if over:  # never seen by the public row: its batch above has the same shapes either way
-            batches.append(self._batch(over, [layers[i] for i in over], [lengths[i] for i in over],
-                                       max(lengths[i] for i in over), max_new_tokens))
-        return torch.stack(last), batches, min(reused, default=0)
+        return last, layers, min(reused, default=0)
 
     def _batch(self, dest: list[int | None], layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
                lengths: Sequence[int], width: int, max_new_tokens: int) -> _Batch:
@@ -448,12 +459,27 @@ class Engine:
             pass
         return run.output
 
-    def run_jobs(self, jobs: Sequence[EngineJob]) -> Iterator[tuple[int, EngineOutput]]:
+    def run_jobs(self, jobs: Sequence[EngineJob], *, max_rows: int | None = None, compile: bool | str = "auto",
+                 slots: bool = True) -> Iterator[tuple[int, EngineOutput]]:
         """Run several independent jobs; yield ``(index in jobs, output)`` as each job finishes (not necessarily in
         order). Every job is checked before any runs (a bad job raises, naming its index).
 
-        This reference implementation runs the jobs one after another, exactly as :meth:`generate` would.
+        With ``slots`` (the default, for the architectures of :data:`dpinfer.slots.SLOT_MODEL_TYPES`) the jobs share
+        one forward per decode step: the slot engine of :mod:`dpinfer.slots` (continuous batching; what a seed
+        reproduces and the privacy rules of batching are stated there). ``slots=False`` (or another architecture)
+        runs the jobs one after another, exactly as :meth:`generate` would.
+
+        Args:
+            jobs: the jobs; each keeps its own mechanism, processors, randomness and ``max_new_tokens``.
+            max_rows: slot count of the shared batch (public; default per device,
+                :data:`dpinfer.slots.DEFAULT_MAX_ROWS`, capped by the jobs' total K, at least their largest K).
+            compile: compile the decode step (``torch.compile``, once per slot-count and capacity bucket): ``True``,
+                ``False`` or ``"auto"`` (on CUDA; on CPU :data:`dpinfer.slots.COMPILE_CPU_DEFAULT`).
+            slots: use the slot engine (else one job after another).
         """
+        from dpinfer import slots as slot_engine
+
+        server = slot_engine.SlotServer(self, max_rows=max_rows, compile=compile) if slots else None
         checked = []
         for i, job in enumerate(jobs):
             try:
@@ -462,6 +488,12 @@ class Engine:
             except (ConfigurationError, InvalidInputError) as err:
                 raise type(err)(f"job {i}: {err}") from None
             checked.append((rows, procs))
+        if server is not None and slot_engine.slots_supported(self.lm.model):
+            lives = [slot_engine.LiveJob(index=i, job=job, rows=rows, procs=procs,
+                                       width=slot_engine.public_width(job, rows))
+                     for i, (job, (rows, procs)) in enumerate(zip(jobs, checked, strict=True))]
+            yield from server.serve(lives)
+            return
         for i, (job, (rows, procs)) in enumerate(zip(jobs, checked, strict=True)):
             run = EngineStream(self._run(rows, job.mechanism, job.max_new_tokens, job.min_new_tokens, job.seed,
                                          job.generator, job.stop_on_eos, procs, job.pad_width))

@@ -10,6 +10,16 @@ exactly ``N``), it times
 
 Throughput is generated tokens per second of wall-clock time, prefill included; ratios are to ``hf`` in the same run.
 Runs are interleaved over ``--repeats`` rounds and the median is reported (this machine is noisy).
+
+``--jobs N`` (the slot engine, :mod:`dpinfer.slots`): N jobs, each K copies of a different ~``--prompt-tokens`` window
+of the document (joint greedy, exactly ``--new-tokens`` each), timed one by one (:meth:`Engine.generate`) and through
+``Engine.run_jobs`` (one forward per step for every job) in the same run, with the ratio; ``--compile`` adds the
+compiled decode step (its first call, which compiles, is timed apart) and Hugging Face ``generate`` with a static
+cache and ``torch.compile``; Hugging Face eager ``generate`` on one prompt is always the baseline row. Tokens/s count
+released tokens (one per job per step).
+
+``--device cuda --dtype bf16 --shape qwen2.5-7b`` runs a random-weight model of a named shape (:data:`SHAPES`; built
+from its config on the device, nothing downloaded) with the embedded model's tokenizer for the prompts.
 """
 
 from __future__ import annotations
@@ -55,14 +65,76 @@ def document_prompt_ids(lm: Any, target_tokens: int = 500, document: str | None 
     return best
 
 
-def _time_hf(lm: Any, ids: list[int], n: int) -> float:
+SHAPES: dict[str, dict[str, Any]] = {
+    # name: model_type and config fields of a public architecture (random weights, nothing downloaded)
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=8192, rope_theta=100000.0),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+                       max_position_embeddings=32768, rope_theta=1000000.0),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                         max_position_embeddings=131072, rope_theta=500000.0),
+}
+"""Model shapes for ``--shape`` (a random-weight model of that architecture)."""
+
+
+def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tokenizer_lm: Any = None) -> Any:
+    """A random-weight model of a :data:`SHAPES` shape on ``device`` (built there, no download), wrapped as an
+    :class:`~dpinfer.models.LM` with the embedded model's tokenizer (its ids are valid for every shape here)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import LM, _pick_device, _pick_dtype, load_model
+
+    if shape not in SHAPES:
+        raise ConfigurationError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    dev = _pick_device(device)
+    dt = _pick_dtype(dtype, dev)
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_sliding_window = False
+    tok = tokenizer_lm if tokenizer_lm is not None else load_model(device="cpu")
+    config.eos_token_id = sorted(tok.eos_token_ids)[0]
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(config, dtype=dt, attn_implementation="sdpa")
+    model.eval()
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return LM(model=model, tokenizer=tok.tokenizer, name=f"random {shape}", source=Path("."),
+              load_seconds=time.perf_counter() - t0, eos_token_ids=tok.eos_token_ids)
+
+
+def _sync(lm: Any) -> None:
     import torch
 
+    if torch.device(lm.device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_hf(lm: Any, ids: list[int], n: int, *, compiled: bool = False) -> float:
+    import torch
+
+    kwargs: dict[str, Any] = {}
+    if compiled:  # static cache + torch.compile of the forward (CUDA graphs on GPU), on any device
+        from transformers import CompileConfig
+
+        kwargs = dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=False))
+        kwargs["compile_config"]._compile_all_devices = True
     x = torch.tensor([ids], device=lm.device)
+    _sync(lm)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, min_new_tokens=n,
-                                max_new_tokens=n, pad_token_id=lm.pad_token_id)
+                                max_new_tokens=n, pad_token_id=lm.pad_token_id, **kwargs)
+    _sync(lm)
     dt = time.perf_counter() - t0
     assert out.shape[1] - len(ids) == n
     return dt
@@ -124,7 +196,171 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
     }
 
 
+def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
+    """``n_jobs`` different chat prompts of about ``prompt_tokens`` tokens: windows of the example document starting
+    at successive paragraphs (cut to ``prompt_tokens``; the document repeats when it runs out)."""
+    paragraphs = [p for p in example_document().split("\n\n") if p.strip()]
+    out = []
+    for i in range(n_jobs):
+        text = "\n\n".join(paragraphs[(i + j) % len(paragraphs)] for j in range(len(paragraphs)))
+        out.append(lm.encode(lm.instruction_prompt(INSTRUCTION + text))[:prompt_tokens])
+    return out
+
+
+def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_tokens: int = 64,
+                   prompt_tokens: int = 300, repeats: int = 1, compile: bool = False, max_rows: int | None = None,
+                   progress: Any = None) -> dict[str, Any]:
+    """``--jobs N``: N jobs one by one vs through ``run_jobs`` (see the module docstring); rows per K."""
+    import torch
+
+    from dpinfer.engine import Engine, EngineJob
+    from dpinfer.mechanisms.sampler import Sampler
+
+    prompts = job_prompts(lm, n_jobs, prompt_tokens)
+    total = n_jobs * new_tokens
+
+    def jobs(k: int) -> list[Any]:
+        return [EngineJob([p] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, pad_width=len(p)) for p in prompts]
+
+    engine = Engine(lm)
+    _time_engine(lm, prompts[0][:64], 1, 4, True)  # warm-up
+    times: dict[str, list[float]] = {}
+    extra: dict[str, dict[str, Any]] = {}
+
+    def timed(label: str, fn: Callable[[], Any]) -> Any:
+        if progress:
+            progress(label)
+        _sync(lm)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(lm)
+        times.setdefault(label, []).append(time.perf_counter() - t0)
+        return out
+
+    def through_slots(k: int, compiled: bool) -> dict[int, Any]:
+        return dict(engine.run_jobs(jobs(k), compile=compiled, max_rows=max_rows))
+
+    step_ab = None
+    if compile:  # the decode step alone, eager vs compiled, interleaved (S = the jobs' slot count)
+        from dpinfer.slots import DEFAULT_MAX_ROWS, bucket_capacity
+
+        if progress:
+            progress("decode step eager vs compiled")
+        default_rows = DEFAULT_MAX_ROWS.get(torch.device(lm.device).type, DEFAULT_MAX_ROWS["cpu"])
+        step_ab = decode_step_ab(lm, slots=min(n_jobs * max(ks), max_rows or default_rows),
+                                 capacity=bucket_capacity(max(map(len, prompts)) + new_tokens))
+    if compile:  # first calls compile: timed apart, once per K (then cached per slot-count bucket)
+        for k in ks:
+            label = f"run_jobs K={k} compiled, first call (compiles)"
+            timed(label, lambda k=k: through_slots(k, True))
+            extra[label] = {"contexts": k, "first_call": True}
+        timed("hf generate static+compile, first call (compiles)", lambda: _time_hf(lm, prompts[0], new_tokens,
+                                                                                    compiled=True))
+    for _ in range(repeats):
+        timed("hf generate (1 prompt)", lambda: _time_hf(lm, prompts[0], new_tokens))
+        if compile:
+            timed("hf generate static+compile (1 prompt)", lambda: _time_hf(lm, prompts[0], new_tokens,
+                                                                            compiled=True))
+        for k in ks:
+            ref = timed(f"one by one K={k}", lambda k=k: [
+                engine.generate(j.contexts, j.mechanism, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                pad_width=j.pad_width) for j in jobs(k)])
+            got = timed(f"run_jobs K={k} eager", lambda k=k: through_slots(k, False))
+            same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
+            extra[f"run_jobs K={k} eager"] = {"contexts": k, "same_tokens_as_one_by_one": f"{same}/{n_jobs}"}
+            if compile:
+                got = timed(f"run_jobs K={k} compiled", lambda k=k: through_slots(k, True))
+                same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
+                extra[f"run_jobs K={k} compiled"] = {"contexts": k, "same_tokens_as_one_by_one": f"{same}/{n_jobs}"}
+    rows = []
+    for label, ts in times.items():
+        t = statistics.median(ts)
+        hf = label.startswith("hf ")
+        k = extra.get(label, {}).get("contexts", 1 if hf else int(label.split("K=")[1].split()[0]))
+        tokens = new_tokens if hf else total
+        base = statistics.median(times[f"one by one K={k}"]) if not hf else None
+        rows.append({"config": label, "contexts": k, "seconds": round(t, 3), "tokens_per_s": round(tokens / t, 2),
+                     "ratio_vs_one_by_one": None if base is None or "first call" in label else round(base / t, 3),
+                     **{x: y for x, y in extra.get(label, {}).items() if x not in ("contexts", "first_call")}})
+    from dpinfer.slots import DEFAULT_MAX_ROWS
+
+    return {
+        "settings": {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+                     "jobs": n_jobs, "prompt_tokens": [len(p) for p in prompts], "new_tokens": new_tokens,
+                     "repeats": repeats, "torch_threads": torch.get_num_threads(),
+                     "max_rows": max_rows or DEFAULT_MAX_ROWS.get(torch.device(lm.device).type)},
+        "rows": rows,
+        "decode_step": step_ab,
+    }
+
+
+def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dict[str, float]:
+    """One slot-engine decode step (``slots`` rows, half the ``capacity`` filled), eager and compiled, timed
+    alternately ``reps`` times each (so that load drift on a shared machine hits both alike): median milliseconds
+    per step, and the seconds of the first compiled call (the compilation)."""
+    import torch
+
+    from dpinfer.slots import DecodeStep, SlotCache
+
+    config = lm.model.config
+    heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    with torch.inference_mode():
+        cache = SlotCache(config.num_hidden_layers, slots, capacity, lm.device)
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        fill = capacity // 2
+        kv = [(torch.randn((heads, fill, head_dim), generator=gen).to(lm.device, lm.dtype),
+               torch.randn((heads, fill, head_dim), generator=gen).to(lm.device, lm.dtype))
+              for _ in range(config.num_hidden_layers)]
+        for slot in range(slots):
+            cache.write(slot, kv, fill)
+        ids = torch.randint(0, lm.vocab_size, (slots, 1), generator=gen).to(lm.device)
+        eager, compiled = DecodeStep(lm, cache, False), DecodeStep(lm, cache, True)
+        _sync(lm)
+        t0 = time.perf_counter()
+        compiled(ids)
+        _sync(lm)
+        compile_s = time.perf_counter() - t0
+        eager(ids)
+        times: dict[str, list[float]] = {"eager": [], "compiled": []}
+        for _ in range(reps):
+            for name, fn in (("eager", eager), ("compiled", compiled)):
+                _sync(lm)
+                t0 = time.perf_counter()
+                fn(ids)
+                _sync(lm)
+                times[name].append(time.perf_counter() - t0)
+    return {"eager_ms": 1000 * statistics.median(times["eager"]),
+            "compiled_ms": 1000 * statistics.median(times["compiled"]), "compile_seconds": compile_s}
+
+
+def format_jobs_markdown(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lengths = s["prompt_tokens"]
+    lines = [
+        f"Slot engine: {s['jobs']} jobs on {s['model']} ({s['device']}, {s['dtype']}, {s['torch_threads']} threads), "
+        f"prompts of {min(lengths)}-{max(lengths)} tokens, {s['new_tokens']} new tokens per job, max_rows "
+        f"{s['max_rows']}, median of {s['repeats']} run(s); tokens/s = released tokens (HF rows: one prompt)",
+        "",
+        "| config | K | seconds | tokens/s | ratio vs one by one | same tokens |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in res["rows"]:
+        ratio = "" if r["ratio_vs_one_by_one"] is None else f"{r['ratio_vs_one_by_one']:.2f}"
+        lines.append(f"| {r['config']} | {r['contexts']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} | {ratio} "
+                     f"| {r.get('same_tokens_as_one_by_one', '')} |")
+    ab = res.get("decode_step")
+    if ab:
+        lines += ["", f"Decode step alone (interleaved): eager {ab['eager_ms']:.1f} ms, compiled "
+                      f"{ab['compiled_ms']:.1f} ms (×{ab['eager_ms'] / ab['compiled_ms']:.2f}); compilation "
+                      f"{ab['compile_seconds']:.1f} s"]
+    return "\n".join(lines)
+
+
 def format_markdown(res: dict[str, Any]) -> str:
+    if "jobs" in res["settings"]:
+        return format_jobs_markdown(res)
     s = res["settings"]
     lines = [
         f"Engine throughput: {s['model']} on {s['device']} ({s['dtype']}, {s['torch_threads']} threads), "
@@ -153,19 +389,50 @@ class EngineBenchConfig:
     repeats: int = 1
     unshared: bool = True
     """Also time K > 1 without prefix sharing."""
+    jobs: int | None = None
+    """Slot-engine mode: this many jobs one by one vs through ``run_jobs``."""
+    compile: bool = False
+    """With ``jobs``: also the compiled decode step and HF static cache + torch.compile."""
+    max_rows: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    """A :data:`SHAPES` name: random weights of that shape instead of ``model``."""
 
 
 def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
-    """The config of parsed ``dpinfer bench engine`` options."""
-    return EngineBenchConfig(model=args.model, ks=tuple(args.k), new_tokens=args.new_tokens,
-                             prompt_tokens=args.prompt_tokens, repeats=args.repeats, unshared=not args.no_unshared)
+    """The config of parsed ``dpinfer bench engine`` options (checked here, before any model loads)."""
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import _pick_device, _pick_dtype
+
+    if args.shape is not None and args.model is not None:
+        raise ConfigurationError("give --model or --shape, not both")
+    if args.compile and args.jobs is None:
+        raise ConfigurationError("--compile applies to the slot engine: add --jobs N")
+    if args.max_rows is not None and args.jobs is None:
+        raise ConfigurationError("--max-rows applies to the slot engine: add --jobs N")
+    _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
+    jobs_mode = args.jobs is not None
+    return EngineBenchConfig(model=args.model, ks=tuple(args.k) if args.k else ((1,) if jobs_mode else (1, 2, 5, 9)),
+                             new_tokens=args.new_tokens or (64 if jobs_mode else 256),
+                             prompt_tokens=args.prompt_tokens or (300 if jobs_mode else 500), repeats=args.repeats,
+                             unshared=not args.no_unshared, jobs=args.jobs, compile=args.compile,
+                             max_rows=args.max_rows, device=args.device, dtype=args.dtype, shape=args.shape)
 
 
 def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Load the model and measure (:func:`run_engine_bench`); ``progress(stage)`` names each run as it starts."""
+    """Load the model and measure (:func:`run_engine_bench`, or :func:`run_jobs_bench` with ``jobs``);
+    ``progress(stage)`` names each run as it starts."""
     from dpinfer.models import load_model
 
-    lm = load_model(config.model)
+    if config.shape is not None:
+        lm = shape_model(config.shape, device=config.device, dtype=config.dtype)
+    else:
+        lm = load_model(config.model, device=config.device, dtype=config.dtype)
+    if config.jobs is not None:
+        return run_jobs_bench(lm, n_jobs=config.jobs, ks=config.ks, new_tokens=config.new_tokens,
+                              prompt_tokens=config.prompt_tokens, repeats=config.repeats, compile=config.compile,
+                              max_rows=config.max_rows, progress=progress)
     return run_engine_bench(lm, ks=config.ks, new_tokens=config.new_tokens, prompt_tokens=config.prompt_tokens,
                             repeats=config.repeats, unshared=config.unshared, progress=progress)
 
@@ -177,8 +444,19 @@ def render(res: dict[str, Any]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name or local folder (default: the embedded SmolLM2)")
-    p.add_argument("--k", type=int, nargs="+", default=[1, 2, 5, 9], help="numbers of contexts (default 1 2 5 9)")
-    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per run (default 256)")
-    p.add_argument("--prompt-tokens", type=int, default=500, help="approximate prompt length (default 500)")
+    p.add_argument("--k", type=int, nargs="+", default=None,
+                   help="numbers of contexts (default 1 2 5 9; with --jobs: 1)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default 256; --jobs: 64)")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="approximate prompt length (default 500; --jobs: 300)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median is reported (default 1)")
     p.add_argument("--no-unshared", action="store_true", help="skip the runs without prefix sharing")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="slot engine: N jobs one by one vs through Engine.run_jobs (one forward per step), same run")
+    p.add_argument("--compile", action="store_true",
+                   help="with --jobs: also the compiled decode step and HF generate with static cache + torch.compile")
+    p.add_argument("--max-rows", type=int, default=None, help="with --jobs: slot count (default per device)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available)")
+    p.add_argument("--dtype", default=None, help="float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                   help="random-weight model of this shape (no download) instead of --model")

@@ -16,7 +16,7 @@ from dpinfer.errors import InvalidInputError
 def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
     from dpinfer.bench import engine as bench_engine
 
-    be = bsub.add_parser("engine", parents=[common], help="engine tokens/s vs HF generate for K = 1, 2, 5, 9",
+    be = bsub.add_parser("engine", parents=[common], help="engine tokens/s vs HF generate; --jobs N: the slot engine",
                          description=bench_engine.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_engine.add_arguments(be)
     be.set_defaults(func=run_engine)
@@ -41,7 +41,7 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
 
 
 BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
-                "n_private", "n_real", "mauve_repeats", "perf_batch_size")
+                "n_private", "n_real", "mauve_repeats", "perf_batch_size", "jobs", "max_rows")
 """Options of any benchmark that must be integers ≥ 1 when present."""
 
 

@@ -1,0 +1,59 @@
+"""``dpinfer bench engine --jobs``: the slot-engine bench's CPU path on the tiny model, its options, and the
+random-weight shape models (built from a config, nothing downloaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpinfer.bench import engine as bench
+from dpinfer.cli import build_parser
+from dpinfer.errors import ConfigurationError
+
+
+def parse(*argv: str):
+    return bench.config_from_args(build_parser().parse_args(["bench", "engine", *argv]))
+
+
+def test_jobs_options_are_checked_before_any_model():
+    config = parse("--jobs", "4", "--compile", "--max-rows", "8", "--k", "1", "3")
+    assert (config.jobs, config.compile, config.max_rows, config.ks) == (4, True, 8, (1, 3))
+    assert (config.new_tokens, config.prompt_tokens) == (64, 300)  # the --jobs defaults
+    assert parse() == bench.EngineBenchConfig()
+    for bad, match in ((["--compile"], "--jobs"), (["--max-rows", "4"], "--jobs"),
+                       (["--shape", "qwen2.5-7b", "--model", "x"], "not both"), (["--dtype", "int3"], "dtype")):
+        with pytest.raises(ConfigurationError, match=match):
+            parse(*bad)
+    with pytest.raises(SystemExit):  # argparse refuses an unknown shape
+        parse("--shape", "gpt-17")
+
+
+def test_jobs_bench_times_one_by_one_and_run_jobs_in_one_run(tiny_lm, monkeypatch):
+    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+        ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
+         "Mr Smith, a lawyer practising in London, represented the applicants."]))
+    res = bench.run_jobs_bench(tiny_lm, n_jobs=3, ks=(1, 2), new_tokens=5, prompt_tokens=40)
+    labels = [r["config"] for r in res["rows"]]
+    assert labels == ["hf generate (1 prompt)", "one by one K=1", "run_jobs K=1 eager", "one by one K=2",
+                      "run_jobs K=2 eager"]
+    rows = {r["config"]: r for r in res["rows"]}
+    for k in (1, 2):
+        r = rows[f"run_jobs K={k} eager"]
+        assert r["tokens_per_s"] > 0 and r["ratio_vs_one_by_one"] > 0
+        assert r["same_tokens_as_one_by_one"] == "3/3"  # greedy: the same tokens as one job at a time
+    assert res["settings"]["jobs"] == 3 and len(res["settings"]["prompt_tokens"]) == 3
+    table = bench.format_markdown(res)
+    assert "run_jobs K=2 eager" in table and "ratio vs one by one" in table
+
+
+def test_a_shape_model_is_built_from_its_config(tiny_lm, monkeypatch):
+    monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(
+        model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=tiny_lm.vocab_size + 16, tie_word_embeddings=False,
+        max_position_embeddings=256, rope_theta=10000.0))
+    lm = bench.shape_model("tiny-llama", device="cpu", dtype="float32", tokenizer_lm=tiny_lm)
+    assert lm.vocab_size == tiny_lm.vocab_size + 16 and lm.model.config.num_hidden_layers == 2
+    assert lm.eos_token_ids == tiny_lm.eos_token_ids
+    res = bench.run_jobs_bench(lm, n_jobs=2, new_tokens=3, prompt_tokens=30)
+    assert {r["config"] for r in res["rows"]} == {"hf generate (1 prompt)", "one by one K=1", "run_jobs K=1 eager"}
+    with pytest.raises(ConfigurationError, match="unknown shape"):
+        bench.shape_model("gpt-17", tokenizer_lm=tiny_lm)
