@@ -688,11 +688,15 @@ def sanitize_many(
     from dpinfer.engine import Engine
     from dpinfer.taggers import Tagger, get_tagger
 
-    tg = None
-    if tagger is not None:
-        label_map = options.get("label_map")
-        tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **({"label_map": label_map} if label_map
-                                                                              else {}))
+    tg: Any = tagger if isinstance(tagger, Tagger) else None
+
+    def record_tagger() -> Any:  # built once, and only if a record has no spans (presidio takes seconds to load)
+        nonlocal tg
+        if tg is None and tagger is not None:
+            label_map = options.get("label_map")
+            tg = get_tagger(tagger, **({"label_map": label_map} if label_map else {}))
+        return tg
+
     model = resolve_lm(lm) if engine is None else engine.lm
     eng = engine if engine is not None else Engine(model)
     plans: list[tuple[str | int, SanitizePlan]] = []
@@ -700,11 +704,13 @@ def sanitize_many(
         if not isinstance(rec, Record):
             raise InvalidInputError(f"record {i} must be a dpinfer.pipelines.sanitize.Record, got "
                                     f"{type(rec).__name__}")
+        # a tagger that cannot be built stops the run (it is not a per-record error: every record would fail)
+        record_tg = record_tagger() if rec.spans is None else None
         try:
             if isinstance(rec.spans, (str, bytes)):
                 raise InvalidInputError("the spans field must be a list of spans or an object (e.g. TAB entity "
                                         "mentions), not a string")
-            plan = plan_sanitize(rec.text, lm=model, spans=rec.spans, tagger=tg if rec.spans is None else None,
+            plan = plan_sanitize(rec.text, lm=model, spans=rec.spans, tagger=record_tg,
                                  seed=record_seed(seed, rec.id), checked=True, **options)
         except Exception as exc:  # a per-record refusal: reported in its record, the run goes on
             yield RecordOutcome(rec.id, error=record_error(exc))
