@@ -19,6 +19,11 @@ from typing import Any
 
 from dpinfer.errors import ConfigurationError
 
+CHUNK_RECORDS = 256
+"""Records planned and handed to one ``Engine.run_jobs`` call at a time by the local backend: enough jobs to keep a
+batching engine's slots full, while the planned contexts of a large corpus stay bounded in memory and the first
+records are written after one chunk is planned, not the whole corpus."""
+
 PLAIN_PROGRESS_SECONDS = 10.0
 """Seconds between two plain progress lines when standard error is not a terminal."""
 
@@ -182,10 +187,18 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
                                        batch_size=args.ray_batch_size)
         return
+    from dpinfer.engine import Engine
     from dpinfer.models import load_model
     from dpinfer.pipelines.corpus import release_record
     from dpinfer.pipelines.sanitize import sanitize_many
+    from dpinfer.taggers import get_tagger
 
+    # the tagger (when a record has no spans) is built once, before the model loads: a tagger that cannot be built
+    # stops the run here instead of failing every record
+    tg = get_tagger(tagger) if tagger and any(r.spans is None for r in todo) else None
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
-    for outcome in sanitize_many(todo, lm=lm, tagger=tagger, seed=args.seed, **options):
-        yield release_record(outcome)
+    engine = Engine(lm)
+    for start in range(0, len(todo), CHUNK_RECORDS):
+        chunk = todo[start:start + CHUNK_RECORDS]
+        for outcome in sanitize_many(chunk, engine=engine, tagger=tg, seed=args.seed, **options):
+            yield release_record(outcome)
