@@ -44,6 +44,9 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
                    help="--backend ray: join this Ray cluster (e.g. ray://HOST:10001); default: a local Ray")
     g.add_argument("--ray-batch-size", type=int, default=8,
                    help="--backend ray: records per batch sent to an engine actor (default 8)")
+    g.add_argument("--ray-actors", type=int, default=None,
+                   help="--backend ray: engine actors, each loading the model once (default: one per GPU of the "
+                        "cluster when the model runs on CUDA, else 1)")
 
 
 def check_corpus_args(args: argparse.Namespace) -> None:
@@ -67,6 +70,8 @@ def check_corpus_args(args: argparse.Namespace) -> None:
     if args.ray_address and args.backend != "ray":
         raise ConfigurationError("--ray-address needs --backend ray")
     int_at_least(args.ray_batch_size, "--ray-batch-size", 1)
+    if args.ray_actors is not None:
+        int_at_least(args.ray_actors, "--ray-actors", 1)
     for option, value in (("--text-field", args.text_field), ("--id-field", args.id_field),
                           ("--spans-field", args.spans_field)):
         if not value:
@@ -185,7 +190,7 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
 
         yield from sanitize_corpus_ray(todo, model=args.model, device=args.device, quantize=args.quantize,
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
-                                       batch_size=args.ray_batch_size)
+                                       batch_size=args.ray_batch_size, actors=args.ray_actors)
         return
     from dpinfer.engine import Engine
     from dpinfer.models import load_model
