@@ -32,6 +32,13 @@ max_new_tokens=...)`` on the full document).
 
 Documents longer than the model's context window raise :class:`~dpinfer.errors.ContextTooLongError` (no silent
 truncation).
+
+Many documents: :func:`sanitize` is :func:`plan_sanitize` (steps 1-2 and the calibrated mechanism, as an
+:class:`~dpinfer.engine.EngineJob`), the engine (step 3) and :func:`finish_sanitize` (step 4).
+:func:`sanitize_many` plans every :class:`Record` of a corpus, runs all planned jobs through ONE
+:meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call (a batching engine serves them together) and finishes
+each as it completes; a record that cannot be planned is reported in its :class:`RecordOutcome` and the others go
+on. ``dpinfer sanitize --corpus`` (docs/corpus.md) writes the outcomes to a resumable JSONL file.
 """
 
 from __future__ import annotations
