@@ -195,3 +195,21 @@ def test_missing_store_is_refused_without_create(tmp_path):
         from dpinfer.rag.store import DocumentStore
 
         DocumentStore(tmp_path / "nope")
+
+
+def test_ask_many_equals_ask_per_question_and_charges_the_session(tmp_path, tiny_lm, embedder, docs):
+    """ask_many = plan_ask for every question + one Engine.run_jobs call + finish_ask: the same answers as ask with
+    seed + i, a refused question reported on its own, and every answer charged to the session."""
+    questions = [QUESTION, "   ", "What helps a migraine?"]
+    many_rag = _rag(tmp_path, "many", tiny_lm, embedder, docs)
+    got = {i: (ans, err) for i, ans, err in many_rag.ask_many(questions, epsilon=8.0, max_new_tokens=6, seed=4)}
+    assert set(got) == {0, 1, 2}
+    assert got[1][0] is None and "is empty" in got[1][1] and "\n" not in got[1][1]
+    one_rag = _rag(tmp_path, "one", tiny_lm, embedder, docs)
+    for i in (0, 2):
+        ans = got[i][0]
+        ref = one_rag.ask(questions[i], epsilon=8.0, max_new_tokens=6, seed=4 + i)
+        assert ans is not None and got[i][1] is None
+        assert ans.token_ids == ref.token_ids and ans.doc_ids == ref.doc_ids
+        assert ans.guarantee == ref.guarantee and ans.settings == ref.settings
+    assert many_rag.answers == 2 and many_rag.session_guarantee() == one_rag.session_guarantee()
