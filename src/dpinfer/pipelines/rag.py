@@ -478,22 +478,26 @@ class PrivateRAG:
                          tokens=len(ids), finish_reason=out.finish_reasons[0], token_ids=list(ids),
                          retrieved=list(plan.hits), data_dependent=dd)
 
-    def ask_many(self, questions: Sequence[str], **options: Any) -> Iterator[tuple[int, RagAnswer | None, str | None]]:
+    def ask_many(self, questions: Sequence[str], *, ids: Sequence[str | int] | None = None,
+                 **options: Any) -> Iterator[tuple[int, RagAnswer | None, str | None]]:
         """Answer many questions: plan each (:meth:`plan_ask`; ``options`` are :meth:`ask`'s keyword arguments,
         checked once), run every planned job through ONE :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`
         call, and yield ``(index, answer, None)`` as each finishes, or ``(index, None, error)`` for a question that
         could not be planned (``error``: one line, no private text). Every answer is charged to this session: the
-        answers compose (:meth:`session_guarantee`), since they all read the same store. With a ``seed``, question
-        ``i`` uses ``seed + i``."""
-        from dpinfer.pipelines.sanitize import record_error
+        answers compose (:meth:`session_guarantee`), since they all read the same store. With a ``seed`` (tests and
+        benchmarks only), question ``i`` uses ``record_seed(seed, ids[i])`` (``ids`` default: the indices), so its
+        answer does not depend on the other questions."""
+        from dpinfer.pipelines.sanitize import record_error, record_seed
 
         seed = options.pop("seed", None)
         check_ask_params(**{k: v for k, v in options.items() if k != "min_new_tokens"}, seed=seed)
+        if ids is not None and len(ids) != len(questions):
+            raise InvalidInputError(f"ask_many: {len(ids)} ids for {len(questions)} questions")
         plans: list[tuple[int, AskPlan]] = []
         for i, question in enumerate(questions):
             try:
-                plans.append((i, self.plan_ask(question, seed=None if seed is None else int(seed) + i, checked=True,
-                                               **options)))
+                plans.append((i, self.plan_ask(question, seed=record_seed(seed, i if ids is None else ids[i]),
+                                               checked=True, **options)))
             except Exception as exc:  # a per-question refusal: reported, the others go on
                 yield i, None, record_error(exc)
         if not plans:
