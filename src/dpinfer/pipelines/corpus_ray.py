@@ -122,7 +122,8 @@ def sanitize_corpus_ray(records: Sequence[Record], *, model: str | None = None, 
     ds = ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // batch_size)))
     out = ds.map_batches(
         SanitizeActor, batch_size=batch_size, batch_format="numpy",
-        fn_constructor_kwargs={"model": model, "device": device, "quantize": quantize, "tagger": tagger,
+        fn_constructor_kwargs={"model": model, "device": device, "quantize": quantize,
+                               "tagger": tagger if any(r.spans is None for r in records) else None,
                                "seed": seed, "options": dict(options or {})},
         compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=in_flight),
         **resources)
