@@ -11,12 +11,9 @@ A method of a task (``dpinfer sanitize --method``, ``dpinfer synth --method``, t
 So registering a mechanism for a task is enough for the task's pipeline, its command-line ``choices`` and ``--help``,
 and the checks in :mod:`dpinfer.validation` to offer it.
 
-Torch-free lookups. Reading :data:`~dpinfer.mechanisms.registry.REGISTRY` imports every mechanism, and so torch and
-the accountant (seconds); the command line must refuse a bad ``--method`` and print ``--help`` in well under a second.
-So while no mechanism has been imported in this process, the names, tasks and summaries are read from the built-in
-modules' ``@register(...)`` lines (:func:`declared_mechanisms`, without importing them: the decorator stays the one
-place a mechanism is declared); once :mod:`dpinfer.mechanisms` is imported (a pipeline ran, or code registered a
-mechanism of its own), the registry itself answers. A test keeps the two readings equal.
+Every lookup here is torch-free: the registry knows its entries' names, tasks and summaries without importing a
+mechanism (:data:`~dpinfer.mechanisms.registry.BUILTIN`), so the command line refuses a bad ``--method`` and prints
+``--help`` in well under a second.
 
 >>> method_names("sanitize")[:1], is_baseline("sanitize", "ner-scrub"), baseline("synthesize", "public").context
 (['dp-fusion'], True, 'public')
@@ -24,11 +21,7 @@ mechanism of its own), the registry itself answers. A test keeps the two reading
 
 from __future__ import annotations
 
-import ast
-import functools
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from dpinfer.defaults import SANITIZE, SYNTH
@@ -73,53 +66,8 @@ def _check_task(task: str) -> None:
         raise ConfigurationError(f"unknown task {task!r}; tasks with methods: {', '.join(BASELINES)}")
 
 
-@functools.lru_cache(maxsize=1)
-def declared_mechanisms() -> dict[str, tuple[tuple[str, ...], str]] | None:
-    """Name → (tasks, summary) of the built-in mechanisms, read from the ``@register("name", tasks=(...),
-    summary="...")`` decorators of the modules in ``BUILTIN_MODULES`` (``dpinfer/mechanisms/registry.py``) by parsing
-    their source, without importing them. None when a declaration is not literal (the registry must be read).
-
-    >>> declared_mechanisms()["dp-fusion"][0]
-    ('sanitize',)
-    """
-    import dpinfer
-
-    folder = Path(dpinfer.__file__).resolve().parent / "mechanisms"
-    try:
-        modules = _literal_assignment(folder / "registry.py", "BUILTIN_MODULES")
-        out: dict[str, tuple[tuple[str, ...], str]] = {}
-        for module in modules:  # type: ignore[union-attr]
-            tree = ast.parse((folder / f"{module}.py").read_text(encoding="utf-8"))
-            for node in ast.walk(tree):
-                if not isinstance(node, ast.ClassDef):
-                    continue
-                for deco in node.decorator_list:
-                    func = deco.func if isinstance(deco, ast.Call) else None
-                    if getattr(func, "id", getattr(func, "attr", None)) != "register":
-                        continue
-                    kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords}  # type: ignore[union-attr]
-                    name = ast.literal_eval(deco.args[0])  # type: ignore[union-attr]
-                    out[name] = (tuple(kw.get("tasks", ())), str(kw.get("summary", "")))
-    except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError):
-        return None
-    return out or None
-
-
-def _literal_assignment(path: Path, target: str) -> object:
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == target for t in node.targets):
-            return ast.literal_eval(node.value)
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == target and node.value is not None:
-            return ast.literal_eval(node.value)
-    raise KeyError(target)
-
-
 def _registered(task: str) -> dict[str, str]:
-    """Name → summary of the mechanisms registered for ``task`` (sorted by name), torch-free while no mechanism has
-    been imported (see the module docstring)."""
-    declared = None if "dpinfer.mechanisms" in sys.modules else declared_mechanisms()
-    if declared is not None:
-        return {n: summary for n, (tasks, summary) in sorted(declared.items()) if task in tasks}
+    """Name → summary of the mechanisms registered for ``task`` (sorted by name)."""
     from dpinfer.mechanisms.registry import REGISTRY
 
     return {n: REGISTRY.get(n).summary for n in REGISTRY.names(task=task)}

@@ -81,13 +81,27 @@ def test_cli_refuses_an_unregistered_method_with_the_list(capsys) -> None:
     assert "unknown --method 'nope'; choose one of dp-fusion, dp-decoding, dp-prompt, original, ner-scrub" in err
 
 
-def test_declared_mechanisms_are_exactly_the_registry() -> None:
-    """The torch-free reading of the @register lines agrees with the registry, name for name, task for task."""
-    from dpinfer.methods import declared_mechanisms
+def test_every_builtin_entry_names_its_class() -> None:
+    """Each built-in entry's ``"module:Class"`` imports to a Mechanism subclass whose ``name`` is the entry's name."""
+    from dpinfer.mechanisms.base import Mechanism
+    from dpinfer.mechanisms.registry import BUILTIN
 
-    declared = declared_mechanisms()
-    assert declared is not None
-    assert declared == {e.name: (e.tasks, e.summary) for e in REGISTRY}
+    assert [e.name for e in BUILTIN] == sorted(e.name for e in BUILTIN)
+    for entry in BUILTIN:
+        assert isinstance(entry.target, str)
+        assert issubclass(entry.cls, Mechanism) and entry.cls.name == entry.name, entry
+
+
+def test_registering_a_taken_name_or_an_unknown_task_is_refused() -> None:
+    from dpinfer.mechanisms.registry import BUILTIN, MechanismRegistry
+    from dpinfer.mechanisms.sampler import Sampler
+
+    reg = MechanismRegistry(BUILTIN)
+    assert reg.register("sampler", tasks=("generate",))(Sampler) is Sampler  # the same class again: fine
+    with pytest.raises(ConfigurationError, match="already registered"):
+        reg.register("dp-fusion", tasks=("sanitize",))(Sampler)
+    with pytest.raises(ConfigurationError, match="unknown task"):
+        reg.register("toy", tasks=("nope",))
 
 
 @pytest.mark.parametrize("argv", [["sanitize", "doc.txt", "--method", "nope"], ["synth", "c.jsonl", "--text-field",
@@ -98,7 +112,8 @@ def test_method_refusal_and_help_import_no_mechanism(argv: list[str]) -> None:
     import sys
 
     code = ("import sys\nfrom dpinfer.cli import main\ntry:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    rc = e.code\nbad = [m for m in sys.modules if m == 'torch' or m.startswith('dpinfer.mechanisms')]\n"
+            "    rc = e.code\nbad = [m for m in sys.modules if m == 'torch' or m.startswith('dpinfer.mechanisms.')\n"
+            "       and m != 'dpinfer.mechanisms.registry']\n"
             "print('IMPORTED', bad)\nsys.exit(rc)")
     res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert "IMPORTED []" in res.stdout, res.stdout + res.stderr

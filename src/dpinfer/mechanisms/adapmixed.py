@@ -26,7 +26,6 @@ import torch
 from dpinfer.accounting import DataDependentSpend, Guarantee, epsilon_from_rdp
 from dpinfer.checks import check_alpha, check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.divergences import mix, renyi_divergence
 from dpinfer.mechanisms.layout import check_batch_layout
@@ -39,11 +38,6 @@ ORDERS: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.
 """Rényi orders at which the realised loss is tracked (the conversion takes the best)."""
 
 
-@register(
-    "adapmixed",
-    tasks=("synthesize",),
-    summary="AdaPMixED (Flemings et al. 2024): data-dependent, no ex-ante guarantee",
-)
 class AdaPMixED(Mechanism):
     """AdaPMixED adapted to generation: per-reference mollified mixtures, noisy screening, data-dependent budget.
 

@@ -38,7 +38,6 @@ from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ant
 from dpinfer.accounting.events import SparseVectorExponentialEvent
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
@@ -74,11 +73,6 @@ def rho_per_private_token(
     return SparseVectorExponentialEvent(clip_norm, batch_size, temperature, svt_noise, as_published).rho
 
 
-@register(
-    "amin",
-    tasks=("synthesize",),
-    summary="Amin et al. 2024: clipped average with a sparse-vector test",
-)
 class AminSVT(Mechanism):
     """Amin et al. 2024: recentre-clip-aggregate, exponential-mechanism sampling, SVT for free public tokens.
 

@@ -43,7 +43,6 @@ from dpinfer.accounting.events import (
 )
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -100,11 +99,6 @@ def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLos
     return compose_steps(UniformMixtureEvent(lam, vocab_size), positive_int(num_tokens, "the number of tokens"))
 
 
-@register(
-    "dp-decoding",
-    tasks=("sanitize",),
-    summary="DP-Decoding (Majmudar et al. 2022): mix with the uniform distribution",
-)
 class DPDecoding(Mechanism):
     """DP-Decoding (Majmudar et al. 2022): sample from ``λ·softmax(z/τ) + (1 − λ)·uniform(V)``; pure ε_tok-DP per token.
 

@@ -73,7 +73,6 @@ from dpinfer.accounting.dp_fusion import (
 )
 from dpinfer.checks import check_alpha, check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.divergences import mix, renyi_divergence, symmetric_renyi
 from dpinfer.mechanisms.mollify import check_tol, mollify, mollify_with_divergence
@@ -94,11 +93,6 @@ _LOG_TINY = -708.0
 """log of a normal float64 (e^-708 ≈ 3e-308): every released probability on the support is at least this."""
 
 
-@register(
-    "dp-fusion",
-    tasks=("sanitize",),
-    summary="DP-Fusion: per-group mollified mixture of public and private contexts",
-)
 class DPFusion(Mechanism):
     """DP-Fusion (Thareja et al.): mollify each privacy group's distribution towards the public one, average, sample.
 

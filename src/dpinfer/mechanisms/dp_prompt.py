@@ -39,7 +39,6 @@ from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ant
 from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, check_prompt_temperature
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -78,11 +77,6 @@ def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
     return PureDp(epsilon_tok, bounded_range=True).times(positive_int(num_tokens, "the number of tokens"))
 
 
-@register(
-    "dp-prompt",
-    tasks=("sanitize", "prompt"),
-    summary="DP-Prompt (Utpala et al. 2023): clipped logits, full-vocabulary sampling",
-)
 class DPPrompt(Mechanism):
     """DP-Prompt (Utpala et al. 2023): clip the logits to ``[b_min, b_max]``, sample at τ from the full vocabulary.
 

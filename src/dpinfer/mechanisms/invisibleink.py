@@ -33,7 +33,6 @@ from dpinfer.accounting.accountant import compose_steps, ex_ante_guarantee
 from dpinfer.accounting.events import ClippedExponentialEvent
 from dpinfer.checks import check_delta, optional_positive_int, positive_int, positive_number
 from dpinfer.errors import InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -104,11 +103,6 @@ def rho_for_clip_norm(clip_norm: float, *, batch_size: int, temperature: float, 
     return loss.rho  # type: ignore[attr-defined]
 
 
-@register(
-    "invisibleink",
-    tasks=("synthesize",),
-    summary="InvisibleInk: DClip + Top-k+ exponential mechanism",
-)
 class InvisibleInk(Mechanism):
     """InvisibleInk: DClip + Top-k⁺ + exponential-mechanism sampling over B references (ALGORITHMS §2).
 

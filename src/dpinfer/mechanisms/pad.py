@@ -53,7 +53,6 @@ from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ant
 from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.invisibleink import topk_plus
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
@@ -139,11 +138,6 @@ def _adjacency(value: object) -> str:
     return str(value)
 
 
-@register(
-    "pad",
-    tasks=("rag",),
-    summary="PAD (rigorous): clipped context shift on a public Top-k+ support + Gaussian noise, zCDP per answer",
-)
 class Pad(Mechanism):
     """Rigorous PAD: release ``ℓ_pub + clip(centre(ℓ_ctx − ℓ_pub), C) + N(0, σ²I)`` on a public support.
 
@@ -321,11 +315,6 @@ def published_step_parameters(logits: torch.Tensor, step: int, **overrides: floa
     return True, sens, sigma, p["alpha"] * sens**2 / (2.0 * sigma**2)
 
 
-@register(
-    "pad-as-published",
-    tasks=("rag",),
-    summary="PAD as published by its authors (no clipping, data-dependent screening): no guarantee, heuristic figure",
-)
 class PadAsPublished(Mechanism):
     """The PAD authors' decoding step, exactly (ALGORITHMS §3), on the private row alone (K = 1).
 

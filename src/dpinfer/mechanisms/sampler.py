@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
 from dpinfer.mechanisms.transforms import LogitsProcessor, Temperature, TopK, TopP, apply
@@ -107,11 +106,6 @@ def sample_rows(logits: torch.Tensor, generator: Randomness) -> torch.Tensor:
     return sample_probs(torch.softmax(logits, dim=-1), generator)
 
 
-@register(
-    "sampler",
-    tasks=("generate", "sanitize", "synthesize"),
-    summary="plain sampling (no privacy); the original / NER-scrub / public baselines",
-)
 class Sampler(Mechanism):
     """Plain decoding: ``temperature == 0`` is greedy (argmax, ties to the lowest id, as in transformers).
 

@@ -23,14 +23,11 @@ import torch
 from dpinfer.accounting import Guarantee
 from dpinfer.checks import positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms import register
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs
 
 
-@register("static", tasks=("rag",), summary="Static: fixed Gaussian noise on all logits of the private context "
-                                            "(baseline, no guarantee)")
 class StaticNoise(Mechanism):
     """Fixed Gaussian noise σ on every logit of the one (private) context, then argmax (τ = 0) or sampling at τ."""
 
