@@ -12,7 +12,10 @@ many):
 Each document gets the same seed on both paths (:func:`~dpinfer.pipelines.sanitize.record_seed`), so the bench also
 reports whether the two paths released the same tokens (with the reference ``run_jobs``, which runs the jobs one after
 another, they must; a batching engine may differ where batched kernels round differently). A short warm-up run comes
-first; with ``--repeats R`` the two paths alternate R times and the median is reported.
+first; with ``--repeats R`` the two paths run R times each, the order alternating between rounds (one by one first in
+even rounds, the corpus path first in odd ones) so that a drifting machine load does not favour either, and the
+median is reported. On a shared machine use ``--repeats 2`` or more: a single round measures the load as much as the
+code.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
     single: dict[str, list[int]] = {}
     many: dict[str, list[int]] = {}
     errors: list[str] = []
-    for r in range(repeats):
+    def one_by_one(r: int) -> None:
         if progress:
             progress(f"round {r + 1}/{repeats}: one by one")
         t0 = time.perf_counter()
@@ -44,6 +47,8 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
             res = sanitize(d.text, lm=lm, spans=d.spans, seed=record_seed(seed, d.doc_id), **opts)
             single[d.doc_id] = res.token_ids
         times["one by one"].append(time.perf_counter() - t0)
+
+    def corpus(r: int) -> None:
         if progress:
             progress(f"round {r + 1}/{repeats}: corpus")
         t0 = time.perf_counter()
@@ -54,6 +59,10 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
             else:
                 many[str(outcome.id)] = outcome.result.token_ids
         times["corpus (sanitize_many)"].append(time.perf_counter() - t0)
+
+    for r in range(repeats):  # the order alternates between rounds (ABBA...), so a drifting machine load cancels out
+        for path in ((one_by_one, corpus) if r % 2 == 0 else (corpus, one_by_one)):
+            path(r)
     tokens = sum(len(v) for v in single.values())
     base = statistics.median(times["one by one"])
     rows = []
@@ -70,7 +79,7 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
 def format_corpus(res: dict[str, Any]) -> str:
     s = res["settings"]
     lines = [f"Corpus throughput: {s['model']}, {s['docs']} TAB-ECHR documents, DP-Fusion ε = {s['epsilon']:g} per "
-             f"group ({min(s['groups_per_doc'])}–{max(s['groups_per_doc'])} groups), {s['max_new_tokens']} new tokens "
+             f"group ({_span(s['groups_per_doc'])} groups), {s['max_new_tokens']} new tokens "
              f"each (EOS masked), median of {s['repeats']} round(s), measured in this run", "",
              "| path | seconds | released tokens/s | speed vs one by one |", "|---|---:|---:|---:|"]
     for r in res["rows"]:
@@ -82,3 +91,13 @@ def format_corpus(res: dict[str, Any]) -> str:
     if res["errors"]:
         lines.append(f"records refused: {len(res['errors'])}: " + "; ".join(res["errors"]))
     return "\n".join(lines)
+
+
+def _span(values: Sequence[int]) -> str:
+    """``"6"`` or ``"3–6"``.
+
+    >>> _span([6, 6]), _span([3, 6, 4])
+    ('6', '3–6')
+    """
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
