@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="pii"
 # --dev also installs the MAUVE extra (mauve-text is GPL-3.0; only for running its tests, never a core dependency)
-[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval,mauve,rag,textmetrics"
+[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval,mauve,rag,textmetrics,ray"
 py="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)

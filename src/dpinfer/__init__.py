@@ -23,6 +23,7 @@ _LAZY = {
     "Engine": "dpinfer.engine",
     "Guarantee": "dpinfer.accounting",
     "sanitize": "dpinfer.pipelines.sanitize",
+    "sanitize_many": "dpinfer.pipelines.sanitize",
     "SanitizeResult": "dpinfer.pipelines.sanitize",
     "synthesize": "dpinfer.pipelines.synthesize",
     "SynthesisResult": "dpinfer.pipelines.synthesize",

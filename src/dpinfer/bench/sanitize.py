@@ -329,6 +329,8 @@ class SanitizeBenchConfig:
     """0 = off."""
     perf: bool = False
     repeats: int = 1
+    corpus: int | None = None
+    """Corpus throughput over this many documents (:mod:`dpinfer.bench.corpus`) instead of the quality run."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -354,7 +356,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-repeat-ngram", type=int, default=None,
                    help="ban repeated n-grams of the output (default: sanitize's; 0 = off)")
     p.add_argument("--perf", action="store_true", help="throughput run (m = 1 and m = 4 vs original) instead")
-    p.add_argument("--repeats", type=int, default=1, help="--perf: interleaved rounds, median reported")
+    p.add_argument("--repeats", type=int, default=1, help="--perf, --corpus: interleaved rounds, median reported")
+    p.add_argument("--corpus", type=int, default=None, metavar="N",
+                   help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of --epsilons, "
+                        "T_max 128) one by one vs through sanitize_many / one Engine.run_jobs call, in one run")
 
 
 def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
@@ -367,6 +372,8 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         epsilons = tuple(float(x) for x in args.epsilons.split(",") if x.strip())
     except ValueError:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
+    if args.perf and getattr(args, "corpus", None):
+        raise ConfigurationError("--perf and --corpus are two benchmarks; choose one")
     methods = None
     if args.methods is not None:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -377,7 +384,7 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         data=args.data, n=args.n, skip=args.skip, max_chars=args.max_chars, max_new_tokens=args.max_new_tokens,
         epsilons=epsilons, methods=methods, seed=args.seed, model=args.model, quantize=getattr(args, "quantize", None),
         out=args.out, temperature=args.temperature, top_k=args.top_k, no_repeat_ngram=args.no_repeat_ngram,
-        perf=args.perf, repeats=args.repeats)
+        perf=args.perf, repeats=args.repeats, corpus=getattr(args, "corpus", None))
 
 
 def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -391,6 +398,16 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
     lm = load_model(c.model, quantize=c.quantize)
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
+    if c.corpus:
+        from dpinfer.bench.corpus import format_corpus, run_corpus
+
+        docs = load_tab(c.data, c.corpus, 1200 if c.max_chars is None else c.max_chars, skip=c.skip)
+        res = run_corpus(lm, docs, epsilon=c.epsilons[0] if c.epsilons else 12.0,
+                         max_new_tokens=128 if c.max_new_tokens is None else c.max_new_tokens, seed=c.seed,
+                         repeats=c.repeats, progress=progress)
+        res["markdown"] = format_corpus(res)
+        (out / "sanitize_corpus.md").write_text(res["markdown"] + "\n")
+        return res
     if c.perf:
         doc = load_tab(c.data, 1, 2600 if c.max_chars is None else c.max_chars, skip=c.skip)[0]
         res = run_perf(lm, doc, max_new_tokens=256 if c.max_new_tokens is None else c.max_new_tokens,

@@ -41,7 +41,7 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
 
 
 BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
-                "n_private", "n_real", "mauve_repeats", "perf_batch_size", "jobs", "max_rows")
+                "n_private", "n_real", "mauve_repeats", "perf_batch_size", "jobs", "max_rows", "corpus")
 """Options of any benchmark that must be integers ≥ 1 when present."""
 
 

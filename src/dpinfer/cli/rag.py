@@ -51,7 +51,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                  "--max-new-tokens tokens). Answers add up: k answers cost about k times the zCDP ρ "
                                  "of one. See docs/rag.md.")
     ask.add_argument("store", help="the store's folder")
-    ask.add_argument("question", help="the question (public: it is not protected)")
+    ask.add_argument("question", nargs="?", default=None,
+                     help="the question (public: it is not protected); or --questions Q.jsonl --out OUT.jsonl")
     ask.add_argument("--mechanism", default=RAG.method, help=METHODS_HELP)
     ask.add_argument("--epsilon", type=float, default=None,
                      help=f"target ε per answer for pad (default {RAG.epsilon:g}); for pad-as-published the "
@@ -85,6 +86,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     ask.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     ask.add_argument("--device", default=None)
+    q = ask.add_argument_group("a file of questions (one answer per JSONL record; resumable)")
+    q.add_argument("--questions", default=None, metavar="Q.jsonl",
+                   help="answer every record of this JSONL file (one JSON object per line) instead of QUESTION; "
+                        "--out OUT.jsonl gets one answer per id; rerunning skips the ids already in OUT; the summary "
+                        "states the composed budget of all the answers in OUT (they read the same store)")
+    q.add_argument("--out", default=None, help="--questions: the JSONL file of answers (appended, resumable)")
+    q.add_argument("--question-field", default="question",
+                   help="--questions: the field holding the question (default question)")
+    q.add_argument("--id-field", default="id", help="--questions: the field holding the unique id (default id)")
     ask.set_defaults(func=run_ask)
 
     info = rsub.add_parser("info", parents=[common], help="documents, embedder and settings of a store",
@@ -146,7 +156,14 @@ def run_ask(args: argparse.Namespace) -> int:
                      max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                      sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
                      static_sigma=args.static_sigma, cli=True)
-    check_text(args.question, "the question")
+    if args.questions is None:
+        if args.out:
+            raise InvalidInputError("--out applies to --questions only (one question prints its answer)")
+        if args.question is None:
+            raise InvalidInputError("give a QUESTION, or --questions Q.jsonl --out OUT.jsonl")
+        check_text(args.question, "the question")
+    else:
+        _check_questions_args(args)
     if args.mechanism == "pad":  # an unreachable ε is refused before anything loads
         from dpinfer.mechanisms.pad import Pad
 
@@ -156,6 +173,8 @@ def run_ask(args: argparse.Namespace) -> int:
     if store.count() == 0:
         raise InvalidInputError(f"the store {args.store} holds no documents; add some with: "
                                 f"dpinfer rag add {args.store} FILES...")
+    if args.questions is not None:
+        return _run_ask_questions(args, support)
     from dpinfer.models import load_model
 
     lm = load_model(args.model, device=args.device)
@@ -185,4 +204,97 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     for key, value in info.items():
         print(f"{key}: {value}")
+    return 0
+
+
+def _check_questions_args(args: argparse.Namespace) -> None:
+    """``--questions``: the options and paths, and the file itself, before anything loads."""
+    from dpinfer.errors import InvalidInputError
+    from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
+
+    if args.question is not None:
+        raise InvalidInputError("give a QUESTION or --questions Q.jsonl, not both")
+    if not args.out:
+        raise InvalidInputError("--questions needs --out OUT.jsonl (the answers are appended there, one per id)")
+    if args.show_doc_ids or args.debug_stats:
+        raise InvalidInputError("--show-doc-ids and --debug-stats do not apply to --questions (an answer file holds "
+                                "releases only)")
+    if args.id_field == args.question_field:
+        raise InvalidInputError("--id-field and --question-field must name two different fields")
+    check_corpus_paths(args.questions, args.out)
+    args.question_records = read_corpus(args.questions, id_field=args.id_field, text_field=args.question_field,
+                                        spans_field=None)
+
+
+def answers_budget(records: Any) -> str:
+    """The budget of every answer record (they read the same store, so they compose): their zCDP ρ add up (PAD's
+    ex-ante ρ per answer, from its parameters), converted once at the largest δ; ``public`` answers cost nothing; any
+    answer without a guarantee voids it."""
+    import math
+
+    from dpinfer.accounting import Zcdp
+    from dpinfer.accounting._format import format_up
+
+    rho, deltas, answers = 0.0, [], 0
+    for rec in records:
+        g = rec.get("guarantee")
+        if not isinstance(g, dict):
+            continue
+        answers += 1
+        if rec.get("mechanism") == "public":
+            continue
+        params = g.get("parameters") or {}
+        if rec.get("mechanism") != "pad" or "rho" not in params:
+            return f"{answers} answers in the output; one has no guarantee, so together they have none"
+        rho += float(params["rho"])
+        deltas.append(float(g.get("delta", 1e-5)))
+    if not answers:
+        return "no answer in the output yet"
+    if not deltas:
+        return f"{answers} answers in the output, all public (ε = 0)"
+    eps = Zcdp(rho).to_epsilon(max(deltas))
+    shown = "∞" if math.isinf(eps) else format_up(eps)
+    return (f"{answers} answers in the output, composed (they read the same store): ρ = {format_up(rho)} zCDP, "
+            f"ε ≤ {shown} at δ = {format_up(max(deltas))} for all of them together")
+
+
+def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
+    """``dpinfer rag ask STORE --questions Q --out OUT``: the questions not yet in OUT, one ``ask_many`` call
+    (one ``Engine.run_jobs``), each answer appended as it finishes; a summary with the composed budget."""
+    from dpinfer.cli.corpus_job import record_progress
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, id_key, pending
+    from dpinfer.pipelines.rag import PrivateRAG
+
+    records = args.question_records
+    out = CorpusOutput(args.out)
+    out.open()
+    todo = list(pending(records, out.done))
+    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+    if todo:
+        lm = load_model(args.model, device=args.device)
+        rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
+        with record_progress("rag ask --questions", len(todo)) as progress:
+            for i, ans, err in rag.ask_many(
+                    [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,
+                    epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                    temperature=args.temperature, sigma=args.sigma, support_top_k=support,
+                    adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma):
+                if ans is None:
+                    out.append({"id": todo[i].id, "error": err})
+                    summary.errors += 1
+                else:
+                    release = ans.to_dict()
+                    release.pop("seconds", None)  # timing depends on the private context: not released
+                    out.append({"id": todo[i].id, **release})
+                    summary.done += 1
+                progress(summary.done + summary.errors, summary.errors)
+    ids = {id_key(r.id) for r in records}
+    mine = [rec for key, rec in out.done.items() if key in ids]
+    line = (f"done {summary.done} / skipped {summary.skipped} / errors {summary.errors}; total budget: "
+            f"{answers_budget(mine)}")
+    print(f"dpinfer: rag ask --questions: {line}; answers in {args.out}", file=sys.stderr)
+    if args.json:
+        _print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                     "summary": line})
     return 0

@@ -45,7 +45,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                "--alpha 8 down to ≈ 1.22) protects more and reads worse; --group-epsilon tightens "
                                "the groups that matter most.",
                         formatter_class=LazyHelpFormatter)
-    sz.add_argument("file", help="the document (UTF-8 text), or '-' for standard input")
+    sz.add_argument("file", nargs="?", default=None,
+                    help="the document (UTF-8 text), or '-' for standard input (or --corpus IN.jsonl)")
     sz.add_argument("--epsilon", type=float, default=None,
                     help=f"target ε per group (default {show(SANITIZE.epsilon)}: a per-group bound "
                          f"e^{show(SANITIZE.epsilon)} on the odds; see below and docs/threat-model.md)")
@@ -86,10 +87,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sz.add_argument("--seed", type=int, default=None, help=SEED_HELP)
     add_model_arguments(sz)
     sz.add_argument("--out", default=None, help="also write the rewrite to this file (checked before the model "
-                                                "loads; written atomically; never the input file)")
+                                                "loads; written atomically; never the input file); with --corpus: "
+                                                "the JSONL file of releases, one per id, appended and resumable")
     sz.add_argument("--show-input", action="store_true",
                     help="also show the document with its private spans highlighted (terminal only: never printed "
                          "into a pipe or a file)")
+    from dpinfer.cli.corpus_job import add_corpus_arguments
+
+    add_corpus_arguments(sz)
     sz.set_defaults(func=run)
 
 
@@ -123,9 +128,13 @@ def parse_groups(items: Sequence[str] | None) -> dict[str, list[str]] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dpinfer.cli.corpus_job import check_corpus_args
     from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget, check_sanitize_params
 
     # every parameter and path is checked here, before the document is tagged and before the model loads
+    check_corpus_args(args)
+    if args.corpus is None and args.file is None:
+        raise InvalidInputError("give the document FILE ('-' for standard input), or --corpus IN.jsonl --out OUT.jsonl")
     top_k = cli_k(args.top_k, "--top-k")
     no_repeat = cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
     group_eps = parse_group_epsilon(args.group_epsilon)
@@ -135,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
                           max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
                           accounting=args.accounting, adjacency=args.adjacency,
                           tagger=args.tagger, groups=groups, cli=True)
+    if args.corpus is not None:
+        from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
+
+        check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
+                              alpha=args.alpha, cli=True)
+        return run_sanitize_corpus(args, sanitize_options(args, group_epsilon=group_eps, groups=groups, top_k=top_k,
+                                                          no_repeat_ngram=no_repeat))
     if args.out:
         check_output_path(args.out, inputs=(args.file, args.spans))
     text = read_text_arg(args.file, "document")

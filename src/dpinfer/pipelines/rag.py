@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ from dpinfer.validation import decode_text
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee, PrivacyLoss
+    from dpinfer.engine import EngineJob, EngineOutput
     from dpinfer.models import LM
     from dpinfer.rag.store import AddReport, DocumentStore, Hit
 
@@ -213,6 +214,21 @@ def _public_guarantee(delta: float, t_max: int) -> Guarantee:
                      parameters={"T_max": t_max}, max_new_tokens=t_max)
 
 
+@dataclass
+class AskPlan:
+    """One question planned for the engine (:meth:`PrivateRAG.plan_ask`): the job and what
+    :meth:`PrivateRAG.finish_ask` needs. Its rows hold the retrieved private documents: never log or serialise it."""
+
+    job: EngineJob
+    mechanism: str
+    guarantee: Guarantee
+    hits: list[Hit]
+    settings: dict[str, Any]
+    delta: float
+    adjacency: str
+    t0: float
+
+
 class PrivateRAG:
     """Question answering over a private document store with PAD (see the module docstring).
 
@@ -370,13 +386,34 @@ class PrivateRAG:
             theta: ``distance-threshold``'s maximum Euclidean distance. static_sigma: ``static``'s noise.
             min_new_tokens: benchmarks only: EOS is masked (for every row alike) before this many tokens.
         """
+        plan = self.plan_ask(question, mechanism=mechanism, epsilon=epsilon, delta=delta,
+                             max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, sigma=sigma,
+                             support_top_k=support_top_k, adjacency=adjacency, theta=theta,
+                             static_sigma=static_sigma, min_new_tokens=min_new_tokens)
+        job = plan.job
+        g0 = time.perf_counter()
+        out = self.engine.generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
+                                   pad_width=job.pad_width, min_new_tokens=job.min_new_tokens)
+        return self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
+
+    def plan_ask(self, question: str, *, mechanism: str = RAG.method, epsilon: float | None = None,
+                 delta: float = RAG.delta, max_new_tokens: int = RAG.max_new_tokens, seed: int | None = None,
+                 temperature: float = RAG.temperature, sigma: float = RAG.sigma,
+                 support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
+                 theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
+                 checked: bool = False) -> AskPlan:
+        """Everything :meth:`ask` does before the engine runs (arguments: see there): the checks, the calibrated
+        mechanism and its guarantee, retrieval and the rows, as an :class:`~dpinfer.engine.EngineJob` with what
+        :meth:`finish_ask` needs. ``checked=True`` skips the parameter checks (made once for many questions)."""
+        from dpinfer.engine import EngineJob
         from dpinfer.validation import check_text
 
         t0 = time.perf_counter()
         check_text(question, "the question")
-        check_ask_params(mechanism=mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens, seed=seed,
-                         temperature=temperature, sigma=sigma, support_top_k=support_top_k, adjacency=adjacency,
-                         theta=theta, static_sigma=static_sigma)
+        if not checked:
+            check_ask_params(mechanism=mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens,
+                             seed=seed, temperature=temperature, sigma=sigma, support_top_k=support_top_k,
+                             adjacency=adjacency, theta=theta, static_sigma=static_sigma)
         # calibrated before anything private is read or the model loads (an unreachable ε is refused at once)
         mech = build_mechanism(mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens,
                                temperature=temperature, sigma=sigma, support_top_k=support_top_k,
@@ -403,21 +440,8 @@ class PrivateRAG:
             width = self.pad_width(question)
         else:
             rows, width = [self.private_ids(question, documents)], None
-        g0 = time.perf_counter()
-        out = self.engine.generate(rows, mech, max_new_tokens=max_new_tokens, seed=seed, pad_width=width,
-                                   min_new_tokens=min(min_new_tokens, max_new_tokens))
-        gen_seconds = time.perf_counter() - g0
-        ids = out.sequences[0]
-        dd: dict[str, Any] = {}
-        if mechanism == "pad-as-published":
-            dd["authors_figure"] = mech.spend().to_dict()
-            dd["charged_share"] = mech.charged_share()
         if seed is not None:
             guarantee = dataclasses.replace(guarantee, seeded=True)
-        loss = getattr(mech, "loss", None)
-        self._deltas.append(float(delta))
-        self._session.append((mechanism, loss(max_new_tokens) if mechanism == "pad" and loss else None,
-                              float(guarantee.epsilon), adjacency if mechanism == "pad" else ""))
         settings = {"mechanism": mechanism, "epsilon": epsilon if epsilon is not None else (
                         DEFAULT_EPSILON if mechanism == "pad" else None),
                     "delta": delta, "max_new_tokens": max_new_tokens, "temperature": temperature,
@@ -430,10 +454,57 @@ class PrivateRAG:
             settings["theta"] = theta
         elif mechanism == "static":
             settings["static_sigma"] = static_sigma
-        return RagAnswer(text=self.lm.decode(ids).strip(), doc_ids=[h.id for h in hits], guarantee=guarantee,
-                         mechanism=mechanism, settings=settings, seconds=time.perf_counter() - t0,
-                         generation_seconds=gen_seconds, tokens=len(ids), finish_reason=out.finish_reasons[0],
-                         token_ids=list(ids), retrieved=list(hits), data_dependent=dd)
+        job = EngineJob(contexts=rows, mechanism=mech, max_new_tokens=max_new_tokens, seed=seed, pad_width=width,
+                        min_new_tokens=min(min_new_tokens, max_new_tokens))
+        return AskPlan(job=job, mechanism=mechanism, guarantee=guarantee, hits=hits, settings=settings,
+                       delta=float(delta), adjacency=adjacency, t0=t0)
+
+    def finish_ask(self, plan: AskPlan, out: EngineOutput, *, generation_seconds: float = 0.0) -> RagAnswer:
+        """The :class:`RagAnswer` of a planned question (:meth:`plan_ask`) from its engine output; the answer is
+        charged to this session (:meth:`session_guarantee`)."""
+        mech, mechanism, max_new_tokens = plan.job.mechanism, plan.mechanism, plan.job.max_new_tokens
+        ids = out.sequences[0]
+        dd: dict[str, Any] = {}
+        if mechanism == "pad-as-published":
+            dd["authors_figure"] = mech.spend().to_dict()  # type: ignore[attr-defined]
+            dd["charged_share"] = mech.charged_share()  # type: ignore[attr-defined]
+        loss = getattr(mech, "loss", None)
+        self._deltas.append(plan.delta)
+        self._session.append((mechanism, loss(max_new_tokens) if mechanism == "pad" and loss else None,
+                              float(plan.guarantee.epsilon), plan.adjacency if mechanism == "pad" else ""))
+        return RagAnswer(text=self.lm.decode(ids).strip(), doc_ids=[h.id for h in plan.hits],
+                         guarantee=plan.guarantee, mechanism=mechanism, settings=plan.settings,
+                         seconds=time.perf_counter() - plan.t0, generation_seconds=generation_seconds,
+                         tokens=len(ids), finish_reason=out.finish_reasons[0], token_ids=list(ids),
+                         retrieved=list(plan.hits), data_dependent=dd)
+
+    def ask_many(self, questions: Sequence[str], *, ids: Sequence[str | int] | None = None,
+                 **options: Any) -> Iterator[tuple[int, RagAnswer | None, str | None]]:
+        """Answer many questions: plan each (:meth:`plan_ask`; ``options`` are :meth:`ask`'s keyword arguments,
+        checked once), run every planned job through ONE :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`
+        call, and yield ``(index, answer, None)`` as each finishes, or ``(index, None, error)`` for a question that
+        could not be planned (``error``: one line, no private text). Every answer is charged to this session: the
+        answers compose (:meth:`session_guarantee`), since they all read the same store. With a ``seed`` (tests and
+        benchmarks only), question ``i`` uses ``record_seed(seed, ids[i])`` (``ids`` default: the indices), so its
+        answer does not depend on the other questions."""
+        from dpinfer.pipelines.sanitize import record_error, record_seed
+
+        seed = options.pop("seed", None)
+        check_ask_params(**{k: v for k, v in options.items() if k != "min_new_tokens"}, seed=seed)
+        if ids is not None and len(ids) != len(questions):
+            raise InvalidInputError(f"ask_many: {len(ids)} ids for {len(questions)} questions")
+        plans: list[tuple[int, AskPlan]] = []
+        for i, question in enumerate(questions):
+            try:
+                plans.append((i, self.plan_ask(question, seed=record_seed(seed, i if ids is None else ids[i]),
+                                               checked=True, **options)))
+            except Exception as exc:  # a per-question refusal: reported, the others go on
+                yield i, None, record_error(exc)
+        if not plans:
+            return
+        for j, out in self.engine.run_jobs([p.job for _, p in plans]):
+            i, plan = plans[j]
+            yield i, self.finish_ask(plan, out), None
 
     # ------------------------------------------------------------------ session
     @property

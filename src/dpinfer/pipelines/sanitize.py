@@ -32,6 +32,13 @@ max_new_tokens=...)`` on the full document).
 
 Documents longer than the model's context window raise :class:`~dpinfer.errors.ContextTooLongError` (no silent
 truncation).
+
+Many documents: :func:`sanitize` is :func:`plan_sanitize` (steps 1-2 and the calibrated mechanism, as an
+:class:`~dpinfer.engine.EngineJob`), the engine (step 3) and :func:`finish_sanitize` (step 4).
+:func:`sanitize_many` plans every :class:`Record` of a corpus, runs all planned jobs through ONE
+:meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call (a batching engine serves them together) and finishes
+each as it completes; a record that cannot be planned is reported in its :class:`RecordOutcome` and the others go
+on. ``dpinfer sanitize --corpus`` (docs/corpus.md) writes the outcomes to a resumable JSONL file.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import math
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +60,7 @@ from dpinfer.taggers.base import TAB_LABELS, Span, validate_spans
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.engine import Engine, EngineJob, EngineOutput
     from dpinfer.mechanisms.base import Mechanism
     from dpinfer.models import LM
 
@@ -443,15 +451,87 @@ def sanitize(
     matter most; the worst group's ε is the headline.
     """
     from dpinfer.engine import Engine
+
+    plan = plan_sanitize(
+        text, lm=lm, method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, spans=spans,
+        tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
+        temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
+        label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
+        allow_untagged=allow_untagged, debug=debug)
+    job = plan.job
+    t0 = time.perf_counter()
+    run = Engine(plan.lm).stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
+                                 processors=job.processors, min_new_tokens=job.min_new_tokens)
+    for event in run:
+        if progress is not None:
+            progress(event.step + 1, job.max_new_tokens)
+    if debug:
+        print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
+    return finish_sanitize(plan, run.output, seconds=time.perf_counter() - t0)
+
+
+@dataclass
+class SanitizePlan:
+    """One document planned for the engine (:func:`plan_sanitize`): the :class:`~dpinfer.engine.EngineJob` and what
+    :func:`finish_sanitize` needs to turn its output into a :class:`SanitizeResult`. It holds the private document's
+    contexts and spans: never log or serialise it."""
+
+    job: EngineJob
+    lm: LM
+    method: str
+    spans: list[Span]
+    groups: dict[str, list[str]]
+    group_names: list[str]
+    guarantee: Guarantee
+    prompt_tokens: int
+    settings: dict[str, Any]
+    debug: bool = False
+
+
+def plan_sanitize(
+    text: str,
+    *,
+    lm: LM | str | None = None,
+    method: str = SANITIZE.method,
+    epsilon: float | None = None,
+    group_epsilon: Mapping[str, float] | None = None,
+    delta: float = SANITIZE.delta,
+    spans: Any = None,
+    tagger: Any = SANITIZE.tagger,
+    groups: Mapping[str, Sequence[str]] | None = None,
+    instruction: str | None = None,
+    max_new_tokens: int | None = None,
+    alpha: float = SANITIZE.alpha,
+    temperature: float | None = None,
+    top_k: int | str | None = "default",
+    seed: int | None = None,
+    accounting: str = SANITIZE.accounting,
+    adjacency: str = SANITIZE.adjacency,
+    label_map: Mapping[str, str | None] | None = None,
+    min_new_tokens: int = 0,
+    no_repeat_ngram: int | str | None = "default",
+    allow_untagged: bool = False,
+    debug: bool = False,
+    checked: bool = False,
+) -> SanitizePlan:
+    """Everything :func:`sanitize` does before the engine runs: every check, the spans, the prompt and its contexts,
+    the calibrated mechanism and the ex-ante guarantee, as an :class:`~dpinfer.engine.EngineJob` (arguments: see
+    :func:`sanitize`). ``checked=True`` skips the parameter checks that do not depend on the document (a caller that
+    made them once for many documents, e.g. :func:`sanitize_many`). Raises what :func:`sanitize` raises, before any
+    token is generated.
+    """
+    from dpinfer.engine import EngineJob
     from dpinfer.generation import resolve_lm
     from dpinfer.mechanisms.transforms import NoRepeatNGram
     from dpinfer.validation import check_sanitize_params, check_text
 
     check_text(text, "the document")
-    check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, alpha=alpha,
-                          temperature=temperature, top_k=top_k, max_new_tokens=max_new_tokens,
-                          no_repeat_ngram=no_repeat_ngram, seed=seed, accounting=accounting, adjacency=adjacency,
-                          tagger=tagger if spans is None else None, groups=groups)  # all before the model loads
+    if not checked:
+        check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, alpha=alpha,
+                              temperature=temperature, top_k=top_k, max_new_tokens=max_new_tokens,
+                              no_repeat_ngram=no_repeat_ngram, seed=seed, accounting=accounting,
+                              adjacency=adjacency, tagger=tagger if spans is None else None,
+                              groups=groups)  # all before the model loads
     plan = method_plan(method)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
     temp = SANITIZE.temperature if temperature is None else float(temperature)
@@ -485,18 +565,9 @@ def sanitize(
         lm=model, prep=prep, groups=group_map, epsilon=SANITIZE.epsilon if epsilon is None else float(epsilon),
         group_epsilon=group_epsilon, delta=delta, max_new_tokens=t_max, alpha=alpha, temperature=temp, top_k=k,
         accounting=accounting, adjacency=adjacency, settings=settings))
-    t0 = time.perf_counter()
     ngram = SANITIZE.no_repeat_ngram if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
     processors = [NoRepeatNGram(int(ngram))] if ngram else []
-    run = Engine(model).stream(contexts, mech, max_new_tokens=t_max, seed=seed, processors=processors,
-                               min_new_tokens=min(min_new_tokens, t_max))
-    for event in run:
-        if progress is not None:
-            progress(event.step + 1, t_max)
-    out = run.output
-    seconds = time.perf_counter() - t0
-    ids = out.sequences[0]
     if plan.protects == "spans" and not prep.group_names:
         from dpinfer.accounting import Guarantee
 
@@ -507,17 +578,158 @@ def sanitize(
         guarantee = mech.guarantee(t_max)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
+    job = EngineJob(contexts=contexts, mechanism=mech, max_new_tokens=t_max, min_new_tokens=min(min_new_tokens, t_max),
+                    seed=seed, processors=processors)
+    return SanitizePlan(job=job, lm=model, method=method, spans=used_spans, groups=group_map,
+                        group_names=prep.group_names, guarantee=guarantee, prompt_tokens=len(prep.original),
+                        settings=settings, debug=bool(debug))
+
+
+def finish_sanitize(plan: SanitizePlan, output: EngineOutput, *, seconds: float = 0.0) -> SanitizeResult:
+    """The :class:`SanitizeResult` of a planned document (:func:`plan_sanitize`) from its engine output."""
+    ids = output.sequences[0]
     stats: dict[str, Any] = {}
-    if debug:
-        print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
-        if plan.contexts == "fusion":
-            stats = _summarise_steps(out.steps, prep.group_names)
+    if plan.debug and method_plan(plan.method).contexts == "fusion":
+        stats = _summarise_steps(output.steps, plan.group_names)
     return SanitizeResult(
-        text=model.decode(ids).strip(), guarantee=guarantee, token_ids=list(ids),
-        spans=used_spans, groups=group_map, method=method, finish_reason=out.finish_reasons[0],
-        prompt_tokens=len(prep.original), generated_tokens=len(ids), max_new_tokens=t_max, seconds=seconds,
-        settings=settings, data_dependent=stats, debug=bool(debug),
+        text=plan.lm.decode(ids).strip(), guarantee=plan.guarantee, token_ids=list(ids),
+        spans=plan.spans, groups=plan.groups, method=plan.method, finish_reason=output.finish_reasons[0],
+        prompt_tokens=plan.prompt_tokens, generated_tokens=len(ids), max_new_tokens=plan.job.max_new_tokens,
+        seconds=seconds, settings=plan.settings, data_dependent=stats, debug=plan.debug,
     )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document of a corpus for :func:`sanitize_many`: its ``id`` (a string or an integer, unique in the corpus),
+    its ``text`` and its ``spans`` (a list of spans or a spans object in a format :func:`resolve_spans` accepts, e.g.
+    TAB's ``entity_mentions``; ``None``: the tagger tags it). A string is not accepted as ``spans`` here (it would be
+    read as a file path)."""
+
+    id: str | int
+    text: str
+    spans: Any = None
+
+
+@dataclass
+class RecordOutcome:
+    """What :func:`sanitize_many` yields per record: its ``result``, or ``error``, a one-line message that quotes no
+    private text (the record was refused and nothing was generated for it)."""
+
+    id: str | int
+    result: SanitizeResult | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def record_seed(seed: int | None, record_id: str | int) -> int | None:
+    """The seed of one record in a seeded corpus run: a hash of the run's seed and the record's id, so that a record's
+    output depends neither on the other records nor on their order, on any backend (tests and benchmarks only).
+
+    >>> record_seed(None, "a") is None, record_seed(7, "a") == record_seed(7, "a")
+    (True, True)
+    >>> record_seed(7, "a") != record_seed(7, 1) != record_seed(8, 1)
+    True
+    """
+    if seed is None:
+        return None
+    import hashlib
+    import json
+
+    key = json.dumps([int(seed), record_id], ensure_ascii=False).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
+
+
+def record_error(exc: BaseException) -> str:
+    """A per-record error as one line that quotes no input: dpinfer's own messages (they name offsets, indices and
+    sizes, never text), or the type of an unexpected error with its message withheld."""
+    from dpinfer.errors import DPInferError
+
+    if isinstance(exc, DPInferError):
+        msg = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {msg}"
+    return f"unexpected {type(exc).__name__} (message withheld: it may quote the input)"
+
+
+SANITIZE_MANY_OPTIONS = frozenset({
+    "method", "epsilon", "group_epsilon", "delta", "groups", "instruction", "max_new_tokens", "alpha", "temperature",
+    "top_k", "accounting", "adjacency", "label_map", "min_new_tokens", "no_repeat_ngram", "allow_untagged",
+})
+"""The :func:`sanitize` keyword arguments that :func:`sanitize_many` applies to every record."""
+
+
+def sanitize_many(
+    records: Iterable[Record],
+    *,
+    lm: LM | str | None = None,
+    tagger: Any = SANITIZE.tagger,
+    seed: int | None = None,
+    engine: Engine | None = None,
+    **options: Any,
+) -> Iterator[RecordOutcome]:
+    """Sanitise many documents: plan each (:func:`plan_sanitize`), run every planned job through ONE
+    :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call, and yield a :class:`RecordOutcome` per record as it
+    finishes (records refused while planning first, in input order; then in the order the engine finishes them).
+
+    Each record's result equals ``sanitize(record.text, spans=record.spans, seed=record_seed(seed, record.id),
+    **options)``: every record is its own release with its own guarantee (the documents are separate; a corpus does
+    not compose them). ``options`` are :func:`sanitize`'s keyword arguments in :data:`SANITIZE_MANY_OPTIONS`, checked
+    once before the model loads; a record without spans is tagged by ``tagger`` (built once). A record that cannot
+    be planned (empty text, bad spans, nothing tagged, too long for the context window...) is yielded with its
+    one-line ``error`` and the others go on. With a seed (tests and benchmarks only) each record's noise comes from
+    :func:`record_seed`.
+    """
+    from dpinfer.generation import resolve_lm
+    from dpinfer.validation import check_sanitize_params
+
+    unknown = sorted(set(options) - SANITIZE_MANY_OPTIONS)
+    if unknown:
+        raise ConfigurationError(f"sanitize_many does not take {', '.join(unknown)}; options: "
+                                 f"{', '.join(sorted(SANITIZE_MANY_OPTIONS))}")
+    check_sanitize_params(seed=seed, tagger=tagger if isinstance(tagger, str) else None,
+                          **{k: v for k, v in options.items()
+                             if k not in ("instruction", "label_map", "min_new_tokens", "allow_untagged")})
+    from dpinfer.engine import Engine
+    from dpinfer.taggers import Tagger, get_tagger
+
+    tg: Any = tagger if isinstance(tagger, Tagger) else None
+
+    def record_tagger() -> Any:  # built once, and only if a record has no spans (presidio takes seconds to load)
+        nonlocal tg
+        if tg is None and tagger is not None:
+            label_map = options.get("label_map")
+            tg = get_tagger(tagger, **({"label_map": label_map} if label_map else {}))
+        return tg
+
+    model = resolve_lm(lm) if engine is None else engine.lm
+    eng = engine if engine is not None else Engine(model)
+    plans: list[tuple[str | int, SanitizePlan]] = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Record):
+            raise InvalidInputError(f"record {i} must be a dpinfer.pipelines.sanitize.Record, got "
+                                    f"{type(rec).__name__}")
+        # a tagger that cannot be built stops the run (it is not a per-record error: every record would fail)
+        record_tg = record_tagger() if rec.spans is None else None
+        try:
+            if isinstance(rec.spans, (str, bytes)):
+                raise InvalidInputError("the spans field must be a list of spans or an object (e.g. TAB entity "
+                                        "mentions), not a string")
+            plan = plan_sanitize(rec.text, lm=model, spans=rec.spans, tagger=record_tg,
+                                 seed=record_seed(seed, rec.id), checked=True, **options)
+        except Exception as exc:  # a per-record refusal: reported in its record, the run goes on
+            yield RecordOutcome(rec.id, error=record_error(exc))
+            continue
+        plans.append((rec.id, plan))
+    if not plans:
+        return
+    for index, output in eng.run_jobs([p.job for _, p in plans]):
+        rid, plan = plans[index]
+        yield RecordOutcome(rid, result=finish_sanitize(plan, output,
+                                                        seconds=output.prefill_seconds + output.decode_seconds))
+        plans[index] = (rid, None)  # type: ignore[assignment]  # free the finished job's contexts
 
 
 def guarantee_sentence(result: SanitizeResult) -> str:

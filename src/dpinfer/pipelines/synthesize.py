@@ -22,6 +22,7 @@ and ``public`` (the public prompt only: no reference is read, the zero-privacy f
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import json
@@ -516,7 +517,7 @@ def synthesize(
         options: extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``).
         progress: called as ``progress(batches_done, batches_total)``.
     """
-    from dpinfer.engine import Engine
+    from dpinfer.engine import Engine, EngineJob
     from dpinfer.generation import resolve_lm
     from dpinfer.methods import is_baseline
     from dpinfer.validation import check_corpus_size, check_synth_params
@@ -563,30 +564,38 @@ def synthesize(
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
     engine = Engine(model)
-    texts: list[SyntheticText] = []
     t0 = time.perf_counter()
     base_seed = 0 if seed is None else int(seed)
+    # plan every batch (its contexts and its own copy of the calibrated mechanism: jobs share no state), run them all
+    # through one Engine.run_jobs call, finish each as it completes (texts kept in batch order)
+    jobs = []
     for b, members in enumerate(batches):
         labels = refs[members[0]].labels
         contexts = batch_contexts(model, template, [refs[i] for i in members], max_reference_tokens)
         if public:
             contexts = contexts[:1]
-        out = engine.generate(contexts, mech, max_new_tokens=max_new_tokens,
+        jobs.append(EngineJob(contexts=contexts, mechanism=copy.deepcopy(mech), max_new_tokens=max_new_tokens,
                               pad_width=public_pad_width(model, template, labels, max_reference_tokens),
-                              seed=None if seed is None else base_seed * 1_000_003 + b)
+                              seed=None if seed is None else base_seed * 1_000_003 + b))
+    done: dict[int, SyntheticText] = {}
+    for b, out in engine.run_jobs(jobs):
+        job_mech = jobs[b].mechanism
+        labels = refs[batches[b][0]].labels
         ids = out.sequences[0]
         private = None
         dd: dict[str, Any] = {}
         if out.steps and "private" in out.steps[0]:
             private = int(sum(s.get("private", 0.0) for s in out.steps))
-        if callable(getattr(mech, "spend", None)):  # a data-dependent account (AdaPMixED): its realised figure
-            dd["spent"] = mech.spend().to_dict()
+        if callable(getattr(job_mech, "spend", None)):  # a data-dependent account (AdaPMixED): its realised figure
+            dd["spent"] = job_mech.spend().to_dict()
         if out.steps and "expanded" in out.steps[0]:  # InvisibleInk's Top-k+ expansion
             dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
-        texts.append(SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
-                                   finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd))
+        done[b] = SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
+                                finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd)
+        jobs[b] = dataclasses.replace(jobs[b], contexts=())  # free the finished batch's private contexts
         if progress is not None:
-            progress(b + 1, len(batches))
+            progress(len(done), len(batches))
+    texts = [done[b] for b in range(len(batches))]
     seconds = time.perf_counter() - t0
     settings = {"epsilon": epsilon, "delta": delta, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
                 "top_k": top_k, "temperature": temperature, "model": model.name,  # never the seed

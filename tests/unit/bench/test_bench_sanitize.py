@@ -82,3 +82,17 @@ def test_paired_comparison_counts_identical_releases():
     assert row["ppl_diff_mean"] == 1.0 and row["asr_diff"] == 0.5
     lo, hi = row["ppl_diff_ci95"]
     assert lo < 1.0 < hi
+
+
+def test_run_corpus_times_both_paths_and_compares_their_tokens(tiny_lm, shared_data):
+    from dpinfer.bench.corpus import format_corpus, run_corpus
+
+    docs = load_tab(shared_data / "tab" / "tab_echr_docs.jsonl", 2, 250)
+    res = run_corpus(tiny_lm, docs, epsilon=12.0, max_new_tokens=3, seed=0)
+    paths = {r["path"]: r for r in res["rows"]}
+    assert set(paths) == {"one by one", "corpus (sanitize_many)"}
+    assert paths["one by one"]["speed_vs_one_by_one"] == 1.0 and all(r["seconds"] > 0 for r in res["rows"])
+    assert res["settings"]["released_tokens"] == 2 * 3 and not res["errors"]
+    assert res["same_tokens"]  # the reference run_jobs runs the same jobs one after another
+    md = format_corpus(res)
+    assert "| corpus (sanitize_many) |" in md and "same released tokens on both paths: yes" in md

@@ -133,13 +133,13 @@ def test_the_null_reference_uses_the_public_prompt(tiny_lm, monkeypatch: pytest.
     from dpinfer.mechanisms.invisibleink import InvisibleInk
 
     seen: list[list[list[int]]] = []
-    real_generate = Engine.generate
+    real_run_jobs = Engine.run_jobs
 
-    def spy(self, contexts, mechanism, **kw):
-        seen.append([list(c) for c in contexts])
-        return real_generate(self, contexts, mechanism, **kw)
+    def spy(self, jobs):
+        seen.extend([list(c) for c in job.contexts] for job in jobs)
+        return real_run_jobs(self, jobs)
 
-    monkeypatch.setattr(Engine, "generate", spy)
+    monkeypatch.setattr(Engine, "run_jobs", spy)
     refs = [Reference("", {"cat": "R", "stars": "5"}), Reference("Tasty soup.", {"cat": "R", "stars": "5"})]
     synthesize(refs, lm=tiny_lm, epsilon=5.0, batch_size=2, max_new_tokens=3, prompt_template=TEMPLATE, seed=2)
     (contexts,) = seen

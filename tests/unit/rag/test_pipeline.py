@@ -195,3 +195,60 @@ def test_missing_store_is_refused_without_create(tmp_path):
         from dpinfer.rag.store import DocumentStore
 
         DocumentStore(tmp_path / "nope")
+
+
+def test_ask_many_equals_ask_per_question_and_charges_the_session(tmp_path, tiny_lm, embedder, docs):
+    """ask_many = plan_ask for every question + one Engine.run_jobs call + finish_ask: the same answers as ask with
+    record_seed(seed, i), a refused question reported on its own, and every answer charged to the session."""
+    from dpinfer.pipelines.sanitize import record_seed
+
+    questions = [QUESTION, "   ", "What helps a migraine?"]
+    many_rag = _rag(tmp_path, "many", tiny_lm, embedder, docs)
+    got = {i: (ans, err) for i, ans, err in many_rag.ask_many(questions, epsilon=8.0, max_new_tokens=6, seed=4)}
+    assert set(got) == {0, 1, 2}
+    assert got[1][0] is None and "is empty" in got[1][1] and "\n" not in got[1][1]
+    one_rag = _rag(tmp_path, "one", tiny_lm, embedder, docs)
+    for i in (0, 2):
+        ans = got[i][0]
+        ref = one_rag.ask(questions[i], epsilon=8.0, max_new_tokens=6, seed=record_seed(4, i))
+        assert ans is not None and got[i][1] is None
+        assert ans.token_ids == ref.token_ids and ans.doc_ids == ref.doc_ids
+        assert ans.guarantee == ref.guarantee and ans.settings == ref.settings
+    assert many_rag.answers == 2 and many_rag.session_guarantee() == one_rag.session_guarantee()
+
+
+def test_cli_rag_ask_questions_file_resumes_and_states_the_composed_budget(tmp_path, tiny_lm, tiny_model_dir,
+                                                                            embedder, docs, monkeypatch, capsys):
+    import json
+
+    import dpinfer.eval.embeddings
+    from dpinfer.cli import main
+
+    monkeypatch.setattr(dpinfer.eval.embeddings, "load_embedder", lambda *a, **k: type(embedder)())
+    _rag(tmp_path, "store", tiny_lm, embedder, docs)
+    questions = tmp_path / "q.jsonl"
+    rows = [{"id": "q1", "question": QUESTION}, {"id": "q2", "question": "   "},
+            {"id": "q3", "question": "What helps a migraine?"}, {"id": 4, "question": "Knee pain on stairs?"}]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "answers.jsonl"
+    args = ["rag", "ask", str(tmp_path / "store"), "--questions", str(questions), "--out", str(out), "--model",
+            str(tiny_model_dir), "--max-new-tokens", "4", "--epsilon", "8", "--seed", "2"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    rho = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=4).rho(4)
+    assert "done 3 / skipped 0 / errors 1" in err and "3 answers in the output, composed" in err
+    from dpinfer.accounting._format import format_up
+
+    assert f"ε ≤ {format_up(Zcdp(3 * rho).to_epsilon(1e-5))}" in err
+    lines = out.read_bytes().splitlines(keepends=True)
+    recs = {json.loads(line)["id"]: json.loads(line) for line in lines}
+    assert set(recs) == {"q1", "q2", "q3", 4} and "is empty" in recs["q2"]["error"]
+    assert recs["q1"]["guarantee"]["epsilon"] <= 8.0 and not ({"seconds", "doc_ids", "question"} & set(recs["q1"]))
+    out.write_bytes(b"".join(line for line in lines if json.loads(line)["id"] != "q3"))
+    assert main(args) == 0
+    assert "done 1 / skipped 3" in capsys.readouterr().err
+    assert sorted(out.read_bytes().splitlines(keepends=True)) == sorted(lines)  # same seed: the same line again
+    assert main([*args, "--show-doc-ids"]) == 2
+    assert "do not apply" in capsys.readouterr().err
+    assert main([*args[:3], "q?", *args[3:]]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""``dpinfer bench sanitize --corpus N``: N TAB documents one by one vs through one ``Engine.run_jobs`` call.
+
+Both in the same run, on the same model and documents (the first N TAB-ECHR documents cut to ``--max-chars``, default
+1,200 characters, at a paragraph boundary; gold spans; DP-Fusion, one group per entity type, ε = the first of
+``--epsilons``, default 12; ``--max-new-tokens`` tokens, default 128, EOS masked so every document makes exactly that
+many):
+
+* **one by one**: :func:`~dpinfer.pipelines.sanitize.sanitize` per document, in a loop;
+* **corpus**: :func:`~dpinfer.pipelines.sanitize.sanitize_many` (plan every document, one ``Engine.run_jobs`` call,
+  finish each as it completes), what ``dpinfer sanitize --corpus`` runs.
+
+Each document gets the same seed on both paths (:func:`~dpinfer.pipelines.sanitize.record_seed`), so the bench also
+reports whether the two paths released the same tokens (with the reference ``run_jobs``, which runs the jobs one after
+another, they must; a batching engine may differ where batched kernels round differently). A short warm-up run comes
+first; with ``--repeats R`` the two paths run R times each, the order alternating between rounds (one by one first in
+even rounds, the corpus path first in odd ones) so that a drifting machine load does not favour either, and the
+median is reported. On a shared machine use ``--repeats 2`` or more: a single round measures the load as much as the
+code.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: int, seed: int, repeats: int = 1,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time ``docs`` (``dpinfer.bench.sanitize.Doc``) one by one and through ``sanitize_many``; the measurements."""
+    from dpinfer.pipelines.sanitize import Record, record_seed, sanitize, sanitize_many
+
+    opts = {"epsilon": epsilon, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens}
+    if progress:
+        progress("warm-up")
+    sanitize(docs[0].text, lm=lm, spans=docs[0].spans, seed=seed, epsilon=epsilon, max_new_tokens=4)
+    times: dict[str, list[float]] = {"one by one": [], "corpus (sanitize_many)": []}
+    single: dict[str, list[int]] = {}
+    many: dict[str, list[int]] = {}
+    errors: list[str] = []
+    def one_by_one(r: int) -> None:
+        if progress:
+            progress(f"round {r + 1}/{repeats}: one by one")
+        t0 = time.perf_counter()
+        for d in docs:
+            res = sanitize(d.text, lm=lm, spans=d.spans, seed=record_seed(seed, d.doc_id), **opts)
+            single[d.doc_id] = res.token_ids
+        times["one by one"].append(time.perf_counter() - t0)
+
+    def corpus(r: int) -> None:
+        if progress:
+            progress(f"round {r + 1}/{repeats}: corpus")
+        t0 = time.perf_counter()
+        records = [Record(d.doc_id, d.text, d.spans) for d in docs]
+        for outcome in sanitize_many(records, lm=lm, seed=seed, **opts):
+            if outcome.result is None:
+                errors.append(f"{outcome.id}: {outcome.error}")
+            else:
+                many[str(outcome.id)] = outcome.result.token_ids
+        times["corpus (sanitize_many)"].append(time.perf_counter() - t0)
+
+    for r in range(repeats):  # the order alternates between rounds (ABBA...), so a drifting machine load cancels out
+        for path in ((one_by_one, corpus) if r % 2 == 0 else (corpus, one_by_one)):
+            path(r)
+    tokens = sum(len(v) for v in single.values())
+    base = statistics.median(times["one by one"])
+    rows = []
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        rows.append({"path": name, "seconds": round(t, 2), "released_tokens_per_s": round(tokens / t, 2),
+                     "speed_vs_one_by_one": round(base / t, 3)})
+    return {"settings": {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
+                         "max_new_tokens": max_new_tokens, "epsilon": epsilon, "repeats": repeats, "seed": seed,
+                         "released_tokens": tokens, "groups_per_doc": [len({s.label for s in d.spans}) for d in docs]},
+            "rows": rows, "same_tokens": single == many, "errors": errors}
+
+
+def format_corpus(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lines = [f"Corpus throughput: {s['model']}, {s['docs']} TAB-ECHR documents, DP-Fusion ε = {s['epsilon']:g} per "
+             f"group ({_span(s['groups_per_doc'])} groups), {s['max_new_tokens']} new tokens "
+             f"each (EOS masked), median of {s['repeats']} round(s), measured in this run", "",
+             "| path | seconds | released tokens/s | speed vs one by one |", "|---|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['path']} | {r['seconds']:.2f} | {r['released_tokens_per_s']:.2f} | "
+                     f"{r['speed_vs_one_by_one']:.2f}× |")
+    lines.append("")
+    lines.append("same released tokens on both paths: " + ("yes" if res["same_tokens"] else "NO (batched kernels "
+                                                            "round differently; each path is a valid release)"))
+    if res["errors"]:
+        lines.append(f"records refused: {len(res['errors'])}: " + "; ".join(res["errors"]))
+    return "\n".join(lines)
+
+
+def _span(values: Sequence[int]) -> str:
+    """``"6"`` or ``"3–6"``.
+
+    >>> _span([6, 6]), _span([3, 6, 4])
+    ('6', '3–6')
+    """
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"

@@ -1,0 +1,209 @@
+"""Corpus mode of a command: ``--corpus IN.jsonl --out OUT.jsonl`` (``dpinfer sanitize --corpus``).
+
+Not a command module: the commands add these options with :func:`add_corpus_arguments` and hand over to
+:func:`run_sanitize_corpus`. Record format, resume semantics and the Ray backend: :mod:`dpinfer.pipelines.corpus`,
+:mod:`dpinfer.pipelines.corpus_ray` and docs/corpus.md. Every refusal (paths, fields, duplicate ids, a file that is
+not JSONL, Ray not installed) comes before the model loads. Standard output stays empty but for ``--json`` (the
+summary); the releases go to ``--out`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from dpinfer.errors import ConfigurationError
+
+CHUNK_RECORDS = 256
+"""Records planned and handed to one ``Engine.run_jobs`` call at a time by the local backend: enough jobs to keep a
+batching engine's slots full, while the planned contexts of a large corpus stay bounded in memory and the first
+records are written after one chunk is planned, not the whole corpus."""
+
+PLAIN_PROGRESS_SECONDS = 10.0
+"""Seconds between two plain progress lines when standard error is not a terminal."""
+
+
+def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("corpus jobs (one release per JSONL record; resumable)")
+    g.add_argument("--corpus", default=None, metavar="IN.jsonl",
+                   help="sanitise every record of this JSONL file (one JSON object per line) instead of FILE; "
+                        "--out OUT.jsonl gets one record per input id; rerunning skips the ids already in OUT")
+    g.add_argument("--text-field", default="text", help="--corpus: the field holding the document (default text)")
+    g.add_argument("--spans-field", default="spans",
+                   help="--corpus: the field holding the record's spans, in any format --spans accepts (e.g. TAB's "
+                        "entity_mentions); a record without it is tagged by --tagger (default spans)")
+    g.add_argument("--id-field", default="id", help="--corpus: the field holding the record's unique id (default id)")
+    g.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="--corpus: run here (local, default) or on Ray Data (ray; pip install 'dpinfer[ray]')")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--backend ray: join this Ray cluster (e.g. ray://HOST:10001); default: a local Ray")
+    g.add_argument("--ray-batch-size", type=int, default=8,
+                   help="--backend ray: records per batch sent to an engine actor (default 8)")
+    g.add_argument("--ray-actors", type=int, default=None,
+                   help="--backend ray: engine actors, each loading the model once (default: one per GPU of the "
+                        "cluster when the model runs on CUDA, else 1)")
+
+
+def check_corpus_args(args: argparse.Namespace) -> None:
+    """The corpus options that conflict with the one-document options, checked before anything is read."""
+    from dpinfer.validation import int_at_least
+
+    if args.corpus is None:
+        for option, value in (("--backend", args.backend != "local"), ("--ray-address", args.ray_address)):
+            if value:
+                raise ConfigurationError(f"{option} applies to --corpus only")
+        return
+    if args.file is not None:
+        raise ConfigurationError("give a document FILE or --corpus IN.jsonl, not both")
+    if not args.out:
+        raise ConfigurationError("--corpus needs --out OUT.jsonl (the releases are appended there, one per id)")
+    for option, value in (("--spans", args.spans), ("--show-input", args.show_input),
+                          ("--debug-stats", args.debug_stats)):
+        if value:
+            raise ConfigurationError(f"{option} does not apply to --corpus (give spans in each record's "
+                                     f"{args.spans_field!r} field; a corpus record never holds debug statistics)")
+    if args.ray_address and args.backend != "ray":
+        raise ConfigurationError("--ray-address needs --backend ray")
+    int_at_least(args.ray_batch_size, "--ray-batch-size", 1)
+    if args.ray_actors is not None:
+        int_at_least(args.ray_actors, "--ray-actors", 1)
+    for option, value in (("--text-field", args.text_field), ("--id-field", args.id_field),
+                          ("--spans-field", args.spans_field)):
+        if not value:
+            raise ConfigurationError(f"{option} is empty; name a field of the records")
+    if len({args.text_field, args.id_field, args.spans_field}) < 3:
+        raise ConfigurationError("--text-field, --id-field and --spans-field must name three different fields")
+
+
+@contextmanager
+def record_progress(label: str, total: int, *, interval: float = PLAIN_PROGRESS_SECONDS
+                    ) -> Iterator[Callable[[int, int], None]]:
+    """Progress of a corpus job on standard error; yields ``update(done, errors)``. On a terminal: a bar with the
+    rate and the ETA. Otherwise: a plain line every ``interval`` seconds (and none for a run shorter than that)."""
+    from dpinfer.cli.output import console
+
+    err = console(stderr=True)
+    if err.is_terminal:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+                      TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[errors]}"), TimeElapsedColumn(),
+                      TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True) as prog:
+            task = prog.add_task(label, total=total, rate="", errors="")
+            t0 = time.monotonic()
+
+            def update(done: int, errors: int) -> None:
+                elapsed = time.monotonic() - t0
+                prog.update(task, completed=done, rate=f"{done / elapsed * 60:.1f}/min" if elapsed > 0 else "",
+                            errors=f"{errors} errors" if errors else "")
+
+            yield update
+        return
+    t0 = last = time.monotonic()
+
+    def plain(done: int, errors: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < interval and done < total:
+            return
+        if done >= total and now - t0 < interval:
+            return
+        last = now
+        elapsed = now - t0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = f"{(total - done) / rate:.0f} s" if rate > 0 else "unknown"
+        print(f"dpinfer: {label}: {done}/{total} records ({errors} errors), {rate * 60:.1f} records/min, "
+              f"{elapsed:.0f} s elapsed, ETA {eta}", file=sys.stderr, flush=True)
+
+    yield plain
+
+
+def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: Any, top_k: Any,
+                     no_repeat_ngram: Any) -> dict[str, Any]:
+    """The :func:`~dpinfer.pipelines.sanitize.sanitize_many` options of parsed ``dpinfer sanitize`` arguments."""
+    options: dict[str, Any] = {
+        "method": args.method, "epsilon": args.epsilon, "group_epsilon": group_epsilon, "delta": args.delta,
+        "groups": groups, "max_new_tokens": args.max_new_tokens, "alpha": args.alpha,
+        "temperature": args.temperature, "accounting": args.accounting, "adjacency": args.adjacency,
+        "allow_untagged": args.allow_untagged,
+    }
+    if args.top_k is not None:
+        options["top_k"] = top_k
+    if args.no_repeat_ngram is not None:
+        options["no_repeat_ngram"] = no_repeat_ngram
+    return options
+
+
+def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """``dpinfer sanitize --corpus IN --out OUT``: refusals first, then the records not yet in OUT, appended one by
+    one as they finish; a summary line on standard error (and the summary as JSON with ``--json``)."""
+    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, check_corpus_paths, pending, read_corpus
+
+    check_corpus_paths(args.corpus, args.out)
+    if args.backend == "ray":
+        from dpinfer.pipelines.corpus_ray import check_ray
+
+        check_ray()
+    records = read_corpus(args.corpus, id_field=args.id_field, text_field=args.text_field,
+                          spans_field=args.spans_field)
+    out = CorpusOutput(args.out)
+    out.open()  # a torn last line is cut off here; the ids done are read back
+    todo = list(pending(records, out.done))
+    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+    if todo:
+        with record_progress("sanitize --corpus", len(todo)) as progress:
+            for record in _releases(args, todo, options):
+                out.append(record)
+                if "error" in record:
+                    summary.errors += 1
+                else:
+                    summary.done += 1
+                progress(summary.done + summary.errors, summary.errors)
+    ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
+    line = summary.line(rec for key, rec in out.done.items() if key in ids)
+    print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)
+    if args.json:
+        from dpinfer.cli.output import print_json
+
+        print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                    "records": len(records), "summary": line})
+    return 0
+
+
+def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The output records of ``todo``, as they finish, on the chosen backend."""
+    tagger = args.tagger
+    if args.backend == "ray":
+        from dpinfer.pipelines.corpus_ray import sanitize_corpus_ray
+
+        yield from sanitize_corpus_ray(todo, model=args.model, device=args.device, quantize=args.quantize,
+                                       tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
+                                       batch_size=args.ray_batch_size, actors=args.ray_actors)
+        return
+    from dpinfer.engine import Engine
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.corpus import release_record
+    from dpinfer.pipelines.sanitize import sanitize_many
+    from dpinfer.taggers import get_tagger
+
+    # the tagger (when a record has no spans) is built once, before the model loads: a tagger that cannot be built
+    # stops the run here instead of failing every record
+    tg = get_tagger(tagger) if tagger and any(r.spans is None for r in todo) else None
+    lm = load_model(args.model, device=args.device, quantize=args.quantize)
+    engine = Engine(lm)
+    for start in range(0, len(todo), CHUNK_RECORDS):
+        chunk = todo[start:start + CHUNK_RECORDS]
+        for outcome in sanitize_many(chunk, engine=engine, tagger=tg, seed=args.seed, **options):
+            yield release_record(outcome)
