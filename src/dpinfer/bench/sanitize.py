@@ -190,9 +190,12 @@ def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, A
 
 
 def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
-             progress: Any = None) -> dict[str, Any]:
-    """DP-Fusion with m = 1 and m = 4 groups vs ``original`` on one document, interleaved, median of repeats."""
-    from dpinfer.pipelines.sanitize import sanitize
+             progress: Any = None, hf_baselines: bool = True) -> dict[str, Any]:
+    """DP-Fusion with m = 1 and m = 4 groups vs ``original`` on one document, interleaved, median of repeats; with
+    ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache + ``torch.compile``, its
+    first, compiling call timed apart) in the same run."""
+    from dpinfer.bench.engine import _time_hf
+    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, prepare_contexts, resolve_groups, sanitize
 
     labels = sorted({s.label for s in doc.spans})
     four: dict[str, list[str]] = {f"G{i + 1}": labels[i::4] for i in range(min(4, len(labels)))}
@@ -209,14 +212,32 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
             assert res.generated_tokens == max_new_tokens
             times[name].append(res.seconds)
             info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens}
+    names = [c[0] for c in configs]
+    compile_seconds = None
+    if hf_baselines:  # the prompt `original` decodes, through transformers' own generate loop
+        ids = prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None), DEFAULT_INSTRUCTION).original
+        if progress:
+            progress("hf generate static+compile (first call: compiles)")
+        compile_seconds = _time_hf(lm, ids, max_new_tokens, compiled=True)
+        for label, compiled in (("hf generate eager", False), ("hf generate static+compile", True)):
+            times[label] = []
+            info[label] = {"groups": 0}
+            names.append(label)
+            for _ in range(repeats):
+                if progress:
+                    progress(label)
+                times[label].append(_time_hf(lm, ids, max_new_tokens, compiled=compiled))
     base = statistics.median(times["original"])
     rows = []
-    for name, _ in configs:
+    for name in names:
         t = statistics.median(times[name])
         rows.append({"config": name, "groups": info[name]["groups"], "seconds": round(t, 3),
                      "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3)})
     return {"settings": {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
-                         "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name}, "rows": rows}
+                         "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
+                         "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
+                         "hf_compile_first_call_seconds": compile_seconds and round(compile_seconds, 2)},
+            "rows": rows}
 
 
 def _quant_note(settings: dict[str, Any]) -> str:
@@ -258,9 +279,11 @@ def format_quality(res: dict[str, Any]) -> str:
 
 def format_perf(res: dict[str, Any]) -> str:
     s = res["settings"]
-    lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)}, TAB document {s['doc_id']} "
-             f"({s['prompt_tokens']}-token prompt), "
-             f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}",
+    compiled = s.get("hf_compile_first_call_seconds")
+    lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)} on {s.get('device', 'cpu')} "
+             f"({s.get('dtype', 'float32')}), TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
+             f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}"
+             + (f"; HF static+compile's first (compiling) call took {compiled:.1f} s" if compiled else ""),
              "", "| config | groups | seconds | tokens/s | ratio vs original |", "|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
         lines.append(f"| {r['config']} | {r['groups']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} "
@@ -331,6 +354,12 @@ class SanitizeBenchConfig:
     repeats: int = 1
     corpus: int | None = None
     """Corpus throughput over this many documents (:mod:`dpinfer.bench.corpus`) instead of the quality run."""
+    device: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    """``--perf`` / ``--corpus``: a random-weight model of this :data:`dpinfer.bench.engine.SHAPES` shape."""
+    hf_baselines: bool = True
+    """``--perf``: also time Hugging Face ``generate`` (eager, static cache + compile) on the same prompt."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -360,6 +389,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=int, default=None, metavar="N",
                    help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of --epsilons, "
                         "T_max 128) one by one vs through sanitize_many / one Engine.run_jobs call, in one run")
+    p.add_argument("--device", default=None, help="--perf, --corpus: cpu, cuda or cuda:N (default: CUDA if available)")
+    p.add_argument("--dtype", default=None, help="--perf, --corpus: float32, bf16, fp16 (default: float32 on CPU, "
+                                                 "bf16 on GPU)")
+    p.add_argument("--shape", default=None, help="--perf, --corpus: a random-weight model of this shape instead of "
+                                                 "--model (e.g. qwen2.5-7b; nothing downloaded; speed only)")
+    p.add_argument("--no-hf", action="store_true", help="--perf: skip the Hugging Face generate baselines")
 
 
 def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
@@ -374,6 +409,20 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
     if args.perf and getattr(args, "corpus", None):
         raise ConfigurationError("--perf and --corpus are two benchmarks; choose one")
+    speed_only = [f"--{n}" for n in ("device", "dtype", "shape") if getattr(args, n, None) is not None]
+    if speed_only and not (args.perf or getattr(args, "corpus", None)):
+        raise ConfigurationError(f"{', '.join(speed_only)} apply to the speed runs: add --perf or --corpus N")
+    if getattr(args, "shape", None) is not None:
+        from dpinfer.bench.engine import SHAPES
+
+        if args.model is not None or getattr(args, "quantize", None) is not None:
+            raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
+        if args.shape not in SHAPES:
+            raise ConfigurationError(f"unknown --shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
+    if speed_only:
+        from dpinfer.models import _pick_device, _pick_dtype
+
+        _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
     methods = None
     if args.methods is not None:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -384,7 +433,9 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         data=args.data, n=args.n, skip=args.skip, max_chars=args.max_chars, max_new_tokens=args.max_new_tokens,
         epsilons=epsilons, methods=methods, seed=args.seed, model=args.model, quantize=getattr(args, "quantize", None),
         out=args.out, temperature=args.temperature, top_k=args.top_k, no_repeat_ngram=args.no_repeat_ngram,
-        perf=args.perf, repeats=args.repeats, corpus=getattr(args, "corpus", None))
+        perf=args.perf, repeats=args.repeats, corpus=getattr(args, "corpus", None),
+        device=getattr(args, "device", None), dtype=getattr(args, "dtype", None), shape=getattr(args, "shape", None),
+        hf_baselines=not getattr(args, "no_hf", False))
 
 
 def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -395,7 +446,12 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
     from dpinfer.models import load_model
 
     c = config
-    lm = load_model(c.model, quantize=c.quantize)
+    if c.shape is not None:
+        from dpinfer.bench.engine import shape_model
+
+        lm = shape_model(c.shape, device=c.device, dtype=c.dtype)
+    else:
+        lm = load_model(c.model, quantize=c.quantize, device=c.device, dtype=c.dtype)
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
     if c.corpus:
@@ -411,7 +467,7 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
     if c.perf:
         doc = load_tab(c.data, 1, 2600 if c.max_chars is None else c.max_chars, skip=c.skip)[0]
         res = run_perf(lm, doc, max_new_tokens=256 if c.max_new_tokens is None else c.max_new_tokens,
-                       seed=c.seed, repeats=c.repeats, progress=progress)
+                       seed=c.seed, repeats=c.repeats, progress=progress, hf_baselines=c.hf_baselines)
         res["settings"]["quantize"] = c.quantize
         res["markdown"] = format_perf(res)
         (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")

@@ -96,3 +96,38 @@ def test_run_corpus_times_both_paths_and_compares_their_tokens(tiny_lm, shared_d
     assert res["same_tokens"]  # the reference run_jobs runs the same jobs one after another
     md = format_corpus(res)
     assert "| corpus (sanitize_many) |" in md and "same released tokens on both paths: yes" in md
+
+
+def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monkeypatch: pytest.MonkeyPatch):
+    """--perf prints HF generate (eager and static+compile) in the same run as DP-Fusion and `original`. The compiled
+    baseline is timed through the same function with compilation switched off here (inductor takes minutes on CPU)."""
+    import dpinfer.bench.engine as bench_engine
+    from dpinfer.bench.sanitize import format_perf, run_perf
+
+    real = bench_engine._time_hf
+    calls: list[bool] = []
+
+    def eager_only(lm, ids, n, *, compiled=False):
+        calls.append(compiled)
+        return real(lm, ids, n, compiled=False)
+
+    monkeypatch.setattr(bench_engine, "_time_hf", eager_only)
+    doc = load_tab(shared_data / "tab" / "tab_echr_docs.jsonl", 1, 300)[0]
+    res = run_perf(tiny_lm, doc, max_new_tokens=3, seed=0)
+    names = [r["config"] for r in res["rows"]]
+    assert names == ["original", "dp-fusion m=1", "dp-fusion m=4", "hf generate eager", "hf generate static+compile"]
+    assert calls == [True, False, True] and all(r["seconds"] > 0 for r in res["rows"])
+    assert "| hf generate eager |" in format_perf(res) and res["settings"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "qwen2.5-7b"], "apply to the speed runs"),
+    (["--perf", "--shape", "nope"], "unknown --shape"),
+    (["--perf", "--shape", "qwen2.5-7b", "--quantize", "int8"], "drop --model / --quantize"),
+    (["--corpus", "2", "--dtype", "float77"], "dtype"),
+])
+def test_speed_options_are_checked_before_any_model_loads(argv, message, capsys):
+    from dpinfer.cli import main
+
+    assert main(["bench", "sanitize", *argv]) == 2
+    assert message in capsys.readouterr().err
