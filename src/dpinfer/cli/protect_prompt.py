@@ -3,6 +3,11 @@
 The protected prompt is the release: it alone goes to standard output (``--json``: one object with the protected
 prompt, the intermediate releases and the guarantee). The guarantee goes to standard error. The original prompt is
 never printed, logged or quoted in an error.
+
+``--prompts P.jsonl --out OUT.jsonl``: every prompt of a JSONL file (one object per line, with an id), one release
+record per id appended to OUT as it finishes (the same append-only, resumable file as ``sanitize --corpus``:
+rerunning skips the ids already in OUT; a prompt that fails is an error record and the run goes on). Each prompt is
+a different person's: each record carries its own guarantee, and the prompts do not compose.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     p.add_argument("--device", default=None)
+    f = p.add_argument_group("a file of prompts (one release per JSONL record; resumable)")
+    f.add_argument("--prompts", default=None, metavar="P.jsonl",
+                   help="protect every prompt of this JSONL file instead of one; needs --out")
+    f.add_argument("--out", default=None, metavar="OUT.jsonl",
+                   help="--prompts: the JSONL file of releases (appended; rerunning skips the ids already there)")
+    f.add_argument("--prompt-field", default="prompt", help="--prompts: the field holding the prompt (default prompt)")
+    f.add_argument("--id-field", default="id", help="--prompts: the field holding the unique id (default id)")
     p.set_defaults(func=run)
 
 
@@ -79,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
                          n_rewrites=args.n_rewrites, n_keywords=args.n_keywords, keywords=args.keywords,
                          max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed, cli=True)
+    if args.prompts is not None or args.out is not None:
+        return _run_prompts(args, jem_epsilon)
     prompt = _read_prompt(args)
 
     from dpinfer.models import load_model
@@ -105,6 +119,74 @@ def run(args: argparse.Namespace) -> int:
             print(f"rewrite {i}: {r}", file=err)
     for line in guarantee_lines(res):
         print(line, file=err)
+    return 0
+
+
+def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
+    """``--prompts``: the options, paths and the file itself, before the model loads; the records."""
+    from dpinfer.errors import InvalidInputError
+    from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
+
+    if args.prompts is None:
+        raise InvalidInputError("--out applies to --prompts only (one prompt prints its protected prompt)")
+    if args.prompt is not None or args.file is not None:
+        raise InvalidInputError("give one prompt (argument or --file) or --prompts P.jsonl, not both")
+    if not args.out:
+        raise InvalidInputError("--prompts needs --out OUT.jsonl (the releases are appended there, one per id)")
+    if args.show_rewrites:
+        raise InvalidInputError("--show-rewrites does not apply to --prompts (each record holds its rewrites)")
+    if not args.prompt_field or not args.id_field or args.prompt_field == args.id_field:
+        raise InvalidInputError("--prompt-field and --id-field must name two different fields of the records")
+    check_corpus_paths(args.prompts, args.out)
+    return read_corpus(args.prompts, id_field=args.id_field, text_field=args.prompt_field, spans_field=None)
+
+
+def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
+    """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, one after another, each release
+    appended as it finishes; a summary line with the budget per prompt."""
+    from dpinfer.cli.corpus_job import record_progress
+    from dpinfer.errors import DPInferError
+    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, id_key, pending
+    from dpinfer.pipelines.sanitize import record_seed
+
+    records = _check_prompts_args(args)
+    out = CorpusOutput(args.out)
+    out.open()
+    todo = list(pending(records, out.done))
+    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+    if todo:
+        from dpinfer.models import load_model
+        from dpinfer.pipelines.protect_prompt import protect_prompt
+
+        lm = load_model(args.model, device=args.device)
+        with record_progress("protect-prompt --prompts", len(todo)) as progress:
+            for rec in todo:
+                try:
+                    res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
+                                         temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
+                                         n_keywords=args.n_keywords, keywords=args.keywords,
+                                         max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
+                                         seed=record_seed(args.seed, rec.id))
+                except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
+                    out.append({"id": rec.id, "error": str(err).splitlines()[0]})
+                    summary.errors += 1
+                else:
+                    release = res.to_dict()
+                    for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
+                        release.pop(timing, None)
+                    out.append({"id": rec.id, **release})
+                    summary.done += 1
+                progress(summary.done + summary.errors, summary.errors)
+    ids = {id_key(r.id) for r in records}
+    line = summary.line([rec for key, rec in out.done.items() if key in ids])
+    line = line.replace("budget per document (each released once",
+                        "budget per prompt (each released once, prompts do not compose").replace(" (worst group)", "")
+    print(f"dpinfer: protect-prompt --prompts: {line}; releases in {args.out}", file=sys.stderr)
+    if args.json:
+        from dpinfer.cli.output import print_json
+
+        print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                    "summary": line})
     return 0
 
 

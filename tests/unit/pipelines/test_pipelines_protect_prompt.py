@@ -268,3 +268,50 @@ def test_stage1_mechanism_meets_the_contract() -> None:
     assert before[0]["epsilon"] < before[1]["epsilon"] < before[2]["epsilon"]
     with pytest.raises(ConfigurationError, match="num_rewrites"):
         build().start(4, 32)
+
+
+def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_model_dir, capsys) -> None:
+    """``--prompts P --out OUT``: one record per id (release + guarantee, never the prompt or its timing), a bad
+    prompt is an error record and the run goes on; a rerun after deleting a record writes only that one again."""
+    import json
+
+    from dpinfer.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "a", "prompt": SECRET}, {"id": "b", "prompt": "   "}, {"id": 3, "prompt": "Why is the sky blue?"}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    args = ["protect-prompt", "--prompts", str(prompts), "--out", str(out), "--model", str(tiny_model_dir),
+            "--temperature", "1.0", "--n-rewrites", "2", "--max-new-tokens", "4", "--seed", "1"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and "done 2 / skipped 0 / errors 1" in captured.err
+    assert "budget per prompt" in captured.err
+    lines = out.read_text().splitlines()
+    recs = {r["id"]: r for r in map(json.loads, lines)}
+    assert set(recs) == {"a", "b", 3} and "error" in recs["b"] and "guarantee" in recs["a"]
+    assert "seconds" not in recs["a"] and "stage_seconds" not in recs["a"]
+    assert "Zanzibarquux" not in out.read_text() + captured.err
+    out.write_text("\n".join(line for line in lines if json.loads(line)["id"] != 3) + "\n")
+    assert main(args) == 0
+    again = out.read_text().splitlines()
+    assert again[:2] == [line for line in lines if json.loads(line)["id"] != 3]
+    assert json.loads(again[2]) == recs[3]  # the same seed per id: the same release
+    assert "done 1 / skipped 2" in capsys.readouterr().err
+
+
+def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from dpinfer.cli import main
+
+    _refuse_load(monkeypatch)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "q"}\n')
+    for argv, message in ((["--prompts", str(prompts)], "needs --out"),
+                          (["--out", str(tmp_path / "o.jsonl")], "applies to --prompts only"),
+                          (["q", "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl")], "not both"),
+                          (["--prompts", str(prompts), "--out", str(prompts)], "--corpus file"),
+                          (["--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl"), "--show-rewrites"],
+                           "--show-rewrites")):
+        assert main(["protect-prompt", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
