@@ -112,6 +112,45 @@ def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tok
               load_seconds=time.perf_counter() - t0, eos_token_ids=tok.eos_token_ids)
 
 
+def add_speed_arguments(p: argparse.ArgumentParser, runs: str) -> None:
+    """``--device``, ``--dtype`` and ``--shape`` of a benchmark's speed runs (``runs``: the options that select
+    them, e.g. ``"--perf"``), checked by :func:`check_speed_arguments` and used by :func:`speed_model`."""
+    p.add_argument("--device", default=None, help=f"{runs}: cpu, cuda or cuda:N (default: CUDA when available)")
+    p.add_argument("--dtype", default=None, help=f"{runs}: float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
+    p.add_argument("--shape", default=None, help=f"{runs}: a random-weight model of this shape instead of --model "
+                                                 f"({', '.join(SHAPES)}; nothing downloaded; speed only)")
+
+
+def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: str) -> None:
+    """Refuse (before any model loads) speed options outside a speed run, an unknown shape, a shape with
+    ``--model``/``--quantize``, and an unknown device or dtype (or a missing GPU)."""
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import _pick_device, _pick_dtype
+
+    given = [f"--{n}" for n in ("device", "dtype", "shape") if getattr(args, n, None) is not None]
+    if not given:
+        return
+    if not speed_run:
+        raise ConfigurationError(f"{', '.join(given)} apply to the speed runs: add {runs}")
+    if args.shape is not None:
+        if args.shape not in SHAPES:
+            raise ConfigurationError(f"unknown --shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
+        if getattr(args, "model", None) is not None or getattr(args, "quantize", None) is not None:
+            raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
+    _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
+
+
+def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,
+                quantize: str | None = None) -> Any:
+    """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given, else
+    :func:`~dpinfer.models.load_model`."""
+    from dpinfer.models import load_model
+
+    if shape is not None:
+        return shape_model(shape, device=device, dtype=dtype)
+    return load_model(model, device=device, dtype=dtype, quantize=quantize)
+
+
 def _sync(lm: Any) -> None:
     import torch
 
@@ -423,12 +462,7 @@ def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
 def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Load the model and measure (:func:`run_engine_bench`, or :func:`run_jobs_bench` with ``jobs``);
     ``progress(stage)`` names each run as it starts."""
-    from dpinfer.models import load_model
-
-    if config.shape is not None:
-        lm = shape_model(config.shape, device=config.device, dtype=config.dtype)
-    else:
-        lm = load_model(config.model, device=config.device, dtype=config.dtype)
+    lm = speed_model(config.model, device=config.device, dtype=config.dtype, shape=config.shape)
     if config.jobs is not None:
         return run_jobs_bench(lm, n_jobs=config.jobs, ks=config.ks, new_tokens=config.new_tokens,
                               prompt_tokens=config.prompt_tokens, repeats=config.repeats, compile=config.compile,

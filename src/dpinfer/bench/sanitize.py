@@ -389,11 +389,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=int, default=None, metavar="N",
                    help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of --epsilons, "
                         "T_max 128) one by one vs through sanitize_many / one Engine.run_jobs call, in one run")
-    p.add_argument("--device", default=None, help="--perf, --corpus: cpu, cuda or cuda:N (default: CUDA if available)")
-    p.add_argument("--dtype", default=None, help="--perf, --corpus: float32, bf16, fp16 (default: float32 on CPU, "
-                                                 "bf16 on GPU)")
-    p.add_argument("--shape", default=None, help="--perf, --corpus: a random-weight model of this shape instead of "
-                                                 "--model (e.g. qwen2.5-7b; nothing downloaded; speed only)")
+    from dpinfer.bench.engine import add_speed_arguments
+
+    add_speed_arguments(p, "--perf or --corpus N")
     p.add_argument("--no-hf", action="store_true", help="--perf: skip the Hugging Face generate baselines")
 
 
@@ -409,20 +407,9 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
     if args.perf and getattr(args, "corpus", None):
         raise ConfigurationError("--perf and --corpus are two benchmarks; choose one")
-    speed_only = [f"--{n}" for n in ("device", "dtype", "shape") if getattr(args, n, None) is not None]
-    if speed_only and not (args.perf or getattr(args, "corpus", None)):
-        raise ConfigurationError(f"{', '.join(speed_only)} apply to the speed runs: add --perf or --corpus N")
-    if getattr(args, "shape", None) is not None:
-        from dpinfer.bench.engine import SHAPES
+    from dpinfer.bench.engine import check_speed_arguments
 
-        if args.model is not None or getattr(args, "quantize", None) is not None:
-            raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
-        if args.shape not in SHAPES:
-            raise ConfigurationError(f"unknown --shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
-    if speed_only:
-        from dpinfer.models import _pick_device, _pick_dtype
-
-        _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
+    check_speed_arguments(args, speed_run=bool(args.perf or getattr(args, "corpus", None)), runs="--perf or --corpus N")
     methods = None
     if args.methods is not None:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -441,17 +428,12 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
 def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the quality sweep (or, with ``perf``, the throughput run); write its files into ``config.out``; return
     the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
+    from dpinfer.bench.engine import speed_model
     from dpinfer.defaults import SANITIZE
     from dpinfer.methods import BASELINES, mechanism_names
-    from dpinfer.models import load_model
 
     c = config
-    if c.shape is not None:
-        from dpinfer.bench.engine import shape_model
-
-        lm = shape_model(c.shape, device=c.device, dtype=c.dtype)
-    else:
-        lm = load_model(c.model, quantize=c.quantize, device=c.device, dtype=c.dtype)
+    lm = speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape, quantize=c.quantize)
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
     if c.corpus:

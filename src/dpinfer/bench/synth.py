@@ -229,6 +229,10 @@ class SynthBenchConfig:
     repeats: int = 1
     out_dir: str = "bench-out"
     append: bool = False
+    device: str | None = None
+    dtype: str | None = None
+    shape: str | None = None
+    """``--perf``: a random-weight model of this :data:`dpinfer.bench.engine.SHAPES` shape (speed only)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -255,6 +259,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perf", action="store_true", help="throughput of InvisibleInk (B = 8) vs plain generation")
     p.add_argument("--perf-batch-size", type=int, default=d.perf_batch_size)
     p.add_argument("--repeats", type=int, default=d.repeats, help="--perf repeats (median)")
+    from dpinfer.bench.engine import add_speed_arguments
+
+    add_speed_arguments(p, "--perf")
     p.add_argument("--out-dir", default=d.out_dir, help="where the JSON, markdown and PNG go")
     p.add_argument("--append", action="store_true",
                    help="add the rows to bench_synth.json of an earlier run with the same settings (to split a long "
@@ -264,9 +271,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
     """The config of parsed ``dpinfer bench synth`` options; the methods and batch sizes are checked here, before
     any model loads."""
+    from dpinfer.bench.engine import check_speed_arguments
     from dpinfer.errors import ConfigurationError
     from dpinfer.validation import check_method
 
+    check_speed_arguments(args, speed_run=args.perf, runs="--perf")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     for m in methods:
         check_method("synthesize", m, "--methods")
@@ -284,7 +293,8 @@ def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
         top_k=None if args.top_k == 0 else args.top_k, temperature=args.temperature,
         mauve_repeats=args.mauve_repeats, amin_sound=args.amin_sound, seed=args.seed, model=args.model,
         perf=args.perf, perf_batch_size=args.perf_batch_size, repeats=args.repeats, out_dir=args.out_dir,
-        append=args.append)
+        append=args.append, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None),
+        shape=getattr(args, "shape", None))
 
 
 def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -293,8 +303,8 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     import json
 
     from dpinfer._json import plain
+    from dpinfer.bench.engine import speed_model
     from dpinfer.errors import ConfigurationError, DataNotFoundError
-    from dpinfer.models import load_model
     from dpinfer.paths import data_file
     from dpinfer.pipelines.synthesize import load_references
 
@@ -310,14 +320,15 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     refs, real = records[:c.n_private], records[c.n_private:]
     if progress:
         progress("loading the model")
-    lm = load_model(c.model)
+    lm = speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
     out_dir = Path(c.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if c.perf:
         res = run_perf(lm, refs, batch_size=c.perf_batch_size, max_new_tokens=c.max_new_tokens,
                        template=c.template, seed=c.seed, repeats=c.repeats, epsilon=c.epsilon, top_k=c.top_k)
         res["markdown"] = format_perf(res)
-        res["settings"] = {"model": lm.name, "data": str(path)}
+        res["settings"] = {"model": lm.name, "data": str(path), "device": str(lm.device),
+                           "dtype": str(lm.model.dtype).removeprefix("torch.")}
         (out_dir / "bench_synth_perf.json").write_text(json.dumps(plain(res), indent=2), encoding="utf-8")
         return res
     res = run_quality(lm, refs, real, methods=c.methods, batch_sizes=c.batch_sizes, epsilon=c.epsilon,

@@ -123,6 +123,7 @@ def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monke
 @pytest.mark.parametrize("argv, message", [
     (["--shape", "qwen2.5-7b"], "apply to the speed runs"),
     (["--perf", "--shape", "nope"], "unknown --shape"),
+    (["--perf", "--shape", "qwen2.5-7b", "--model", "m"], "drop --model"),
     (["--perf", "--shape", "qwen2.5-7b", "--quantize", "int8"], "drop --model / --quantize"),
     (["--corpus", "2", "--dtype", "float77"], "dtype"),
 ])
@@ -131,3 +132,10 @@ def test_speed_options_are_checked_before_any_model_loads(argv, message, capsys)
 
     assert main(["bench", "sanitize", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_synth_speed_options_need_perf(capsys):
+    from dpinfer.cli import main
+
+    assert main(["bench", "synth", "--shape", "qwen2.5-7b"]) == 2
+    assert "apply to the speed runs: add --perf" in capsys.readouterr().err
