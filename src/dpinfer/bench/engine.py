@@ -442,15 +442,12 @@ class EngineBenchConfig:
 def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
     """The config of parsed ``dpinfer bench engine`` options (checked here, before any model loads)."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import _pick_device, _pick_dtype
 
-    if args.shape is not None and args.model is not None:
-        raise ConfigurationError("give --model or --shape, not both")
+    check_speed_arguments(args, speed_run=True, runs="bench engine")  # shape, model, device, dtype
     if args.compile and args.jobs is None:
         raise ConfigurationError("--compile applies to the slot engine: add --jobs N")
     if args.max_rows is not None and args.jobs is None:
         raise ConfigurationError("--max-rows applies to the slot engine: add --jobs N")
-    _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
     jobs_mode = args.jobs is not None
     return EngineBenchConfig(model=args.model, ks=tuple(args.k) if args.k else ((1,) if jobs_mode else (1, 2, 5, 9)),
                              new_tokens=args.new_tokens or (64 if jobs_mode else 256),
