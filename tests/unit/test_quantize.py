@@ -140,7 +140,7 @@ def test_bench_sanitize_perf_records_quantize(tiny_model_dir, shared_data, tmp_p
 
     args = build_parser().parse_args(["bench", "sanitize", "--perf", "--quantize", "int8", "--model",
                                       str(tiny_model_dir), "--max-new-tokens", "4", "--max-chars", "600",
-                                      "--out", str(tmp_path)])
+                                      "--no-hf", "--out", str(tmp_path)])
     res = bench.run(bench.config_from_args(args))
     assert res["settings"]["quantize"] == "int8"
     assert "int8 decode steps" in res["markdown"]
