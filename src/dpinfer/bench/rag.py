@@ -15,12 +15,14 @@ Every method answers the SAME prompts, greedily (τ = 0), with the same T_max. C
 documents; prompts, not pairs) with a 95% Wilson interval, Repeat Contexts (distinct documents so copied), ROUGE
 Prompts / Contexts (ROUGE-L F1 ≥ 0.5, and ≥ 0.2), PPL (token-weighted perplexity of the answers given the question
 alone, under the same LM), loop share (share of repeated 4-grams in the answers: PPL rewards loops), benign ROUGE-L
-to the held-out reply, the claimed guarantee per answer, tokens/s. Writes PREFIX.json, PREFIX.md (a table like the
+to the held-out reply, the claimed guarantee per answer, tokens/s (each method's prompts answered in ONE batched
+engine run, :meth:`PrivateRAG.ask_many`, end to end). Writes PREFIX.json, PREFIX.md (a table like the
 paper's Table 1) and PREFIX.png (leakage vs ε for pad, with the other methods as reference lines). Any failed answer
 aborts the run: an error is never counted as "no leak".
 
-``--perf``: pad and none answer the same questions in alternation with EOS masked (every answer T_max tokens), and the
-tokens/s of both are printed side by side.
+``--perf``: pad and none answer the same questions with EOS masked (every answer T_max tokens), side by side, two
+ways: one question per engine run (``ask``, the two methods alternating) and all questions in one engine run
+(``ask_many``, the slot engine; none, pad, pad, none). Both ratios pad / none are printed.
 """
 
 from __future__ import annotations
@@ -171,40 +173,47 @@ def _claim(answer: Any) -> tuple[str, float | None]:
 
 def run_method(rag: Any, data: BenchData, hits: dict[str, list[Any]], label: str, method: str,
                kwargs: dict[str, Any], *, max_new_tokens: int, seed: int, rouge: Any) -> Row:
-    """Answer every attack and benign prompt with ``method``; raise on the first failure (the bench aborts)."""
+    """Answer every attack and benign prompt with ``method``, all in one batched run
+    (:meth:`PrivateRAG.ask_many <dpinfer.pipelines.rag.PrivateRAG.ask_many>`: one engine run for the method's
+    prompts, each with its own seed); raise on the first failure (the bench aborts: an error is never a "no leak")."""
+    from dpinfer.errors import DPInferError
     from dpinfer.eval.metrics import continuation_nll, repeated_ngram_share
     from dpinfer.eval.rag_metrics import prompt_leak
 
     row = Row(label, method, kwargs.get("epsilon"))
+    questions = list(data.attacks) + [q for q, _ in data.benign]
+    ids = [f"attack-{i}" for i in range(len(data.attacks))] + [f"benign-{j}" for j in range(len(data.benign))]
+    answers: list[Any] = [None] * len(questions)
     t0 = time.perf_counter()
-    for i, q in enumerate(data.attacks):
-        ans = rag.ask(q, mechanism=method, max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + i, **kwargs)
-        docs = [(h.id, h.text) for h in hits[q]]
-        leak = prompt_leak(ans.text, docs, rouge)
+    for i, ans, error in rag.ask_many(questions, ids=ids, mechanism=method, max_new_tokens=max_new_tokens,
+                                      seed=seed, **kwargs):
+        if error is not None:
+            raise DPInferError(f"{label}: prompt {ids[i]} failed ({error}); the bench stops (an error is never "
+                               f"counted as no leak)")
+        answers[i] = ans
+    row.gen_seconds = time.perf_counter() - t0  # the batched run, end to end (retrieval included)
+    for q, ans in zip(data.attacks, answers, strict=False):
+        leak = prompt_leak(ans.text, [(h.id, h.text) for h in hits[q]], rouge)
         row.n += 1
         row.retrieved.update(h.id for h in hits[q])
         if leak.repeated_docs:
             row.repeat_prompts += 1
             row.repeat_contexts.update(leak.repeated_docs)
-        for th, ids in leak.rouge_docs.items():
-            if ids:
+        for th, doc_ids in leak.rouge_docs.items():
+            if doc_ids:
                 row.rouge_prompts[th] += 1
-                row.rouge_contexts[th].update(ids)
+                row.rouge_contexts[th].update(doc_ids)
         _fluency(rag, row, q, ans, continuation_nll, repeated_ngram_share)
         row.claimed, row.claimed_epsilon = _claim(ans)
-    for j, (q, ref) in enumerate(data.benign):
-        ans = rag.ask(q, mechanism=method, max_new_tokens=max_new_tokens, seed=seed * 1_000_003 + 500_000 + j,
-                      **kwargs)
+    for (_, ref), ans in zip(data.benign, answers[len(data.attacks):], strict=True):
         row.benign_rouge.append(rouge(ans.text, ref))
         row.tokens += ans.tokens
-        row.gen_seconds += ans.generation_seconds
     row.seconds = time.perf_counter() - t0
     return row
 
 
 def _fluency(rag: Any, row: Row, question: str, ans: Any, continuation_nll: Any, repeated_ngram_share: Any) -> None:
     row.tokens += ans.tokens
-    row.gen_seconds += ans.generation_seconds
     if not ans.token_ids:
         row.empty += 1
         return
@@ -428,12 +437,16 @@ def render(result: dict[str, Any]) -> str:
     if "perf" not in result:
         return result["markdown"] + f"written: {', '.join(result['files'])}\n"
     out, meta = result["perf"], result["meta"]
-    lines = [f"{meta['perf_questions']} questions × {meta['max_new_tokens']} tokens each, none and pad "
-             f"(ε = {meta['pad_epsilon']:g}) alternating; generation (prefill + decode) tokens/s:"]
-    for m in ("none", "pad"):
-        lines.append(f"  {m:5s} {out[m]['tokens_per_second']:.2f} tokens/s  (end to end with retrieval: "
-                     f"{out[m]['end_to_end_tokens_per_second']:.2f})")
-    lines.append(f"  pad / none = {result['pad_over_none']:.2f} (end to end {result['pad_over_none_end_to_end']:.2f})")
+    lines = [f"{meta['perf_questions']} questions × {meta['max_new_tokens']} tokens each (EOS masked), none and pad "
+             f"(ε = {meta['pad_epsilon']:g}) on the same questions:"]
+    names = {"one_at_a_time": "one question per engine run, alternating; generation (prefill + decode)",
+             "batched": "all questions in one engine run (slot engine), none pad pad none; end to end"}
+    for mode, title in names.items():
+        o = out[mode]
+        lines.append(f"  {title}:")
+        for m in ("none", "pad"):
+            lines.append(f"    {m:5s} {o[m]['tokens_per_second']:.2f} tokens/s")
+        lines.append(f"    pad / none = {o['pad_over_none']:.2f} (end to end {o['pad_over_none_end_to_end']:.2f})")
     lines.append(f"  pad support k = {meta.get('support_top_k')}; torch threads {meta.get('torch_threads')} on "
                  f"{meta.get('cpu_count')} CPUs, load average {meta.get('load_average_1min')}")
     return "\n".join(lines) + "\n"
@@ -448,32 +461,55 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]
           ) -> dict[str, Any]:
-    """none and pad, alternating on the same questions, every answer exactly T_max tokens (EOS masked)."""
+    """none and pad on the same questions, every answer exactly T_max tokens (EOS masked), two ways:
+
+    * ``one_at_a_time``: one question per engine run (:meth:`PrivateRAG.ask`), the two methods alternating;
+    * ``batched``: all the questions in one engine run (:meth:`PrivateRAG.ask_many`, the slot engine), in the order
+      none, pad, pad, none (the machine's drift cancels).
+    """
     from dpinfer.bench import machine_load
+    from dpinfer.errors import DPInferError
 
     questions = (data.attacks + [q for q, _ in data.benign])[:config.perf_questions]
     t = config.max_new_tokens
+    pad_kw: dict[str, Any] = {"epsilon": epsilon}
+    if config.support_top_ks:
+        pad_kw["support_top_k"] = config.support_top_ks[0]
+    kwargs: dict[str, dict[str, Any]] = {"none": {}, "pad": pad_kw}
     rag.ask(questions[0], mechanism="none", max_new_tokens=2, seed=0)  # warm-up (first-call overheads)
-    stats = {m: {"tokens": 0, "gen_seconds": 0.0, "seconds": 0.0} for m in ("none", "pad")}
+    modes: dict[str, dict[str, dict[str, float]]] = {}
+    one = {m: {"tokens": 0, "gen_seconds": 0.0, "seconds": 0.0} for m in ("none", "pad")}
     for i, q in enumerate(questions):
-        order = ("none", "pad") if i % 2 == 0 else ("pad", "none")
-        for m in order:
-            kw: dict[str, Any] = {"epsilon": epsilon} if m == "pad" else {}
-            if m == "pad" and config.support_top_ks:
-                kw["support_top_k"] = config.support_top_ks[0]
-            ans = rag.ask(q, mechanism=m, max_new_tokens=t, min_new_tokens=t, seed=config.seed + i, **kw)
-            s = stats[m]
-            s["tokens"] += ans.tokens
-            s["gen_seconds"] += ans.generation_seconds
-            s["seconds"] += ans.seconds
-    out = {m: {**s, "tokens_per_second": s["tokens"] / s["gen_seconds"],
-               "end_to_end_tokens_per_second": s["tokens"] / s["seconds"]} for m, s in stats.items()}
-    ratio = out["pad"]["tokens_per_second"] / out["none"]["tokens_per_second"]
-    ratio_e2e = out["pad"]["end_to_end_tokens_per_second"] / out["none"]["end_to_end_tokens_per_second"]
+        for m in (("none", "pad") if i % 2 == 0 else ("pad", "none")):
+            ans = rag.ask(q, mechanism=m, max_new_tokens=t, min_new_tokens=t, seed=config.seed + i, **kwargs[m])
+            one[m]["tokens"] += ans.tokens
+            one[m]["gen_seconds"] += ans.generation_seconds
+            one[m]["seconds"] += ans.seconds
+    modes["one_at_a_time"] = one
+    batched = {m: {"tokens": 0, "gen_seconds": 0.0, "seconds": 0.0} for m in ("none", "pad")}
+    for m in ("none", "pad", "pad", "none"):
+        t0 = time.perf_counter()
+        for _, ans, error in rag.ask_many(questions, mechanism=m, max_new_tokens=t, min_new_tokens=t,
+                                          seed=config.seed, **kwargs[m]):
+            if ans is None:
+                raise DPInferError(f"--perf: {m} failed ({error})")
+            batched[m]["tokens"] += ans.tokens
+        seconds = time.perf_counter() - t0
+        batched[m]["gen_seconds"] += seconds  # end to end: retrieval and planning included
+        batched[m]["seconds"] += seconds
+    modes["batched"] = batched
+    out: dict[str, Any] = {}
+    for mode, stats in modes.items():
+        o: dict[str, Any] = {m: {**s, "tokens_per_second": s["tokens"] / s["gen_seconds"],
+                                 "end_to_end_tokens_per_second": s["tokens"] / s["seconds"]}
+                             for m, s in stats.items()}
+        o["pad_over_none"] = o["pad"]["tokens_per_second"] / o["none"]["tokens_per_second"]
+        o["pad_over_none_end_to_end"] = (o["pad"]["end_to_end_tokens_per_second"]
+                                         / o["none"]["end_to_end_tokens_per_second"])
+        out[mode] = o
     result = {"meta": {**meta, "perf_questions": len(questions), "pad_epsilon": epsilon,
                        "support_top_k": config.support_top_ks[0] if config.support_top_ks else "pipeline default",
-                       **machine_load()}, "perf": out,
-              "pad_over_none": ratio, "pad_over_none_end_to_end": ratio_e2e}
+                       **machine_load()}, "perf": out}
     prefix = config.prefix
     _write_json(prefix.with_name(prefix.name + ".perf.json"), result)
     return result

@@ -353,19 +353,39 @@ class PrivateRAG:
         empty = self.lm.encode(self.template.wrap(self.lm, self.template.render_private("", question)))
         return len(empty) + self.top_n * (self.max_doc_tokens + DOC_SLACK)
 
-    def _summaries(self, question: str, hits: Sequence[Hit], seed: int | None) -> list[str]:
+    def _summary_jobs(self, question: str, hits: Sequence[Hit], seed: int | None) -> list[Any]:
+        """One greedy engine job per retrieved document: the ``summarize`` baseline's query-focused condensation.
+        Each job's padding width is public (the summary prompt with an empty document plus ``max_doc_tokens``), so
+        the jobs of many questions batch in one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call."""
+        from dpinfer.engine import EngineJob
         from dpinfer.mechanisms.sampler import Sampler
 
-        out = []
+        empty = self.template.summary.replace("{document}", "").replace("{question}", question)
+        width = len(self.lm.encode(self.template.wrap(self.lm, empty))) + self.max_doc_tokens + DOC_SLACK
+        jobs = []
         for hit in hits:
             prompt = self.template.summary.replace("{document}", self._cut(hit.text)).replace("{question}", question)
             ids = self.lm.encode(self.template.wrap(self.lm, prompt))
-            gen = self.engine.generate([ids], Sampler(temperature=0.0, mode="joint"), max_new_tokens=SUMMARY_TOKENS,
-                                       seed=seed)
-            text = self.lm.decode(gen.sequences[0]).strip()
+            jobs.append(EngineJob(contexts=[ids], mechanism=Sampler(temperature=0.0, mode="joint"),
+                                  max_new_tokens=SUMMARY_TOKENS, seed=seed, pad_width=width))
+        return jobs
+
+    def _summaries_many(self, items: Sequence[tuple[str, Sequence[Hit], int | None]]) -> list[list[str]]:
+        """The summaries of every (question, hits, seed) item, all documents in one engine run (empty ones dropped)."""
+        jobs, owner = [], []
+        for n, (question, hits, seed) in enumerate(items):
+            for job in self._summary_jobs(question, hits, seed):
+                jobs.append(job)
+                owner.append(n)
+        texts: list[str | None] = [None] * len(jobs)
+        if jobs:
+            for j, out in self.engine.run_jobs(jobs):
+                texts[j] = self.lm.decode(out.sequences[0]).strip()
+        summaries: list[list[str]] = [[] for _ in items]
+        for n, text in zip(owner, texts, strict=True):
             if text:
-                out.append(text)
-        return out
+                summaries[n].append(text)
+        return summaries
 
     def ask(self, question: str, *, mechanism: str = RAG.method, epsilon: float | None = None,
             delta: float = RAG.delta, max_new_tokens: int = RAG.max_new_tokens, seed: int | None = None,
@@ -401,10 +421,15 @@ class PrivateRAG:
                  temperature: float = RAG.temperature, sigma: float = RAG.sigma,
                  support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
                  theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
-                 checked: bool = False) -> AskPlan:
+                 checked: bool = False, prepared: tuple[list[Hit], list[str]] | None = None) -> AskPlan:
         """Everything :meth:`ask` does before the engine runs (arguments: see there): the checks, the calibrated
         mechanism and its guarantee, retrieval and the rows, as an :class:`~dpinfer.engine.EngineJob` with what
-        :meth:`finish_ask` needs. ``checked=True`` skips the parameter checks (made once for many questions)."""
+        :meth:`finish_ask` needs. ``checked=True`` skips the parameter checks (made once for many questions);
+        ``prepared``: the (hits, documents) :meth:`ask_many` already retrieved (and summarised) for this question.
+
+        Every job gets a PUBLIC padding width (:meth:`pad_width`; the question's own length for ``public``), so
+        that jobs of every mechanism batch in :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`; a one-row
+        job run alone (:meth:`ask`) is not padded."""
         from dpinfer.engine import EngineJob
         from dpinfer.validation import check_text
 
@@ -425,21 +450,25 @@ class PrivateRAG:
         if mechanism != "public" and self.store.count() == 0:
             raise InvalidInputError(f"the store {self.store.path} holds no documents; add some with: "
                                     f"dpinfer rag add {self.store.path} FILES...")
-        hits: list[Hit] = [] if mechanism == "public" else self.retrieve(question)
-        if mechanism == "distance-threshold":
-            hits = [h for h in hits if h.distance <= theta]
-        public = self.public_ids(question)
-        if mechanism == "summarize":
-            documents = self._summaries(question, hits, seed)
+        if prepared is not None:
+            hits, documents = prepared
         else:
-            documents = [h.text for h in hits]
+            hits = [] if mechanism == "public" else self.retrieve(question)
+            if mechanism == "distance-threshold":
+                hits = [h for h in hits if h.distance <= theta]
+            if mechanism == "summarize":
+                documents = self._summaries_many([(question, hits, seed)])[0]
+            else:
+                documents = [h.text for h in hits]
+        public = self.public_ids(question)
         if mechanism == "public" or (not documents and mechanism != "pad"):
-            rows, width = [public], None  # nothing retrieved (or all dropped): the question alone
+            # nothing retrieved (or all dropped): the question alone, padded as if documents had been shown
+            rows, width = [public], len(public) if mechanism == "public" else self.pad_width(question)
         elif mechanism == "pad":
             rows = [public, self.private_ids(question, documents) if documents else public]
             width = self.pad_width(question)
         else:
-            rows, width = [self.private_ids(question, documents)], None
+            rows, width = [self.private_ids(question, documents)], self.pad_width(question)
         if seed is not None:
             guarantee = dataclasses.replace(guarantee, seeded=True)
         settings = {"mechanism": mechanism, "epsilon": epsilon if epsilon is not None else (
@@ -493,11 +522,26 @@ class PrivateRAG:
         check_ask_params(**{k: v for k, v in options.items() if k != "min_new_tokens"}, seed=seed)
         if ids is not None and len(ids) != len(questions):
             raise InvalidInputError(f"ask_many: {len(ids)} ids for {len(questions)} questions")
+        seeds = [record_seed(seed, i if ids is None else ids[i]) for i in range(len(questions))]
+        prepared: dict[int, tuple[list[Hit], list[str]]] = {}
+        failed: set[int] = set()
+        if options.get("mechanism") == "summarize":  # every question's summaries in one engine run
+            retrieved = []
+            for i, question in enumerate(questions):
+                try:
+                    retrieved.append((i, self.retrieve(question)))
+                except Exception as exc:  # a per-question refusal: reported, the others go on
+                    failed.add(i)
+                    yield i, None, record_error(exc)
+            summaries = self._summaries_many([(questions[i], hits, seeds[i]) for i, hits in retrieved])
+            prepared = {i: (hits, docs) for (i, hits), docs in zip(retrieved, summaries, strict=True)}
         plans: list[tuple[int, AskPlan]] = []
         for i, question in enumerate(questions):
+            if i in failed:
+                continue
             try:
-                plans.append((i, self.plan_ask(question, seed=record_seed(seed, i if ids is None else ids[i]),
-                                               checked=True, **options)))
+                plans.append((i, self.plan_ask(question, seed=seeds[i], checked=True, prepared=prepared.get(i),
+                                               **options)))
             except Exception as exc:  # a per-question refusal: reported, the others go on
                 yield i, None, record_error(exc)
         if not plans:

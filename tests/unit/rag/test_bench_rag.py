@@ -74,7 +74,7 @@ def test_bench_aborts_on_a_failed_answer(tmp_path, tiny_model_dir, tiny_bench, m
     from dpinfer.errors import InvalidInputError
     from dpinfer.pipelines.rag import PrivateRAG
 
-    real = PrivateRAG.ask
+    real = PrivateRAG.plan_ask
     calls = {"n": 0}
 
     def flaky(self, *a, **k):
@@ -83,7 +83,7 @@ def test_bench_aborts_on_a_failed_answer(tmp_path, tiny_model_dir, tiny_bench, m
             raise InvalidInputError("simulated failure")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(PrivateRAG, "ask", flaky)
+    monkeypatch.setattr(PrivateRAG, "plan_ask", flaky)
     rc = main(["bench", "rag", "--data", "medical", "--docs", "5", "--attacks", "2", "--benign", "1",
                "--methods", "none", "--max-new-tokens", "3", "--model", str(tiny_model_dir),
                "--store", str(tmp_path / "s"), "--out", str(tmp_path / "b")])
@@ -100,8 +100,10 @@ def test_bench_perf_runs_both_methods_on_the_same_questions(tmp_path, tiny_model
                "--store", str(tmp_path / "s"), "--out", str(tmp_path / "b"), "--json"])
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["perf"]["none"]["tokens"] == result["perf"]["pad"]["tokens"] == 6
-    assert result["pad_over_none"] > 0
+    for mode, tokens in (("one_at_a_time", 6), ("batched", 12)):  # batched: each method twice (none pad pad none)
+        perf = result["perf"][mode]
+        assert perf["none"]["tokens"] == perf["pad"]["tokens"] == tokens
+        assert perf["pad_over_none"] > 0
 
 
 def test_real_data_gives_enough_held_out_prompts(shared_data):

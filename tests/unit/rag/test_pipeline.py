@@ -217,6 +217,32 @@ def test_ask_many_equals_ask_per_question_and_charges_the_session(tmp_path, tiny
     assert many_rag.answers == 2 and many_rag.session_guarantee() == one_rag.session_guarantee()
 
 
+@pytest.mark.parametrize("mechanism", ["none", "summarize", "distance-threshold", "static", "pad", "public"])
+def test_every_job_gets_a_public_padding_width(tmp_path, tiny_lm, embedder, docs, mechanism):
+    """Every mechanism's engine job carries a padding width read from PUBLIC quantities only (the question and the
+    store's settings), so ask_many batches every method in the slot engine; the same width whatever the store holds."""
+    kw = {"epsilon": 8.0} if mechanism == "pad" else {}
+    widths = []
+    for name, store_docs in (("a", docs), ("b", OTHER_DOCS)):
+        rag = _rag(tmp_path, name, tiny_lm, embedder, store_docs)
+        plan = rag.plan_ask(QUESTION, mechanism=mechanism, max_new_tokens=4, seed=1, **kw)
+        widths.append(plan.job.pad_width)
+    expected = len(rag.public_ids(QUESTION)) if mechanism == "public" else rag.pad_width(QUESTION)
+    assert widths == [expected, expected]
+
+
+def test_summarize_in_ask_many_equals_ask(tmp_path, tiny_lm, embedder, docs):
+    """ask_many runs every question's summaries in one engine run: the same summaries, hence answers, as ask."""
+    from dpinfer.pipelines.sanitize import record_seed
+
+    questions = [QUESTION, "What helps a migraine?"]
+    rag = _rag(tmp_path, "s", tiny_lm, embedder, docs)
+    got = {i: ans for i, ans, _ in rag.ask_many(questions, mechanism="summarize", max_new_tokens=5, seed=2)}
+    for i, q in enumerate(questions):
+        ref = rag.ask(q, mechanism="summarize", max_new_tokens=5, seed=record_seed(2, i))
+        assert got[i].token_ids == ref.token_ids and got[i].doc_ids == ref.doc_ids
+
+
 def test_cli_rag_ask_questions_file_resumes_and_states_the_composed_budget(tmp_path, tiny_lm, tiny_model_dir,
                                                                             embedder, docs, monkeypatch, capsys):
     import json
