@@ -112,12 +112,14 @@ def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tok
               load_seconds=time.perf_counter() - t0, eos_token_ids=tok.eos_token_ids)
 
 
-def add_speed_arguments(p: argparse.ArgumentParser, runs: str) -> None:
+def add_speed_arguments(p: argparse.ArgumentParser, runs: str | None) -> None:
     """``--device``, ``--dtype`` and ``--shape`` of a benchmark's speed runs (``runs``: the options that select
-    them, e.g. ``"--perf"``), checked by :func:`check_speed_arguments` and used by :func:`speed_model`."""
-    p.add_argument("--device", default=None, help=f"{runs}: cpu, cuda or cuda:N (default: CUDA when available)")
-    p.add_argument("--dtype", default=None, help=f"{runs}: float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
-    p.add_argument("--shape", default=None, help=f"{runs}: a random-weight model of this shape instead of --model "
+    them, e.g. ``"--perf"``; None for a benchmark that is all speed runs), checked by :func:`check_speed_arguments`
+    and used by :func:`speed_model`."""
+    at = f"{runs}: " if runs else ""
+    p.add_argument("--device", default=None, help=f"{at}cpu, cuda or cuda:N (default: CUDA when available)")
+    p.add_argument("--dtype", default=None, help=f"{at}float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
+    p.add_argument("--shape", default=None, help=f"{at}a random-weight model of this shape instead of --model "
                                                  f"({', '.join(SHAPES)}; nothing downloaded; speed only)")
 
 
@@ -156,6 +158,19 @@ def _sync(lm: Any) -> None:
 
     if torch.device(lm.device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def slot_decode_step(lm: Any, job: Any) -> str:
+    """How ``Engine.run_jobs(compile="auto")`` decodes ``job`` on ``lm``: ``"compiled"`` or ``"eager"`` in the shared
+    slot batch, ``"eager (runs alone)"`` for a job without a public width (it is never mixed with others, see
+    :mod:`dpinfer.slots`), ``"eager (one job after another)"`` for an architecture the slot engine does not serve."""
+    from dpinfer.slots import public_width, resolve_compile, slots_supported
+
+    if not slots_supported(lm.model):
+        return "eager (one job after another)"
+    if public_width(job, [list(c) for c in job.contexts]) is None:
+        return "eager (runs alone)"
+    return "compiled" if resolve_compile("auto", lm.device) else "eager"
 
 
 def _time_hf(lm: Any, ids: list[int], n: int, *, compiled: bool = False) -> float:

@@ -190,29 +190,60 @@ def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, A
 
 
 def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
-             progress: Any = None, hf_baselines: bool = True) -> dict[str, Any]:
-    """DP-Fusion with m = 1 and m = 4 groups vs ``original`` on one document, interleaved, median of repeats; with
-    ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache + ``torch.compile``, its
-    first, compiling call timed apart) in the same run."""
+             progress: Any = None, hf_baselines: bool = True, ms: tuple[int, ...] = (1, 4),
+             slot_engine: bool = False) -> dict[str, Any]:
+    """DP-Fusion with m privacy groups (``ms``: 1 and 4) vs ``original`` on one document, interleaved, median of
+    repeats; with ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache +
+    ``torch.compile``, its first, compiling call timed apart) in the same run.
+
+    Every row runs :func:`~dpinfer.pipelines.sanitize.sanitize` (the one-job engine, ``Engine.stream``). With
+    ``slot_engine``, each configuration also runs as ONE job through ``Engine.run_jobs`` (the slot engine:
+    :func:`~dpinfer.pipelines.sanitize.plan_sanitize`, ``run_jobs``, ``finish_sanitize``, what ``sanitize_many`` does
+    per document), on an engine of its own so that its compiled decode step is reused across repeats; its first call
+    (which compiles on CUDA) is timed apart (``settings["slot_first_call_seconds"]``). Rows carry their ``path`` and
+    ``decode_step`` (``"compiled"`` or ``"eager"``)."""
     from dpinfer.bench.engine import _time_hf
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, prepare_contexts, resolve_groups, sanitize
 
     labels = sorted({s.label for s in doc.spans})
-    four: dict[str, list[str]] = {f"G{i + 1}": labels[i::4] for i in range(min(4, len(labels)))}
-    configs = [("original", None), ("dp-fusion m=1", {"ALL": labels}), ("dp-fusion m=4", four)]
+    configs: list[tuple[str, dict[str, list[str]] | None]] = [("original", None)]
+    for m in ms:
+        groups = {"ALL": labels} if m == 1 else {f"G{i + 1}": labels[i::m] for i in range(min(m, len(labels)))}
+        configs.append((f"dp-fusion m={m}", groups))
     times: dict[str, list[float]] = {c[0]: [] for c in configs}
     info: dict[str, Any] = {}
+    opts = {"spans": doc.spans, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "seed": seed,
+            "epsilon": 40.0}
+    slot_runs: dict[str, tuple[Callable[[], float], str]] = {}
+    first_calls: dict[str, float] = {}
+    if slot_engine:
+        slot_runs = {name: _slot_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
+        for name, _ in configs:
+            label = f"{name} (run_jobs)"
+            if progress:
+                progress(f"{label}, first call")
+            first_calls[label] = round(slot_runs[name][0](), 3)
+            times[label] = []
     for _ in range(repeats):
         for name, groups in configs:
             if progress:
                 progress(name)
-            res = sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion", spans=doc.spans,
-                           groups=groups, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed,
-                           epsilon=40.0)
+            res = sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups,
+                           **opts)
             assert res.generated_tokens == max_new_tokens
             times[name].append(res.seconds)
-            info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens}
+            info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens,
+                          "path": "one-job engine (sanitize)", "decode_step": "eager"}
+            if slot_engine:
+                label = f"{name} (run_jobs)"
+                if progress:
+                    progress(label)
+                timer, step = slot_runs[name]
+                times[label].append(timer())
+                info[label] = {**info[name], "path": "slot engine (run_jobs, 1 job)", "decode_step": step}
     names = [c[0] for c in configs]
+    if slot_engine:
+        names += [f"{c[0]} (run_jobs)" for c in configs]
     compile_seconds = None
     if hf_baselines:  # the prompt `original` decodes, through transformers' own generate loop
         ids = prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None), DEFAULT_INSTRUCTION).original
@@ -221,7 +252,8 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         compile_seconds = _time_hf(lm, ids, max_new_tokens, compiled=True)
         for label, compiled in (("hf generate eager", False), ("hf generate static+compile", True)):
             times[label] = []
-            info[label] = {"groups": 0}
+            info[label] = {"groups": 0, "path": "hugging face generate",
+                           "decode_step": "compiled" if compiled else "eager"}
             names.append(label)
             for _ in range(repeats):
                 if progress:
@@ -232,12 +264,42 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     for name in names:
         t = statistics.median(times[name])
         rows.append({"config": name, "groups": info[name]["groups"], "seconds": round(t, 3),
-                     "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3)})
-    return {"settings": {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
-                         "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
-                         "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
-                         "hf_compile_first_call_seconds": compile_seconds and round(compile_seconds, 2)},
-            "rows": rows}
+                     "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3),
+                     "path": info[name]["path"], "decode_step": info[name]["decode_step"]})
+    settings = {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
+                "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
+                "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
+                "hf_compile_first_call_seconds": compile_seconds and round(compile_seconds, 2)}
+    if slot_engine:
+        settings["slot_first_call_seconds"] = first_calls
+    return {"settings": settings, "rows": rows, "runs": times}
+
+
+def _slot_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts: dict[str, Any]
+                   ) -> tuple[Callable[[], float], str]:
+    """A timer of one document as ONE job through ``Engine.run_jobs``, on an engine of its own (its slot pool, and
+    so its compiled decode step, is reused by every call): plan, run, finish; the timer returns the seconds of
+    ``run_jobs`` (the part that :func:`sanitize`'s ``seconds`` measures). With it, whether the job's decode step is
+    ``"compiled"`` or ``"eager"`` (:func:`dpinfer.bench.engine.slot_decode_step`; the one ``original`` row has no
+    public width: it runs alone, eager)."""
+    from dpinfer.bench.engine import _sync, slot_decode_step
+    from dpinfer.engine import Engine
+    from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
+
+    engine = Engine(lm)
+    method = "original" if groups is None else "dp-fusion"
+
+    def once() -> float:
+        plan = plan_sanitize(text, lm=lm, method=method, groups=groups, **opts)
+        _sync(lm)
+        t0 = time.perf_counter()
+        ((_, output),) = engine.run_jobs([plan.job])
+        _sync(lm)
+        seconds = time.perf_counter() - t0
+        assert finish_sanitize(plan, output).generated_tokens == plan.job.max_new_tokens
+        return seconds
+
+    return once, slot_decode_step(lm, plan_sanitize(text, lm=lm, method=method, groups=groups, **opts).job)
 
 
 def _quant_note(settings: dict[str, Any]) -> str:

@@ -108,30 +108,80 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
 
 
 def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, template: str, seed: int,
-             repeats: int, epsilon: float, top_k: int | None) -> dict[str, Any]:
-    from dpinfer.engine import Engine
+             repeats: int, epsilon: float, top_k: int | None, max_reference_tokens: int = 512,
+             slot_engine: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """InvisibleInk (B = ``batch_size``) against plain generation (``public``) of the same length on the first batch
+    of ``refs``, through the one-job engine (``Engine.generate``), median of ``repeats``. References are cut to
+    ``max_reference_tokens`` tokens (the public padding width follows from it).
+
+    With ``slot_engine``, both also run as ONE job through ``Engine.run_jobs`` (the slot engine), each on an engine of
+    its own so that its compiled decode step is reused across repeats; the first call of each (it compiles on CUDA)
+    is timed apart. Their figures are under ``"slot_engine"``, with the same keys."""
+    from dpinfer.engine import Engine, EngineJob
     from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, build_mechanism, partition, public_pad_width
 
     batches, _ = partition(refs, batch_size, seed)
-    public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]])
+    public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]], max_reference_tokens)
     engine = Engine(lm)
-    pad = public_pad_width(lm, TEMPLATES[template], refs[batches[0][0]].labels, 512)  # batch_contexts' default cut
-    out: dict[str, list[float]] = {"public": [], "invisibleink": []}
+    pad = public_pad_width(lm, TEMPLATES[template], refs[batches[0][0]].labels, max_reference_tokens)
+    methods = ("public", "invisibleink")
+    out: dict[str, list[float]] = {m: [] for m in methods}
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    slot_out: dict[str, list[float]] = {m: [] for m in methods}
+    slot_seconds: dict[str, list[float]] = {m: [] for m in methods}
+    slot_engines = {m: Engine(lm) for m in methods} if slot_engine else {}
+    first_calls: dict[str, float] = {}
+
+    def job(method: str, r: int) -> Any:
+        mech = build_mechanism(method, lm=lm, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
+                               max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0)
+        contexts = [public] if method == "public" else [public, *private]
+        return EngineJob(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r,
+                         pad_width=pad)
+
+    def through_slots(method: str, r: int) -> tuple[int, float]:
+        j = job(method, r)  # the mechanism's calibration is not timed (nor is it on the one-job path)
+        t0 = time.perf_counter()
+        ((_, res),) = slot_engines[method].run_jobs([j])
+        return len(res.sequences[0]), time.perf_counter() - t0
+
+    for method in slot_engines:  # first calls (compilation on CUDA), timed apart
+        if progress:
+            progress(f"{method} (run_jobs), first call")
+        first_calls[method] = round(through_slots(method, 0)[1], 3)
     for r in range(repeats):
-        for method in ("public", "invisibleink"):
-            mech = build_mechanism(method, lm=lm, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
-                                   max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0)
-            contexts = [public] if method == "public" else [public, *private]
+        for method in methods:
+            if progress:
+                progress(method)
+            j = job(method, r)
             t0 = time.perf_counter()
-            res = engine.generate(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  seed=seed + r, pad_width=pad)
-            out[method].append(res.num_generated / (time.perf_counter() - t0))
+            res = engine.generate(j.contexts, j.mechanism, max_new_tokens=max_new_tokens,
+                                  min_new_tokens=max_new_tokens, seed=j.seed, pad_width=pad)
+            dt = time.perf_counter() - t0
+            out[method].append(res.num_generated / dt)
+            seconds[method].append(dt)
+            if slot_engine:
+                if progress:
+                    progress(f"{method} (run_jobs)")
+                n, dt = through_slots(method, r)
+                slot_out[method].append(n / dt)
+                slot_seconds[method].append(dt)
     plain = statistics.median(out["public"])
     ink = statistics.median(out["invisibleink"])
-    return {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "prompt_tokens": [len(public), *[len(p) for p in private]],
+    result: dict[str, Any] = {
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "repeats": repeats,
+        "prompt_tokens": [len(public), *[len(p) for p in private]],
+        "plain_tokens_per_second": plain, "invisibleink_tokens_per_second": ink, "ratio": ink / plain,
+        "runs": out, "seconds": seconds}
+    if slot_engine:
+        from dpinfer.bench.engine import slot_decode_step
+
+        plain, ink = statistics.median(slot_out["public"]), statistics.median(slot_out["invisibleink"])
+        result["slot_engine"] = {
             "plain_tokens_per_second": plain, "invisibleink_tokens_per_second": ink, "ratio": ink / plain,
-            "runs": out}
+            "runs": slot_out, "seconds": slot_seconds, "first_call_seconds": first_calls,
+            "decode_step": {m: slot_decode_step(lm, job(m, 0)) for m in methods}}
+    return result
 
 
 def format_quality(res: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""``dpinfer bench engine | sanitize | synth | tagger``: the built-in benchmarks (:mod:`dpinfer.bench`).
+"""``dpinfer bench engine | sanitize | synth | serving | tagger``: the built-in benchmarks (:mod:`dpinfer.bench`).
 
 Each prints what it measured, with its baseline, in one run. Their options are checked here before any model loads.
 """
@@ -32,6 +32,14 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
                           description=bench_synth.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_synth.add_arguments(bsy)
     bsy.set_defaults(func=run_synth)
+    from dpinfer.bench import serving as bench_serving
+
+    bsv = bsub.add_parser("serving", parents=[common],
+                          help="the four serving figures of issue 14 (plain, DP-Fusion one document and corpus, "
+                               "InvisibleInk) vs their targets, in one run",
+                          description=bench_serving.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_serving.add_arguments(bsv)
+    bsv.set_defaults(func=run_serving)
     from dpinfer.bench import tagger as bench_tagger
 
     bt = bsub.add_parser("tagger", help="tagger precision / recall / F1 against gold spans",
@@ -41,7 +49,7 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
 
 
 BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
-                "n_private", "n_real", "mauve_repeats", "perf_batch_size", "jobs", "max_rows", "corpus")
+                "n_private", "n_real", "mauve_repeats", "perf_batch_size", "jobs", "max_rows", "corpus", "corpus_docs")
 """Options of any benchmark that must be integers ≥ 1 when present."""
 
 
@@ -123,6 +131,10 @@ def run_sanitize(args: argparse.Namespace) -> int:
 
 def run_synth(args: argparse.Namespace) -> int:
     return run_bench("synth", args)
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    return run_bench("serving", args)
 
 
 def run_tagger(args: argparse.Namespace) -> int:
