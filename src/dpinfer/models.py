@@ -501,17 +501,30 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
     return lm
 
 
-def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
+def model_name(name_or_path: str | os.PathLike[str] | None) -> str:
+    """The name :func:`load_model` gives the model (``lm.name``), without loading anything: the embedded model's
+    name for ``None`` or one of its aliases, else the path as given (``~`` expanded).
+
+    >>> model_name(None), model_name("smollm2"), model_name("/models/qwen")
+    ('smollm2-135m-instruct', 'smollm2-135m-instruct', '/models/qwen')
+    """
     if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
-        gguf, name = embedded_gguf_path(), EMBEDDED_NAME
+        return EMBEDDED_NAME
+    return str(Path(name_or_path).expanduser())
+
+
+def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
+    name = model_name(name_or_path)
+    if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
+        gguf = embedded_gguf_path()
     else:
         path = Path(name_or_path).expanduser()
         if path.is_dir():
             if not (path / "config.json").is_file():
                 raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-            return _load_hf_dir(path, str(path), dev, dt)
+            return _load_hf_dir(path, name, dev, dt)
         if path.is_file() and path.suffix == ".gguf":
-            gguf, name = path, str(path)
+            gguf = path
         else:
             raise ModelNotFoundError(
                 f"unknown model {str(name_or_path)!r}: give a local Hugging Face model folder, a .gguf file, or "

@@ -149,7 +149,7 @@ def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: An
 def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """``dpinfer sanitize --corpus IN --out OUT``: refusals first, then the records not yet in OUT, appended one by
     one as they finish; a summary line on standard error (and the summary as JSON with ``--json``)."""
-    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, check_corpus_paths, pending, read_corpus
+    from dpinfer.pipelines.corpus import CorpusSummary, check_corpus_paths, locked_output, pending, read_corpus
 
     check_corpus_paths(args.corpus, args.out)
     if args.backend == "ray":
@@ -158,28 +158,28 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
         check_ray()
     records = read_corpus(args.corpus, id_field=args.id_field, text_field=args.text_field,
                           spans_field=args.spans_field)
-    out = CorpusOutput(args.out)
-    out.open()  # a torn last line is cut off here; the ids done are read back
-    todo = list(pending(records, out.done))
-    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-    if todo:
-        with record_progress("sanitize --corpus", len(todo)) as progress:
-            for record in _releases(args, todo, options):
-                out.append(record)
-                if "error" in record:
-                    summary.errors += 1
-                else:
-                    summary.done += 1
-                progress(summary.done + summary.errors, summary.errors)
-    ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
-    line = summary.line(rec for key, rec in out.done.items() if key in ids)
-    print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)
-    if args.json:
-        from dpinfer.cli.output import print_json
+    with locked_output(args.out, "dpinfer sanitize --corpus") as out:  # a second run on OUT is refused
+        out.open()  # a torn last line is cut off here; the ids done are read back
+        todo = list(pending(records, out.done))
+        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+        if todo:
+            with record_progress("sanitize --corpus", len(todo)) as progress:
+                for record in _releases(args, todo, options):
+                    out.append(record)
+                    if "error" in record:
+                        summary.errors += 1
+                    else:
+                        summary.done += 1
+                    progress(summary.done + summary.errors, summary.errors)
+        ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
+        line = summary.line(rec for key, rec in out.done.items() if key in ids)
+        print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)
+        if args.json:
+            from dpinfer.cli.output import print_json
 
-        print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                    "records": len(records), "summary": line})
-    return 0
+            print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                        "records": len(records), "summary": line})
+        return 0
 
 
 def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]) -> Iterator[dict[str, Any]]:

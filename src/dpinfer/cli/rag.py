@@ -263,38 +263,38 @@ def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
     (one ``Engine.run_jobs``), each answer appended as it finishes; a summary with the composed budget."""
     from dpinfer.cli.corpus_job import record_progress
     from dpinfer.models import load_model
-    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, id_key, pending
+    from dpinfer.pipelines.corpus import CorpusSummary, id_key, locked_output, pending
     from dpinfer.pipelines.rag import PrivateRAG
 
     records = args.question_records
-    out = CorpusOutput(args.out)
-    out.open()
-    todo = list(pending(records, out.done))
-    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-    if todo:
-        lm = load_model(args.model, device=args.device)
-        rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
-        with record_progress("rag ask --questions", len(todo)) as progress:
-            for i, ans, err in rag.ask_many(
-                    [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,
-                    epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                    temperature=args.temperature, sigma=args.sigma, support_top_k=support,
-                    adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma):
-                if ans is None:
-                    out.append({"id": todo[i].id, "error": err})
-                    summary.errors += 1
-                else:
-                    release = ans.to_dict()
-                    release.pop("seconds", None)  # timing depends on the private context: not released
-                    out.append({"id": todo[i].id, **release})
-                    summary.done += 1
-                progress(summary.done + summary.errors, summary.errors)
-    ids = {id_key(r.id) for r in records}
-    mine = [rec for key, rec in out.done.items() if key in ids]
-    line = (f"done {summary.done} / skipped {summary.skipped} / errors {summary.errors}; total budget: "
-            f"{answers_budget(mine)}")
-    print(f"dpinfer: rag ask --questions: {line}; answers in {args.out}", file=sys.stderr)
-    if args.json:
-        _print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                     "summary": line})
-    return 0
+    with locked_output(args.out, "dpinfer rag ask --questions") as out:  # a second run on OUT is refused
+        out.open()
+        todo = list(pending(records, out.done))
+        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+        if todo:
+            lm = load_model(args.model, device=args.device)
+            rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
+            with record_progress("rag ask --questions", len(todo)) as progress:
+                for i, ans, err in rag.ask_many(
+                        [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,
+                        epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        temperature=args.temperature, sigma=args.sigma, support_top_k=support,
+                        adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma):
+                    if ans is None:
+                        out.append({"id": todo[i].id, "error": err})
+                        summary.errors += 1
+                    else:
+                        release = ans.to_dict()
+                        release.pop("seconds", None)  # timing depends on the private context: not released
+                        out.append({"id": todo[i].id, **release})
+                        summary.done += 1
+                    progress(summary.done + summary.errors, summary.errors)
+        ids = {id_key(r.id) for r in records}
+        mine = [rec for key, rec in out.done.items() if key in ids]
+        line = (f"done {summary.done} / skipped {summary.skipped} / errors {summary.errors}; total budget: "
+                f"{answers_budget(mine)}")
+        print(f"dpinfer: rag ask --questions: {line}; answers in {args.out}", file=sys.stderr)
+        if args.json:
+            _print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                         "summary": line})
+        return 0

@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpinfer.cli.output import (
+    EXIT_ERROR,
     SEED_HELP,
     LazyHelpFormatter,
     add_method_argument,
@@ -17,10 +18,13 @@ from dpinfer.cli.output import (
     console,
     print_json,
     show,
-    write_failure,
 )
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from dpinfer.pipelines.synth_job import SynthesisOutput
+    from dpinfer.pipelines.synthesize import SynthesisPlan, SyntheticText
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -28,7 +32,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         description="Generate synthetic texts that resemble a private corpus (InvisibleInk by "
                                     "default), one text per disjoint batch of B references. The (ε, δ) guarantee per "
                                     "reference is computed before the corpus is read and written into the output "
-                                    "file's first line, with the settings.",
+                                    "file's first line, with the settings; each text is appended as its batch "
+                                    "finishes, and rerunning the same command resumes an interrupted run.",
                         formatter_class=LazyHelpFormatter)
     sy.add_argument("file", help="the private corpus: a .jsonl or .csv file")
     sy.add_argument("--text-field", required=True, help="the field holding each reference's text")
@@ -58,7 +63,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sy.add_argument("--limit", type=int, default=None, help="read only the first N records")
     sy.add_argument("--seed", type=int, default=None, help=SEED_HELP)
     add_model_arguments(sy, quantize=False)
-    sy.add_argument("--out", required=True, help="output .jsonl (first line: guarantee and settings)")
+    sy.add_argument("--out", required=True, metavar="OUT.jsonl",
+                    help="output .jsonl: a first line with the guarantee and the settings, then one line per text, "
+                         "appended as its batch finishes; rerunning the same command resumes an interrupted run "
+                         "(only the missing batches are generated; other settings or a changed corpus are refused). "
+                         "While unfinished, OUT has a private sidecar OUT.partition (never publish it; deleted at "
+                         "the end). See docs/corpus.md")
     sy.set_defaults(func=run)
 
 
@@ -95,6 +105,10 @@ def template_arg(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Every check and refusal (parameters, paths, the corpus, an ``--out`` that is not this run's) before the model
+    loads; then the batches not yet in ``--out``, each text appended as its batch finishes (docs/corpus.md)."""
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
     from dpinfer.validation import check_corpus_size, check_output_path, check_synth_budget, check_synth_params
 
     # every parameter and path is checked here, before the corpus is read and before the model loads
@@ -103,45 +117,95 @@ def run(args: argparse.Namespace) -> int:
     check_synth_params(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature, seed=args.seed,
                        max_texts=args.max_texts, max_reference_tokens=max_ref, limit=args.limit, cli=True)
-    check_output_path(args.out, inputs=(args.file, args.template_file))
+    if str(args.out).strip() == "-":
+        raise ConfigurationError("--out must be a file (texts are appended to it and read back to resume); standard "
+                                 "output cannot be resumed")
+    inputs = (args.file, args.template_file)
+    check_output_path(args.out, inputs=inputs)
+    check_output_path(partition_path(args.out), inputs=inputs, option="--out's partition file")
     template = template_arg(args)
-    from dpinfer.pipelines.synthesize import load_references, synthesize
+    from dpinfer.models import model_name
+    from dpinfer.pipelines.synthesize import load_references, plan_synthesis
 
-    refs = load_references(args.file, text_field=args.text_field, label_fields=label_fields(args.label_fields),
-                           limit=args.limit)
+    fields = label_fields(args.label_fields)
+    refs = load_references(args.file, text_field=args.text_field, label_fields=fields, limit=args.limit)
     check_corpus_size(method=args.method, references=len(refs), batch_size=args.batch_size)
     check_synth_budget(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                        max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature)
+    plan = plan_synthesis(refs, method=args.method, epsilon=args.epsilon, delta=args.delta,
+                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, top_k=top_k,
+                          temperature=args.temperature, prompt_template=template, seed=args.seed,
+                          max_texts=args.max_texts, max_reference_tokens=max_ref)
+    header = plan.header(model_name(args.model),
+                         {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
+    out = SynthesisOutput(args.out)
+    out.lock()  # a second run on the same --out is refused here
+    try:
+        return _run_job(args, plan, header, out)
+    finally:
+        out.close()
+
+
+def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput) -> int:
+    import time
+
     from dpinfer.cli.output import count_progress
+    from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
+
+    out.open()  # a torn last line is cut off here; the header and the batches done are read back
+    digest = plan.partition_sha256()
+    out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
+    skipped, total = len(out.done), len(plan.batches)
+    if skipped == total:
+        out.finish()
+        return _print_done(args, header, out)
     from dpinfer.models import load_model
 
     lm = load_model(args.model, device=args.device)
+    out.start(header, digest)  # the private partition file, then the header line (before any text)
+    new: list[SyntheticText] = []
+    t0 = time.perf_counter()
     with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-        res = synthesize(refs, lm=lm, method=args.method, epsilon=args.epsilon, delta=args.delta,
-                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                         top_k=top_k, temperature=args.temperature,
-                         prompt_template=template, seed=args.seed, max_texts=args.max_texts,
-                         max_reference_tokens=max_ref, progress=progress)
-    try:
-        res.write_jsonl(args.out)
-    except OSError as exc:  # never lose a finished result: save it elsewhere, or print it
-        from dpinfer.validation import rescue_write_text
-
-        body = "".join(res.jsonl_lines())
-        rescue = rescue_write_text(body, ".jsonl")
-        if rescue is None:
-            sys.stdout.write(body)
-            return write_failure("--out", args.out, exc, "the texts are on standard output")
-        return write_failure("--out", args.out, exc, f"the texts were saved to {rescue}")
+        texts = synthesize_iter(plan, lm=lm, skip_batches=set(out.done), progress=progress)
+        for text in texts:
+            try:
+                out.append(text.to_dict())
+            except OSError as exc:  # the texts before it are complete and durable in --out: say so, stop
+                texts.close()
+                print(f"dpinfer: error: could not append to --out {args.out} ({exc.strerror or type(exc).__name__}); "
+                      f"{len(out.done)} of {total} texts are safely in it ({len(new)} from this run); free the space "
+                      "(or fix the cause) and rerun the same command to resume", file=sys.stderr)
+                return EXIT_ERROR
+            new.append(text)
+    seconds = time.perf_counter() - t0
+    if len(out.done) == total:
+        out.finish()  # every batch is released: the private partition file goes
+    res = SynthesisResult(texts=sorted(new, key=lambda t: t.batch), guarantee=plan.guarantee, method=plan.method,
+                          settings=plan.settings_for(lm.name), references_used=plan.references_used,
+                          references_left_out=plan.references_left_out, seconds=seconds,
+                          lm_calls_per_token=plan.lm_calls_per_token)
     if args.json:
-        print_json({**res.header()["dpinfer"], "out": args.out})
+        print_json({**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": skipped,
+                    "generated_tokens": res.generated_tokens, "tokens_per_second": round(res.tokens_per_second, 3),
+                    "truncated_bytes": out.truncated_bytes, "out": args.out})
         return 0
-    print_summary(args, res)
+    print_summary(args, res, skipped=skipped, truncated_bytes=out.truncated_bytes)
     return 0
 
 
-def print_summary(args: argparse.Namespace, res: Any) -> None:
-    """What was written, and the guarantee in words."""
+def _print_done(args: argparse.Namespace, header: dict[str, Any], out: SynthesisOutput) -> int:
+    """A rerun of a finished ``--out``: nothing generated, no model loaded."""
+    total = len(out.done)
+    if args.json:
+        print_json({**header["dpinfer"], "texts": total, "generated": 0, "skipped": total,
+                    "truncated_bytes": out.truncated_bytes, "out": args.out})
+        return 0
+    console().print(f"All {total} batches are done in {args.out}; nothing to generate.")
+    return 0
+
+
+def print_summary(args: argparse.Namespace, res: Any, *, skipped: int = 0, truncated_bytes: int = 0) -> None:
+    """What was written (``skipped``: texts an earlier run had written), and the guarantee in words."""
     import math
 
     from dpinfer.methods import is_baseline
@@ -151,6 +215,10 @@ def print_summary(args: argparse.Namespace, res: Any) -> None:
     public = is_baseline("synthesize", args.method)
     con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, "
               f"{res.lm_calls_per_token} LM calls per token) written to {args.out}")
+    if skipped:
+        con.print(f"{skipped} texts from an earlier run were already there: {skipped + len(res.texts)} in all")
+    if truncated_bytes:
+        con.print(f"[dim]a torn last line of {truncated_bytes} bytes from an interrupted run was cut off[/dim]")
     if res.references_left_out and not public:
         con.print(f"[dim]{res.references_left_out} references were left out (label groups not filling a batch of "
                   f"{args.batch_size}, or --max-texts)[/dim]")

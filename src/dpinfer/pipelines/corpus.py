@@ -18,7 +18,9 @@ Resume semantics:
 * on the next run a torn last line (a kill or a crash in the middle of a write: the file does not end with a newline)
   is cut off, every complete line is read back, and the ids found there are skipped;
 * finished lines are never rewritten: they stay byte-identical across any number of reruns;
-* an error record counts as done (rerunning does not retry it; delete its line to retry it).
+* an error record counts as done (rerunning does not retry it; delete its line to retry it);
+* a run holds an exclusive lock on the output (:class:`OutputLock`): a second run on the same file is refused, since
+  it would release the records still missing a second time.
 
 >>> import json, os, tempfile
 >>> d = tempfile.mkdtemp()
@@ -136,35 +138,100 @@ def check_corpus_paths(corpus: str, out: str) -> None:
 
 
 @dataclass
+class OutputLock:
+    """An exclusive ``flock`` on an append-only output for the length of one run: two runs on the same ``OUT`` would
+    both see the same records missing and release them twice (twice the privacy loss for those records).
+
+    :meth:`acquire` opens (creating, mode 0600) the file and locks it, refusing in one line when another run holds
+    it; :meth:`release` unlocks it and removes a file this run created and never wrote to. Where ``fcntl`` does not
+    exist (not POSIX) there is no lock.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "out.jsonl")
+    >>> first = OutputLock(path, "dpinfer sanitize --corpus"); first.acquire()
+    >>> OutputLock(path, "dpinfer sanitize --corpus").acquire()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    dpinfer.errors.ConfigurationError: --out ... is being written by another dpinfer sanitize --corpus run; wait ...
+    >>> first.release(); os.path.exists(path)  # created, never written: removed
+    False
+    """
+
+    path: str | os.PathLike[str]
+    job: str
+    created: bool = False
+    _fd: int | None = field(default=None, repr=False)
+
+    def acquire(self) -> None:
+        p = Path(self.path)
+        self.created = not p.exists()
+        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no flock on this platform: no lock
+            self._fd = fd
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigurationError(f"--out {p} is being written by another {self.job} run; wait for it to end (a "
+                                     "second run would release the same records again), then rerun") from None
+        self._fd = fd
+
+    @property
+    def fd(self) -> int | None:
+        """The locked descriptor (opened with ``O_APPEND``), or None when not held."""
+        return self._fd
+
+    def release(self) -> bool:
+        """Unlock; True when the file was created by this run, never written to, and so removed."""
+        if self._fd is None:
+            return False
+        removed = False
+        with contextlib.suppress(OSError):
+            if self.created and os.fstat(self._fd).st_size == 0:
+                os.unlink(self.path)
+                removed = True
+        os.close(self._fd)
+        self._fd = None
+        return removed
+
+
+@dataclass
 class CorpusOutput:
     """The JSONL output of a corpus job, append-only (see the module docstring for the resume semantics).
 
-    :meth:`open` repairs a torn last line and reads the ids done; :meth:`append` writes one record atomically and
-    durably. ``done`` maps :func:`id_key` to the record read back (or appended)."""
+    :meth:`lock` takes the run's :class:`OutputLock` (a second run on the same file is refused); :meth:`open` repairs
+    a torn last line and reads the ids done; :meth:`append` writes one record atomically and durably; :meth:`close`
+    releases the lock. ``done`` maps :func:`id_key` to the record read back (or appended)."""
 
     path: str | os.PathLike[str]
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     truncated_bytes: int = 0
+    _lock: OutputLock | None = field(default=None, repr=False)
+
+    def lock(self, job: str) -> None:
+        """Take the exclusive lock of this run (``job`` names the command in the refusal)."""
+        self._lock = OutputLock(self.path, job)
+        self._lock.acquire()
+
+    def close(self) -> None:
+        """Release the lock (a file this run created and never wrote to is removed)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def open(self) -> int:
         """Cut a torn last line, read the records done; the number of complete records. Refuses (one line) a file
-        that is not a corpus output (a line that is not a JSON object with an id), or one with a repeated id."""
+        that is not a corpus output (a line that is not a JSON object with an id), or one with a repeated id; a
+        refused file is left as it is."""
         p = Path(self.path)
         self.done = {}
         if not p.exists():
             return 0
-        data = p.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):  # a torn last line (a kill in the middle of a write): cut it off
-            with open(p, "r+b") as fh:
-                fh.truncate(end)
-                fh.flush()
-                os.fsync(fh.fileno())
-            self.truncated_bytes = len(data) - end
-            data = data[:end]
-        for n, raw in enumerate(data.split(b"\n")[:-1], start=1):
-            if not raw.strip():
-                continue
+        tail = read_output_lines(p)
+        for n, raw in tail.lines:
             try:
                 obj = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError):
@@ -177,21 +244,79 @@ class CorpusOutput:
                 raise InvalidInputError(f"--out {p} line {n} repeats an id of an earlier line; it is not the output "
                                         "of one corpus job")
             self.done[key] = obj
+        self.truncated_bytes = tail.cut(p, "a dpinfer corpus record")
         return len(self.done)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one line: one ``write`` on an ``O_APPEND`` descriptor, then ``fsync``."""
-        line = encode_record(record)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            view = memoryview(line)
-            while view:  # one write for a regular file; the loop only guards against a short write
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(self.path, encode_record(record))
         self.done[id_key(record["id"])] = dict(record)
+
+
+@contextlib.contextmanager
+def locked_output(path: str | os.PathLike[str], job: str) -> Iterator[CorpusOutput]:
+    """A :class:`CorpusOutput` holding its run's lock for the length of the ``with`` block (released on any exit)."""
+    out = CorpusOutput(path)
+    out.lock(job)
+    try:
+        yield out
+    finally:
+        out.close()
+
+
+@dataclass
+class OutputLines:
+    """The complete lines of an append-only output file (:func:`read_output_lines`) and its torn tail, if any."""
+
+    lines: list[tuple[int, bytes]]
+    """``(line number, bytes without the newline)`` of every complete, non-blank line."""
+    complete_bytes: int
+    """Length of the file up to and including its last newline."""
+    torn: bytes = b""
+    """What follows the last newline: a line cut short by a kill, a crash or a full disk in the middle of a write."""
+
+    def cut(self, path: str | os.PathLike[str], what: str) -> int:
+        """Cut the torn tail off ``path`` (after the complete lines were accepted); the number of bytes cut. A tail
+        that cannot be the start of a record (a line of ours starts with ``{``) is refused and left in place."""
+        if not self.torn:
+            return 0
+        if self.torn.strip() and not self.torn.lstrip().startswith(b"{"):
+            raise InvalidInputError(f"--out {path}: its last line is not {what} and does not end with a newline; give "
+                                    "a new path or the output of an earlier run of this job")
+        with open(path, "r+b") as fh:
+            fh.truncate(self.complete_bytes)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return len(self.torn)
+
+
+def read_output_lines(path: str | os.PathLike[str]) -> OutputLines:
+    """The complete lines of ``path`` and its torn tail, read without changing the file (the caller checks the
+    lines, then :meth:`OutputLines.cut` cuts the tail)."""
+    data = Path(path).read_bytes()
+    end = data.rfind(b"\n") + 1
+    lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1) if raw.strip()]
+    return OutputLines(lines=lines, complete_bytes=end, torn=data[end:])
+
+
+def write_line(fd: int, line: bytes) -> None:
+    """Write one complete line to ``fd`` (opened with ``O_APPEND``) and ``fsync`` it: one ``write`` for a regular
+    file (the loop only guards against a short write)."""
+    view = memoryview(line)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    os.fsync(fd)
+
+
+def append_line(path: str | os.PathLike[str], line: bytes) -> None:
+    """Append one complete line to ``path`` (created with mode 0600): :func:`write_line` on an ``O_APPEND``
+    descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        write_line(fd, line)
+    finally:
+        os.close(fd)
 
 
 def encode_record(record: Mapping[str, Any]) -> bytes:

@@ -29,7 +29,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -477,10 +477,80 @@ def _public_guarantee(delta: float, t_max: int) -> Guarantee:
                      parameters={"T_max": t_max}, max_new_tokens=t_max)
 
 
-def synthesize(
+@dataclass
+class SynthesisPlan:
+    """What :func:`plan_synthesis` decides before any model loads: the checked references, the partition into batches
+    (after ``max_texts``), the template, the calibrated mechanism and the ex-ante guarantee.
+
+    The seed is kept here for the sampling only: :meth:`header` and :attr:`settings` never carry it."""
+
+    references: list[Reference]
+    batches: list[list[int]]
+    template: PromptTemplate
+    method: str
+    mechanism: Any
+    guarantee: Guarantee
+    settings: dict[str, Any]
+    """The public settings, in output order, without the model (:meth:`settings_for` adds it)."""
+    public: bool
+    max_new_tokens: int
+    max_reference_tokens: int | None
+    batch_size: int
+    seed: int | None = field(default=None, repr=False)
+
+    @property
+    def references_used(self) -> int:
+        return 0 if self.public else sum(len(m) for m in self.batches)
+
+    @property
+    def references_left_out(self) -> int:
+        return len(self.references) - self.references_used
+
+    @property
+    def lm_calls_per_token(self) -> int:
+        return 1 if self.public else self.batch_size + 1
+
+    def settings_for(self, model: str) -> dict[str, Any]:
+        """:attr:`settings` with the model's name (``lm.name``) in its place."""
+        out: dict[str, Any] = {}
+        for key, value in self.settings.items():
+            out[key] = value
+            if key == "temperature":
+                out["model"] = model
+        return out
+
+    def header(self, model: str, extra_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The first line of an output file, without the throughput (timing is a side channel): the guarantee, the
+        settings (with ``extra_settings``, e.g. the command's label fields and ``--limit``), the number of references
+        read, used and left out, the number of texts planned (one per batch). Never a reference or the seed."""
+        return {"dpinfer": {"kind": "synthesis", "method": self.method, "guarantee": self.guarantee.to_dict(),
+                            "settings": {**self.settings_for(model), **dict(extra_settings or {})},
+                            "references": len(self.references), "references_used": self.references_used,
+                            "references_left_out": self.references_left_out, "texts": len(self.batches),
+                            "lm_calls_per_token": self.lm_calls_per_token}}
+
+    def partition_sha256(self) -> str:
+        """SHA-256 over the partition: each batch's references (text and labels) in batch order. Two runs with the
+        same digest give every batch index the same references; a changed corpus, seed or label changes it.
+
+        DERIVED FROM THE PRIVATE CORPUS (a guess of the whole corpus can be checked against it): keep it private,
+        never in a release (``dpinfer synth`` keeps it in a private sidecar file next to ``--out``)."""
+        import hashlib
+
+        h = hashlib.sha256(b"dpinfer synthesis partition v1\0")
+        for b, members in enumerate(self.batches):
+            h.update(f"batch {b} of {len(members)}\0".encode())
+            for i in members:
+                ref = self.references[i]
+                item = json.dumps([ref.text, sorted(ref.labels.items())], ensure_ascii=False).encode("utf-8")
+                h.update(len(item).to_bytes(8, "big"))
+                h.update(item)
+        return h.hexdigest()
+
+
+def plan_synthesis(
     references: Sequence[Reference | str],
     *,
-    lm: LM | str | None = None,
     method: str = SYNTH.method,
     epsilon: float | None = None,
     delta: float = SYNTH.delta,
@@ -493,32 +563,9 @@ def synthesize(
     max_texts: int | None = None,
     max_reference_tokens: int | None = SYNTH.max_reference_tokens,
     options: Mapping[str, Any] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> SynthesisResult:
-    """Generate one synthetic text per disjoint batch of ``batch_size`` references (see the module docstring).
-
-    Args:
-        references: the private records (:class:`Reference`, or plain strings without labels).
-        lm: model (default: the embedded SmolLM2-135M-Instruct).
-        method: ``invisibleink`` | ``amin`` | ``adapmixed`` | ``public``.
-        epsilon: target ε per reference (for ``adapmixed``: the budget of its data-dependent accounting).
-        delta: δ.
-        batch_size: B references per text (the engine steps B + 1 contexts; compute ≈ B + 1 LM calls per token).
-        max_new_tokens: ``T_max`` per text (the guarantee is computed for it).
-        top_k: Top-k⁺ parameter (InvisibleInk), public support (AdaPMixED) or plain top-k (public); None = full
-            vocabulary.
-        temperature: τ.
-        prompt_template: a :class:`PromptTemplate` or the name of one in :data:`TEMPLATES` (default ``"generic"``).
-        seed: for tests and benchmarks only: seeds the partition and the sampling. Without it (the default) the noise
-            comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
-            secret (``guarantee.seeded``); the seed is never written into the result or the output file.
-        max_texts: stop after this many batches (the guarantee is unchanged: it holds per reference).
-        max_reference_tokens: cut each reference to this many tokens (None: no cut).
-        options: extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``).
-        progress: called as ``progress(batches_done, batches_total)``.
-    """
-    from dpinfer.engine import Engine, EngineJob
-    from dpinfer.generation import resolve_lm
+) -> SynthesisPlan:
+    """Every check, the partition, the calibrated mechanism and the guarantee of :func:`synthesize`, without a model
+    (the arguments are :func:`synthesize`'s)."""
     from dpinfer.methods import is_baseline
     from dpinfer.validation import check_corpus_size, check_synth_params
 
@@ -559,28 +606,69 @@ def synthesize(
     # calibrated from the parameters alone, before the model loads (an unreachable ε is refused at once)
     mech = build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore
                            max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
-    model = resolve_lm(lm)
     guarantee = _public_guarantee(delta, max_new_tokens) if public else mech.guarantee(max_new_tokens)
     if seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
+    settings = {"epsilon": epsilon, "delta": delta, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                "top_k": top_k, "temperature": temperature,  # the model goes here (settings_for); never the seed
+                "max_reference_tokens": max_reference_tokens,
+                "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
+                "prompt_template_sha256": template_sha256(template),
+                "max_texts": max_texts, "options": dict(options or {})}
+    return SynthesisPlan(references=refs, batches=batches, template=template, method=method, mechanism=mech,
+                         guarantee=guarantee, settings=settings, public=public, max_new_tokens=max_new_tokens,
+                         max_reference_tokens=max_reference_tokens, batch_size=batch_size, seed=seed)
+
+
+def template_sha256(template: PromptTemplate) -> str:
+    """SHA-256 of a (public) prompt template: tells two ``custom`` templates apart in an output's settings."""
+    import hashlib
+
+    body = json.dumps([template.private, template.public, template.response_prefix], ensure_ascii=False)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_batches: Iterable[int] = (),
+                    progress: Callable[[int, int], None] | None = None) -> Iterator[SyntheticText]:
+    """The texts of ``plan``'s batches, each as soon as its batch finishes (not in batch order), but for the batch
+    indices in ``skip_batches`` (already released: a resumed job plans only the missing batches).
+
+    Every batch still to do is planned (its contexts and its own copy of the calibrated mechanism: jobs share no
+    state) and all go through one ``Engine.run_jobs`` call. A batch's sampling seed comes from the plan's seed and its
+    index in the plan, so a batch draws the same randomness whichever other batches run with it (the engine's
+    batched rounding aside: :mod:`dpinfer.slots`). ``progress(done, total)`` counts the skipped batches as done."""
+    from dpinfer.engine import Engine, EngineJob
+    from dpinfer.generation import resolve_lm
+
+    skip = set()
+    for b in skip_batches:
+        if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(plan.batches):
+            raise ConfigurationError(f"skip_batches holds {b!r}, not a batch index of this plan (0 to "
+                                     f"{len(plan.batches) - 1})")
+        skip.add(b)
+    todo = [b for b in range(len(plan.batches)) if b not in skip]
+    if not todo:
+        return
+    model = resolve_lm(lm)
     engine = Engine(model)
-    t0 = time.perf_counter()
-    base_seed = 0 if seed is None else int(seed)
-    # plan every batch (its contexts and its own copy of the calibrated mechanism: jobs share no state), run them all
-    # through one Engine.run_jobs call, finish each as it completes (texts kept in batch order)
+    base_seed = 0 if plan.seed is None else int(plan.seed)
+    refs = plan.references
     jobs = []
-    for b, members in enumerate(batches):
+    for b in todo:
+        members = plan.batches[b]
         labels = refs[members[0]].labels
-        contexts = batch_contexts(model, template, [refs[i] for i in members], max_reference_tokens)
-        if public:
+        contexts = batch_contexts(model, plan.template, [refs[i] for i in members], plan.max_reference_tokens)
+        if plan.public:
             contexts = contexts[:1]
-        jobs.append(EngineJob(contexts=contexts, mechanism=copy.deepcopy(mech), max_new_tokens=max_new_tokens,
-                              pad_width=public_pad_width(model, template, labels, max_reference_tokens),
-                              seed=None if seed is None else base_seed * 1_000_003 + b))
-    done: dict[int, SyntheticText] = {}
-    for b, out in engine.run_jobs(jobs):
-        job_mech = jobs[b].mechanism
-        labels = refs[batches[b][0]].labels
+        jobs.append(EngineJob(contexts=contexts, mechanism=copy.deepcopy(plan.mechanism),
+                              max_new_tokens=plan.max_new_tokens,
+                              pad_width=public_pad_width(model, plan.template, labels, plan.max_reference_tokens),
+                              seed=None if plan.seed is None else base_seed * 1_000_003 + b))
+    finished = len(skip)
+    for j, out in engine.run_jobs(jobs):
+        b = todo[j]
+        job_mech = jobs[j].mechanism
+        labels = refs[plan.batches[b][0]].labels
         ids = out.sequences[0]
         private = None
         dd: dict[str, Any] = {}
@@ -590,19 +678,81 @@ def synthesize(
             dd["spent"] = job_mech.spend().to_dict()
         if out.steps and "expanded" in out.steps[0]:  # InvisibleInk's Top-k+ expansion
             dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
-        done[b] = SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
-                                finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd)
-        jobs[b] = dataclasses.replace(jobs[b], contexts=())  # free the finished batch's private contexts
+        jobs[j] = dataclasses.replace(jobs[j], contexts=())  # free the finished batch's private contexts
+        finished += 1
+        yield SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),
+                            finish_reason=out.finish_reasons[0], private_tokens=private, data_dependent=dd)
         if progress is not None:
-            progress(len(done), len(batches))
-    texts = [done[b] for b in range(len(batches))]
+            progress(finished, len(plan.batches))
+
+
+def synthesize(
+    references: Sequence[Reference | str],
+    *,
+    lm: LM | str | None = None,
+    method: str = SYNTH.method,
+    epsilon: float | None = None,
+    delta: float = SYNTH.delta,
+    batch_size: int = SYNTH.batch_size,
+    max_new_tokens: int = SYNTH.max_new_tokens,
+    top_k: int | None = SYNTH.top_k,
+    temperature: float = SYNTH.temperature,
+    prompt_template: PromptTemplate | str | None = None,
+    seed: int | None = None,
+    max_texts: int | None = None,
+    max_reference_tokens: int | None = SYNTH.max_reference_tokens,
+    options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    skip_batches: Iterable[int] = (),
+    on_text: Callable[[SyntheticText], None] | None = None,
+) -> SynthesisResult:
+    """Generate one synthetic text per disjoint batch of ``batch_size`` references (see the module docstring).
+
+    :func:`plan_synthesis` (every check, the partition, the guarantee; no model) then :func:`synthesize_iter`.
+
+    Args:
+        references: the private records (:class:`Reference`, or plain strings without labels).
+        lm: model (default: the embedded SmolLM2-135M-Instruct).
+        method: ``invisibleink`` | ``amin`` | ``adapmixed`` | ``public``.
+        epsilon: target ε per reference (for ``adapmixed``: the budget of its data-dependent accounting).
+        delta: δ.
+        batch_size: B references per text (the engine steps B + 1 contexts; compute ≈ B + 1 LM calls per token).
+        max_new_tokens: ``T_max`` per text (the guarantee is computed for it).
+        top_k: Top-k⁺ parameter (InvisibleInk), public support (AdaPMixED) or plain top-k (public); None = full
+            vocabulary.
+        temperature: τ.
+        prompt_template: a :class:`PromptTemplate` or the name of one in :data:`TEMPLATES` (default ``"generic"``).
+        seed: for tests and benchmarks only: seeds the partition and the sampling. Without it (the default) the noise
+            comes from the operating system's secure generator. With it the guarantee holds only while the seed stays
+            secret (``guarantee.seeded``); the seed is never written into the result or the output file.
+        max_texts: stop after this many batches (the guarantee is unchanged: it holds per reference).
+        max_reference_tokens: cut each reference to this many tokens (None: no cut).
+        options: extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``).
+        progress: called as ``progress(batches_done, batches_total)``.
+        skip_batches: batch indices already released (by an earlier, interrupted run of the same plan): not run
+            again, not in the result. Rerunning a batch would release its references twice; the partition is
+            deterministic (the seed, the labels and the order of the references) only for the same references.
+        on_text: called with each text as soon as its batch finishes (in the order they finish), e.g. to append it
+            to a file.
+
+    Returns:
+        The texts of the batches run, in batch order.
+    """
+    plan = plan_synthesis(references, method=method, epsilon=epsilon, delta=delta, batch_size=batch_size,
+                          max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature,
+                          prompt_template=prompt_template, seed=seed, max_texts=max_texts,
+                          max_reference_tokens=max_reference_tokens, options=options)
+    from dpinfer.generation import resolve_lm
+
+    model = resolve_lm(lm)
+    t0 = time.perf_counter()
+    done: dict[int, SyntheticText] = {}
+    for text in synthesize_iter(plan, lm=model, skip_batches=skip_batches, progress=progress):
+        done[text.batch] = text
+        if on_text is not None:
+            on_text(text)
     seconds = time.perf_counter() - t0
-    settings = {"epsilon": epsilon, "delta": delta, "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                "top_k": top_k, "temperature": temperature, "model": model.name,  # never the seed
-                "max_reference_tokens": max_reference_tokens,
-                "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
-                "options": dict(options or {})}
-    used = 0 if public else sum(len(m) for m in batches)
-    return SynthesisResult(texts=texts, guarantee=guarantee, method=method, settings=settings, references_used=used,
-                           references_left_out=len(refs) - used,
-                           seconds=seconds, lm_calls_per_token=1 if public else batch_size + 1)
+    return SynthesisResult(texts=[done[b] for b in sorted(done)], guarantee=plan.guarantee, method=method,
+                           settings=plan.settings_for(model.name), references_used=plan.references_used,
+                           references_left_out=plan.references_left_out, seconds=seconds,
+                           lm_calls_per_token=plan.lm_calls_per_token)

@@ -202,29 +202,35 @@ def test_a_failed_final_write_keeps_the_release(doc, tmp_path, tiny_model_dir, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt", "spans.json"]
 
 
-def test_synth_rescues_the_texts_when_the_final_write_fails(corpus, tmp_path, tiny_model_dir, capsys, monkeypatch):
-    import tempfile
+def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path, tiny_model_dir, capsys,
+                                                              monkeypatch):
+    """Texts are on disk as they finish: a full disk stops the run, says how many texts are safe and that rerunning
+    resumes; the torn line it may leave is cut off by the rerun."""
+    import dpinfer.pipelines.corpus as files
 
-    rescue_dir = tmp_path / "rescue"
-    rescue_dir.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(rescue_dir))
-    real_replace = os.replace
+    real_write = files.write_line
+    calls = [0]
 
-    def broken(src: object, dst: object) -> None:
-        raise OSError(5, "Input/output error")
+    def full_disk(fd: int, line: bytes) -> None:
+        calls[0] += 1
+        if calls[0] == 3:  # the header, the first text, then the disk is full halfway through the second text
+            os.write(fd, line[: len(line) // 2])
+            raise OSError(28, "No space left on device")
+        real_write(fd, line)
 
-    monkeypatch.setattr(os, "replace", broken)
+    monkeypatch.setattr(files, "write_line", full_disk)
     out = tmp_path / "o.jsonl"
-    rc = main(["synth", str(corpus), "--text-field", "text", "--batch-size", "2", "--epsilon", "10",
-               "--max-new-tokens", "3", "--max-texts", "1", "--model", str(tiny_model_dir), "--out", str(out)])
-    monkeypatch.setattr(os, "replace", real_replace)
-    err = _one_line_error(capsys, rc)
-    assert "Input/output error" in err and "saved to" in err
-    saved = list(rescue_dir.glob("dpinfer-rescue-*.jsonl"))
-    assert len(saved) == 1 and str(saved[0]) in err
-    lines = saved[0].read_text(encoding="utf-8").splitlines()
-    assert "dpinfer" in json.loads(lines[0]) and len(lines) == 2
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "rescue"]
+    args = ["synth", str(corpus), "--text-field", "text", "--batch-size", "2", "--epsilon", "10",
+            "--max-new-tokens", "3", "--model", str(tiny_model_dir), "--out", str(out)]
+    err = _one_line_error(capsys, main(args))
+    assert "No space left on device" in err and "1 of 3 texts are safely in it" in err and "rerun" in err
+    assert len(out.read_bytes().splitlines()) == 3 and not out.read_bytes().endswith(b"\n")  # header, text, torn
+    monkeypatch.setattr(files, "write_line", real_write)
+    assert main(args) == 0
+    assert "torn last line" in " ".join(capsys.readouterr().out.split())
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert "dpinfer" in lines[0] and sorted(x["batch"] for x in lines[1:]) == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "o.jsonl"]
 
 
 def test_interrupted_write_leaves_no_temporary_file(tmp_path):

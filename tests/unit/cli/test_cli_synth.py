@@ -96,3 +96,219 @@ def test_summary_says_what_the_guarantee_is(method, epsilon, spent, needle, caps
                           references_left_out=0, guarantee=SimpleNamespace(epsilon=epsilon))
     print_summary(argparse.Namespace(method=method, out="o.jsonl", batch_size=2), res)
     assert needle in " ".join(capsys.readouterr().out.split())
+
+
+# ------------------------------------------------------------------------------------------------ resumable --out
+# four batches of B = 2 within --label-fields cat: Restaurants 3 (six records, one empty), Hotels 1; Beauty's single
+# record is left out
+JOB = ["--text-field", "text", "--label-fields", "cat", "--epsilon", "8", "--batch-size", "2", "--max-new-tokens",
+       "6", "--seed", "3"]
+BATCHES = 4
+
+
+def _job(corpus: Path, out: Path, model: Path, *extra: str) -> list[str]:
+    return ["synth", str(corpus), *JOB, "--out", str(out), "--model", str(model), *extra]
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def _batches(path: Path) -> list[int]:
+    return [json.loads(line)["batch"] for line in _lines(path)[1:]]
+
+
+def _no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpinfer.models
+
+    def no_model(*a: object, **k: object) -> None:
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+
+
+def _stop_after(monkeypatch: pytest.MonkeyPatch, appended: int) -> None:
+    """The next run's appends fail with 'disk full' once ``appended`` texts are written."""
+    import errno
+
+    from dpinfer.pipelines.synth_job import SynthesisOutput
+
+    real = SynthesisOutput.append
+    count = [0]
+
+    def append(self: SynthesisOutput, record: dict) -> None:
+        if count[0] == appended:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, record)
+        count[0] += 1
+
+    monkeypatch.setattr(SynthesisOutput, "append", append)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """The lines of one uninterrupted seeded run."""
+    d = tmp_path_factory.mktemp("synth-ref")
+    out = d / "ref.jsonl"
+    assert cli_main(_job(_write_corpus(d), out, tiny_model_dir)) == 0
+    assert not Path(f"{out}.partition").exists()
+    return _lines(out)
+
+
+@pytest.fixture
+def interrupted(tiny_model_dir: Path, tmp_path: Path, capsys) -> tuple[Path, Path]:
+    """The corpus and an --out whose run stopped (disk full) after two of its four texts."""
+    corpus, out = _write_corpus(tmp_path), tmp_path / "out.jsonl"
+    with pytest.MonkeyPatch.context() as mp:
+        _stop_after(mp, 2)
+        assert cli_main(_job(corpus, out, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err
+    assert "2 of 4 texts are safely in it" in err and "rerun the same command to resume" in err
+    assert len(_batches(out)) == 2
+    return corpus, out
+
+
+def test_cli_synth_header_holds_no_reference_and_the_header_and_texts_are_appended(uninterrupted) -> None:
+    head = json.loads(uninterrupted[0])["dpinfer"]
+    assert head["kind"] == "synthesis" and head["texts"] == BATCHES and head["references"] == len(REVIEWS)
+    assert head["settings"]["label_fields"] == ["cat"] and head["guarantee"]["seeded"] is True
+    assert "tokens_per_second" not in head and "seconds" not in head
+    assert sorted(json.loads(line)["batch"] for line in uninterrupted[1:]) == list(range(BATCHES))
+    blob = b"".join(uninterrupted).decode("utf-8")
+    assert not any(text and text in blob for text, _, _ in REVIEWS) and '"seed"' not in blob
+
+
+def test_cli_synth_resume_writes_only_the_missing_batches(interrupted, uninterrupted, tiny_model_dir: Path,
+                                                          capsys) -> None:
+    corpus, out = interrupted
+    side = Path(f"{out}.partition")
+    assert side.stat().st_mode & 0o777 == 0o600  # private: derived from the corpus
+    assert not any(text and text in side.read_text(encoding="utf-8") for text, _, _ in REVIEWS)
+    kept = _lines(out)
+    assert kept[0] == uninterrupted[0]  # the header line, before any text
+    out.write_bytes(b"".join(kept[:2]))  # one more text deleted: two batches are missing now
+    assert cli_main(_job(corpus, out, tiny_model_dir, "--json")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["generated"], summary["skipped"], summary["texts"]) == (3, 1, BATCHES)
+    now = _lines(out)
+    assert now[:2] == kept[:2]  # finished lines stay byte-identical
+    assert sorted(_batches(out)) == list(range(BATCHES))
+    # with a seed a batch draws the same randomness whichever batches run with it: the same texts, batch for batch
+    assert sorted(now) == sorted(uninterrupted)
+    assert not side.exists()  # every batch is out: the private partition file is gone
+
+
+def test_cli_synth_resume_cuts_a_torn_last_line(interrupted, uninterrupted, tiny_model_dir: Path, capsys) -> None:
+    corpus, out = interrupted
+    done = set(_batches(out))
+    missing = next(line for line in uninterrupted[1:] if json.loads(line)["batch"] not in done)
+    with open(out, "ab") as fh:
+        fh.write(missing[: len(missing) // 2])  # a kill in the middle of a write
+    kept = _lines(out)[:-1]
+    assert cli_main(_job(corpus, out, tiny_model_dir)) == 0
+    assert "torn last line" in " ".join(capsys.readouterr().out.split())
+    assert _lines(out)[: len(kept)] == kept and sorted(_lines(out)) == sorted(uninterrupted)
+
+
+def test_cli_synth_resume_after_sigkill(uninterrupted, tiny_model_dir: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    corpus, out = _write_corpus(tmp_path), tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    # the process SIGKILLs itself right after its second text is written: a deterministic "kill mid-run"
+    code = ("import os, signal, sys\nimport dpinfer.pipelines.synth_job as j\nappend = j.SynthesisOutput.append\n"
+            "count = [0]\ndef killing_append(self, record):\n    append(self, record)\n    count[0] += 1\n"
+            "    if count[0] == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "j.SynthesisOutput.append = killing_append\nfrom dpinfer.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *_job(corpus, out, tiny_model_dir)], env=env,
+                          capture_output=True, timeout=240)
+    assert proc.returncode == -signal.SIGKILL
+    before = _lines(out)
+    assert len(before) == 3 and Path(f"{out}.partition").exists()
+    assert cli_main(_job(corpus, out, tiny_model_dir)) == 0
+    assert _lines(out)[:3] == before and sorted(_lines(out)) == sorted(uninterrupted)
+
+
+def test_cli_synth_changed_corpus_is_refused_before_the_model_loads(interrupted, tiny_model_dir: Path, monkeypatch,
+                                                                    capsys) -> None:
+    corpus, out = interrupted
+    before, side = out.read_bytes(), Path(f"{out}.partition")
+    edited = corpus.read_text(encoding="utf-8").replace("Best tacos in town.", "Best tacos in the city.")
+    corpus.write_text(edited, encoding="utf-8")  # the same records, labels and order: one reference edited
+    _no_model(monkeypatch)
+    assert cli_main(_job(corpus, out, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpinfer: error: ") and err.count("\n") == 1 and "the corpus changed" in err
+    assert not any(text and text in err for text, _, _ in REVIEWS) and "the city" not in err
+    assert out.read_bytes() == before and side.exists()
+
+
+def test_cli_synth_missing_partition_file_is_refused(interrupted, tiny_model_dir: Path, monkeypatch,
+                                                     capsys) -> None:
+    corpus, out = interrupted
+    Path(f"{out}.partition").unlink()
+    _no_model(monkeypatch)
+    assert cli_main(_job(corpus, out, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "partition file out.jsonl.partition is missing" in err
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (["--epsilon", "7"], "--epsilon is 8.0 there, 7.0 here"),
+    (["--max-new-tokens", "5"], "--max-new-tokens (T_max) is 6 there, 5 here"),
+    (["--batch-size", "3"], "--batch-size (B) is 2 there, 3 here"),
+    (["--limit", "8"], "--limit is null there, 8 here"),
+    (["--seed", None], "whether the run is seeded (--seed) is true there, false here"),
+    (["--template", "tab"], "--template / --template-file is \"generic\" there, \"tab\" here"),
+    (["--method", "amin"], "--method is \"invisibleink\" there, \"amin\" here"),
+])
+def test_cli_synth_other_settings_are_refused_before_the_model_loads(interrupted, tiny_model_dir: Path, monkeypatch,
+                                                                     capsys, change: list, needle: str) -> None:
+    corpus, out = interrupted
+    before = out.read_bytes()
+    args = _job(corpus, out, tiny_model_dir)
+    option, value = change
+    if option in args:
+        i = args.index(option)
+        del args[i:i + 2]
+    if value is not None:
+        args += [option, value]
+    _no_model(monkeypatch)
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and "use another --out, or delete" in err, err
+    assert out.read_bytes() == before
+
+
+def test_cli_synth_a_finished_out_is_a_no_op(uninterrupted, tiny_model_dir: Path, tmp_path: Path, monkeypatch,
+                                            capsys) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"".join(uninterrupted))
+    _no_model(monkeypatch)
+    assert cli_main(_job(_write_corpus(tmp_path), out, tiny_model_dir)) == 0
+    assert "All 4 batches are done" in capsys.readouterr().out
+    assert _lines(out) == uninterrupted
+
+
+def test_cli_synth_refuses_a_foreign_or_busy_out(tiny_model_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    fcntl = pytest.importorskip("fcntl", reason="flock is POSIX only")
+    corpus = _write_corpus(tmp_path)
+    _no_model(monkeypatch)
+    foreign = tmp_path / "notes.jsonl"
+    foreign.write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b"')
+    assert cli_main(_job(corpus, foreign, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not the output of dpinfer synth" in err
+    assert foreign.read_bytes() == b'{"id": "a", "text": "x"}\n{"id": "b"'  # left as it was: no line cut
+    busy = tmp_path / "busy.jsonl"
+    with open(busy, "wb") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # another run holds it
+        assert cli_main(_job(corpus, busy, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "being written by another dpinfer synth run" in err
+    assert busy.read_bytes() == b""

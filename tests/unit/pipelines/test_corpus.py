@@ -272,6 +272,29 @@ def test_cli_corpus_refusals_come_before_the_model_loads(tiny_model_dir, tmp_pat
     assert not Path(out).exists()
 
 
+def test_cli_corpus_refuses_a_second_run_on_the_same_output(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """Two runs on one OUT would both release the records still missing: the second is refused while the first holds
+    the lock, before its model loads, and runs once the lock is released."""
+    import dpinfer.models
+    from dpinfer.pipelines.corpus import OutputLock
+
+    corpus = _write_corpus(tmp_path / "in.jsonl", n=1)
+    out = tmp_path / "out.jsonl"
+    first = OutputLock(out, "dpinfer sanitize --corpus")
+    first.acquire()
+    load = dpinfer.models.load_model
+    monkeypatch.setattr(dpinfer.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    try:
+        rc = main(_corpus_args(corpus, out, tiny_model_dir))
+        err = capsys.readouterr().err
+        assert rc == 2 and "being written by another dpinfer sanitize --corpus run" in err and err.count("\n") == 1
+    finally:
+        assert first.release()  # created by the held lock, never written: removed
+    monkeypatch.setattr(dpinfer.models, "load_model", load)
+    assert main(_corpus_args(corpus, out, tiny_model_dir)) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 1
+
+
 def test_cli_corpus_backend_ray_without_ray_says_how_to_install(tmp_path, capsys, monkeypatch):
     import importlib.util
 

@@ -182,3 +182,53 @@ def test_response_prefix_opens_every_context(tiny_lm) -> None:
     assert tpl.fields() == {"cat", "stars"}
     with pytest.raises(ConfigurationError, match="response prefix"):
         PromptTemplate(private="{reference}", public="p", response_prefix="{reference}")
+
+
+def test_skip_batches_and_on_text_release_each_batch_once(tiny_lm) -> None:
+    """A resumed run plans only the batches not yet released; each text is handed out as its batch finishes; with a
+    seed a batch's text does not depend on which other batches run with it."""
+    kw = {"lm": tiny_lm, "epsilon": 5.0, "batch_size": 2, "max_new_tokens": 6, "prompt_template": TEMPLATE,
+          "seed": 4, "max_reference_tokens": 8}
+    full = synthesize(_refs(), **kw)
+    assert [t.batch for t in full.texts] == [0, 1]
+    handed: list[int] = []
+    rest = synthesize(_refs(), skip_batches={0}, on_text=lambda t: handed.append(t.batch), **kw)
+    assert handed == [1] and [t.batch for t in rest.texts] == [1]
+    assert rest.texts[0].to_dict() == full.texts[1].to_dict()
+    assert rest.guarantee == full.guarantee and rest.references_used == full.references_used
+    assert synthesize(_refs(), skip_batches={0, 1}, **kw).texts == []
+    with pytest.raises(ConfigurationError, match="not a batch index"):
+        synthesize(_refs(), skip_batches={2}, **kw)
+
+
+def test_synthesize_iter_yields_texts_as_batches_finish(tiny_lm) -> None:
+    from dpinfer.pipelines.synthesize import plan_synthesis, synthesize_iter
+
+    plan = plan_synthesis(_refs(), epsilon=5.0, batch_size=2, max_new_tokens=4, prompt_template=TEMPLATE, seed=1)
+    seen: list[tuple[int, int]] = []
+    texts = list(synthesize_iter(plan, lm=tiny_lm, skip_batches=[1], progress=lambda d, n: seen.append((d, n))))
+    assert [t.batch for t in texts] == [0] and seen == [(2, 2)]  # the skipped batch counts as done
+
+
+def test_plan_header_and_partition_digest_hold_no_reference() -> None:
+    from dpinfer.pipelines.synthesize import plan_synthesis
+
+    kw = {"epsilon": 5.0, "batch_size": 2, "max_new_tokens": 4, "prompt_template": TEMPLATE, "seed": 1}
+    plan = plan_synthesis(_refs(), **kw)
+    head = plan.header("m", {"limit": None})["dpinfer"]
+    assert head["texts"] == len(plan.batches) == 2 and head["references"] == len(REVIEWS)
+    assert head["settings"]["model"] == "m" and '"seed"' not in json.dumps(head)
+    digest = plan.partition_sha256()
+    assert len(digest) == 64 and digest == plan_synthesis(_refs(), **kw).partition_sha256()
+    blob = json.dumps(head) + digest
+    assert not any(text and text in blob for text, _, _ in REVIEWS)
+    used = next(i for b in plan.batches for i in b if REVIEWS[i][0])
+    edited = _refs()
+    edited[used] = Reference(edited[used].text + " Edited.", edited[used].labels)
+    assert plan_synthesis(edited, **kw).partition_sha256() != digest  # one reference edited: refused on resume
+    assert plan_synthesis(edited, **kw).header("m") == plan.header("m")  # which the header alone cannot see
+    assert plan_synthesis(_refs(), **{**kw, "seed": 2}).partition_sha256() != digest
+    left_out = next(i for i in range(len(REVIEWS)) if all(i not in b for b in plan.batches))
+    other = _refs()
+    other[left_out] = Reference("changed", other[left_out].labels)  # a reference in no batch: same partition
+    assert plan_synthesis(other, **kw).partition_sha256() == digest
