@@ -114,6 +114,12 @@ class ProtectDefaults:
     keywords: str = "ndp"
     max_new_tokens: int = 48
     jem_epsilon: float = 40.0
+    suppress: str = "ban"
+    n_exemplars: int = 5
+    """Stage 3 writes one final prompt from each of the 5 lowest-perplexity rewrites and releases the one closest to
+    the rewrites' consensus (MiniLM embeddings): one greedy final from the 135M model often drifts off the question."""
+    """Stage 3 keeps the released keywords out of the final prompt by banning them while decoding (``"ban"``), not
+    only by asking (``"instruct"``): the 135M model ignores the template's avoid-list (docs/prompt-protection.md)."""
 
 
 GENERATE = GenerateDefaults()

@@ -54,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-rewrites", type=int, default=10, help="DP-GTR stage-1 rewrites (default 10)")
     p.add_argument("--n-keywords", type=int, default=10, help="keywords K (default 10)")
     p.add_argument("--jem-epsilon", type=float, default=None, help="ε₂ of JEM (default: the pipeline's, 40)")
+    p.add_argument("--suppress", default=None, choices=["ban", "instruct"],
+                   help="stage 3's keyword suppression (default: the pipeline's, ban)")
+    p.add_argument("--n-exemplars", type=int, default=None,
+                   help="stage-3 final prompts per question, the one closest to the rewrites' consensus released "
+                        "(default: the pipeline's, 5)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="T_max (default 48)")
     p.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
     p.add_argument("--batch-questions", type=int, default=4,
@@ -175,7 +180,9 @@ def _mean_ci(values: list[float]) -> tuple[float, float, float]:
 # ---------------------------------------------------------------------------------------------------------- quality
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
-                seed: int, answerers: list[Any], progress: Any = None) -> dict[str, Any]:
+                seed: int, answerers: list[Any], progress: Any = None, suppress: str | None = None,
+                n_exemplars: int | None = None) -> dict[str, Any]:
+    from dpinfer.defaults import PROTECT
     from dpinfer.engine import Engine
     from dpinfer.eval.metrics import wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
@@ -192,6 +199,8 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
     original_acc = {a.name: sum(int(p == g) for p, g in zip(a.answer(questions, choices), gold, strict=True))
                     for a in answerers}
     ids = [pp.paraphrase_ids(lm, q) for q in questions]
+    # stage 3's consensus selection embeds released text with the same offline MiniLM (loaded once)
+    embedder = next((a.embedder for a in answerers if isinstance(a, MiniLMAnswerer)), None)
     rows_out: list[dict[str, Any]] = []
     examples: list[dict[str, Any]] = []
     t_start = time.perf_counter()
@@ -218,14 +227,17 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 texts = [lm.decode(s).strip() for s in out.sequences]
                 per_q = [texts[j * n_rewrites:(j + 1) * n_rewrites] for j in range(len(chunk))]
                 items = []
+                groups = []
                 for rewrites in per_q:
-                    exemplar = pp.choose_exemplar(lm, rewrites)
+                    exemplars = pp.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars)
                     ndp = pp.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
                                               generator=source)
                     jem = pp.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
                                               generator=source)
-                    items += [(exemplar, ndp), (exemplar, jem)]
-                finals = pp.stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens)
+                    items += [(exemplars[0], ndp), (exemplars[0], jem)]
+                    groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
+                finals = pp.stage3_select(engine, lm, groups, max_new_tokens=max_new_tokens,
+                                          suppress=suppress or PROTECT.suppress, embedder=embedder)
                 eq_rows = [ids[i] for i in chunk]
                 eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
                                                            delta=delta),
@@ -324,7 +336,9 @@ def format_markdown(res: dict[str, Any], settings: dict[str, Any]) -> str:
     lines = [f"CSQA, {settings['n']} questions × {settings['repeats']} repeats, model {settings['model']}, clip "
              f"[{res['clip']['clip_min']:.3f}, {res['clip']['clip_max']:.3f}] ({res['clip']['source']}), T_max "
              f"{settings['max_new_tokens']}, n = {settings['n_rewrites']} rewrites, K = {settings['n_keywords']}, "
-             f"JEM ε₂ = {settings['jem_epsilon']:g}, δ = {settings['delta']:g}; {res['seconds']:.0f} s.", ""]
+             f"JEM ε₂ = {settings['jem_epsilon']:g}, stage-3 suppression {settings.get('suppress', 'instruct')} "
+             f"from {settings.get('n_exemplars', 1)} exemplar(s), "
+             f"δ = {settings['delta']:g}; {res['seconds']:.0f} s.", ""]
     head = "| method | τ | ε_tok | composed ε | ROUGE-1 | ROUGE-L | BLEU | " + " | ".join(
         f"acc ({a})" for a in ans) + " |"
     lines += [head, "|" + "---|" * (7 + len(ans))]
@@ -412,6 +426,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
 
 # ---------------------------------------------------------------------------------------------------------- main
 def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+    from dpinfer.defaults import PROTECT
     from dpinfer.errors import ConfigurationError
     from dpinfer.models import load_model
     from dpinfer.pipelines.protect_prompt import DEFAULT_JEM_EPSILON
@@ -433,7 +448,9 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     settings = {"n": len(records), "repeats": args.repeats, "temperatures": temperatures,
                 "n_rewrites": args.n_rewrites, "n_keywords": args.n_keywords, "jem_epsilon": jem_epsilon,
                 "max_new_tokens": args.max_new_tokens, "delta": args.delta, "model": lm.name,
-                "batch_questions": args.batch_questions}  # never the seed
+                "batch_questions": args.batch_questions,
+                "suppress": getattr(args, "suppress", None) or PROTECT.suppress,
+                "n_exemplars": getattr(args, "n_exemplars", None) or PROTECT.n_exemplars}  # never the seed
     if args.perf:
         perf = run_perf(lm, records[0]["question"], n_rewrites=args.n_rewrites, max_new_tokens=args.max_new_tokens,
                         repeats=args.repeats, seed=args.seed)
@@ -451,7 +468,8 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
         res = run_quality(lm, records, temperatures=temperatures, repeats=args.repeats, n_rewrites=args.n_rewrites,
                           n_keywords=args.n_keywords, jem_epsilon=jem_epsilon, max_new_tokens=args.max_new_tokens,
                           delta=args.delta, batch_questions=args.batch_questions, seed=args.seed,
-                          answerers=answerers, progress=progress)
+                          answerers=answerers, progress=progress, suppress=settings["suppress"],
+                          n_exemplars=settings["n_exemplars"])
         md = format_markdown(res, settings)
         result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]), "markdown": md}
         if out_dir is not None:

@@ -47,6 +47,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--keywords", default=D.keywords, choices=["ndp", "jem"],
                    help="ndp (default): the top K as they are; jem: Joint Exponential Mechanism over a fixed public "
                         "word universe")
+    p.add_argument("--suppress", default=D.suppress, choices=["ban", "instruct"],
+                   help="how the final rewrite avoids the keywords: ban (default): asked to and banned while "
+                        "decoding; instruct: asked to only (the paper's template)")
+    p.add_argument("--n-exemplars", type=int, default=D.n_exemplars,
+                   help=f"final prompts written, one from each of the lowest-perplexity rewrites; the one closest to "
+                        f"the rewrites' consensus is released (default {D.n_exemplars}; 1: the paper's one exemplar)")
     p.add_argument("--jem-epsilon", type=float, default=None,
                    help=f"ε₂ of JEM (default {D.jem_epsilon:g}; not added to ε)")
     p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
@@ -90,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     jem_epsilon = DEFAULT_JEM_EPSILON if args.jem_epsilon is None else args.jem_epsilon
     check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
                          n_rewrites=args.n_rewrites, n_keywords=args.n_keywords, keywords=args.keywords,
-                         max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed, cli=True)
+                         max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed,
+                         suppress=args.suppress, n_exemplars=args.n_exemplars, cli=True)
     if args.prompts is not None or args.out is not None:
         return _run_prompts(args, jem_epsilon)
     prompt = _read_prompt(args)
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     res = protect_prompt(prompt, lm=lm, method=args.method, epsilon=args.epsilon, temperature=args.temperature,
                          delta=args.delta, n_rewrites=args.n_rewrites, n_keywords=args.n_keywords,
                          keywords=args.keywords, max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
+                         suppress=args.suppress, n_exemplars=args.n_exemplars,
                          seed=args.seed)
     del prompt
     if args.json:
@@ -146,51 +154,53 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
     appended as it finishes; a summary line with the budget per prompt."""
     from dpinfer.cli.corpus_job import record_progress
     from dpinfer.errors import DPInferError
-    from dpinfer.pipelines.corpus import CorpusOutput, CorpusSummary, id_key, pending
+    from dpinfer.pipelines.corpus import CorpusSummary, id_key, locked_output, pending
     from dpinfer.pipelines.sanitize import record_seed
 
     records = _check_prompts_args(args)
-    out = CorpusOutput(args.out)
-    out.open()
-    todo = list(pending(records, out.done))
-    summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-    if todo:
-        from dpinfer.models import load_model
-        from dpinfer.pipelines.protect_prompt import protect_prompt
+    with locked_output(args.out, "dpinfer protect-prompt --prompts") as out:  # a second run on OUT is refused
+        out.open()
+        todo = list(pending(records, out.done))
+        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+        if todo:
+            from dpinfer.models import load_model
+            from dpinfer.pipelines.protect_prompt import protect_prompt
 
-        lm = load_model(args.model, device=args.device)
-        with record_progress("protect-prompt --prompts", len(todo)) as progress:
-            for rec in todo:
-                try:
-                    res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
-                                         temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
-                                         n_keywords=args.n_keywords, keywords=args.keywords,
-                                         max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
-                                         seed=record_seed(args.seed, rec.id))
-                except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
-                    out.append({"id": rec.id, "error": str(err).splitlines()[0]})
-                    summary.errors += 1
-                else:
-                    release = res.to_dict()
-                    for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
-                        release.pop(timing, None)
-                    out.append({"id": rec.id, **release})
-                    summary.done += 1
-                progress(summary.done + summary.errors, summary.errors)
-    ids = {id_key(r.id) for r in records}
-    line = summary.line([rec for key, rec in out.done.items() if key in ids])
-    line = line.replace("budget per document (each released once",
-                        "budget per prompt (each released once, prompts do not compose").replace(" (worst group)", "")
-    print(f"dpinfer: protect-prompt --prompts: {line}; releases in {args.out}", file=sys.stderr)
-    if args.json:
-        from dpinfer.cli.output import print_json
+            lm = load_model(args.model, device=args.device)
+            with record_progress("protect-prompt --prompts", len(todo)) as progress:
+                for rec in todo:
+                    try:
+                        res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
+                                             temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
+                                             n_keywords=args.n_keywords, keywords=args.keywords,
+                                             max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
+                                             suppress=args.suppress, n_exemplars=args.n_exemplars,
+                                             seed=record_seed(args.seed, rec.id))
+                    except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
+                        out.append({"id": rec.id, "error": str(err).splitlines()[0]})
+                        summary.errors += 1
+                    else:
+                        release = res.to_dict()
+                        for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
+                            release.pop(timing, None)
+                        out.append({"id": rec.id, **release})
+                        summary.done += 1
+                    progress(summary.done + summary.errors, summary.errors)
+        ids = {id_key(r.id) for r in records}
+        line = summary.line([rec for key, rec in out.done.items() if key in ids])
+        line = line.replace("budget per document (each released once",
+                            "budget per prompt (each released once, prompts do not compose")
+        line = line.replace(" (worst group)", "")
+        print(f"dpinfer: protect-prompt --prompts: {line}; releases in {args.out}", file=sys.stderr)
+        if args.json:
+            from dpinfer.cli.output import print_json
 
-        print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                    "summary": line})
-    return 0
+            print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
+                        "summary": line})
+        return 0
 
 
-# ---------------------------------------------------------------------------------------------------------- bench
+    # ---------------------------------------------------------------------------------------------------------- bench
 def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
     from dpinfer.bench import gtr
 

@@ -28,6 +28,7 @@ from dpinfer.checks import check_probability, finite_number, optional_positive_i
 from dpinfer.errors import ConfigurationError
 
 __all__ = [
+    "BanSequences",
     "LogitsProcessor",
     "LogitsTransform",
     "NoRepeatNGram",
@@ -226,6 +227,65 @@ class NoRepeatNGram:
                     out = logits.clone()
                 rows = slice(None) if len(generated) == 1 else slice(row, row + 1)
                 out[rows, list(banned)] = -torch.inf
+        return out
+
+
+@dataclass(frozen=True)
+class BanSequences:
+    """Ban every token that would complete one of the given token sequences (transformers' ``NoBadWords``, per row).
+
+    ``sequences[r]`` holds row ``r``'s banned sequences (one entry: every row alike). A one-token sequence is banned
+    at every step; a longer one only where the row's released tokens end with all but its last token. It reads only
+    the released tokens and the sequences it was built with, never a prompt. DP-GTR's stage 3 builds it from the
+    released keywords (post-processing) to keep the final prompt from writing them.
+
+    >>> import torch
+    >>> ban = BanSequences([[(3,), (1, 2)]])
+    >>> ban([[0, 1]], torch.zeros(1, 5, dtype=torch.float64))[0].isfinite().tolist()
+    [True, True, False, False, True]
+    >>> ban([[1, 0]], torch.zeros(1, 5, dtype=torch.float64))[0].isfinite().tolist()
+    [True, True, True, False, True]
+    >>> BanSequences([[()]])
+    Traceback (most recent call last):
+    ...
+    dpinfer.errors.ConfigurationError: every banned sequence needs at least one token id ≥ 0 (row 0 has an empty one)
+    """
+
+    sequences: Sequence[Sequence[Sequence[int]]]
+
+    def __post_init__(self) -> None:
+        rows = []
+        if isinstance(self.sequences, (str, bytes)) or not isinstance(self.sequences, Sequence):
+            raise ConfigurationError("sequences must be a list per row of banned token-id sequences")
+        for r, row in enumerate(self.sequences):
+            frozen = []
+            for seq in row:
+                ids = tuple(int(t) for t in seq)
+                if not ids or min(ids) < 0:
+                    what = "an empty one" if not ids else "a negative id"
+                    raise ConfigurationError(
+                        f"every banned sequence needs at least one token id ≥ 0 (row {r} has {what})"
+                    )
+                frozen.append(ids)
+            rows.append(tuple(frozen))
+        if not rows:
+            raise ConfigurationError("sequences must hold one list of banned sequences per row (or one for all)")
+        object.__setattr__(self, "sequences", tuple(rows))
+
+    def banned(self, row: int, released: Sequence[int]) -> list[int]:
+        """The token ids banned for ``row`` after its ``released`` tokens."""
+        seqs = self.sequences[0 if len(self.sequences) == 1 else row]
+        tail = tuple(released)
+        return sorted({s[-1] for s in seqs
+                       if len(s) == 1 or (len(tail) >= len(s) - 1 and tail[len(tail) - len(s) + 1:] == s[:-1])})
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
+        out = logits.clone()
+        for row in range(logits.shape[0]):
+            released = generated[row] if len(generated) > 1 else (generated[0] if generated else ())
+            ids = self.banned(row, released)
+            if ids:
+                out[row, ids] = -torch.inf
         return out
 
 

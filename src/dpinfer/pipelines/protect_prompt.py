@@ -21,8 +21,10 @@ word universe): :mod:`dpinfer.pipelines.keywords`. JEM is ε₂-DP with respect 
 headline (any two prompts) it is post-processing, so ε₂ is recorded as a parameter and NOT added.
 
 **Stage 3** (post-processing): the final prompt is generated greedily from the exemplar and the keywords only, with
-the ALGORITHMS §4 template (:data:`FINAL_TEMPLATE`; the keywords are words to AVOID), and template echoes are stripped
-(:func:`strip_echoes`). The original prompt never reaches stages 2 and 3 nor any scorer.
+the ALGORITHMS §4 template (:data:`FINAL_TEMPLATE`; the keywords are words to AVOID), every spelling of the keywords
+banned while decoding (``suppress="ban"``, the default: the paper's "Stage-3 suppresses the identified keywords", which
+a small model does not do from the instruction alone; ``"instruct"`` keeps the instruction only), and template echoes
+are stripped (:func:`strip_echoes`). The original prompt never reaches stages 2 and 3 nor any scorer.
 
 ``method="dp-prompt"``: one DP-Prompt rewrite, released as is (the baseline).
 
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 
 METHODS = ("dp-gtr", "dp-prompt")
 KEYWORD_METHODS = ("ndp", "jem")
+SUPPRESS_METHODS = ("ban", "instruct")
 ADJACENCY = "any two private prompts (the whole prompt may change; local DP)"
 
 DEFAULT_N_REWRITES = PROTECT.n_rewrites
@@ -147,6 +150,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
                          delta: object = 1e-5, n_rewrites: object = None, n_keywords: object = DEFAULT_N_KEYWORDS,
                          keywords: object = "ndp", max_new_tokens: object = DEFAULT_MAX_NEW_TOKENS,
                          jem_epsilon: object = DEFAULT_JEM_EPSILON, seed: object = None,
+                         suppress: object = PROTECT.suppress, n_exemplars: object = PROTECT.n_exemplars,
                          cli: bool = False) -> int:
     """Every parameter of :func:`protect_prompt`, checked before any model loads; returns the number of rewrites.
 
@@ -159,6 +163,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
 
     one_of(method, "method", METHODS)
     one_of(keywords, "keywords method", KEYWORD_METHODS)
+    one_of(suppress, n("suppress"), SUPPRESS_METHODS)
     if epsilon is not None and temperature is not None:
         raise ConfigurationError(f"give exactly one of {n('epsilon')} or {n('temperature')}, not both (ε fixes τ)")
     if epsilon is not None:
@@ -174,6 +179,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
             other = "--method dp-gtr" if cli else "method='dp-gtr'"
             raise ConfigurationError(f"dp-prompt makes exactly one rewrite; drop {n('n_rewrites')} or use {other}")
     int_at_least(n_keywords, n("n_keywords"), 1)
+    int_at_least(n_exemplars, n("n_exemplars"), 1)
     int_at_least(max_new_tokens, n("max_new_tokens"), 1, " (T_max: fixed in advance, never the prompt's length)")
     positive_number(jem_epsilon, n("jem_epsilon"))
     check_seed(seed, n("seed"))
@@ -233,34 +239,72 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.as_tensor(r)
         mask[i, : len(r)] = 1
-    with torch.inference_mode():
-        logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False).logits
     start = len(context)
+    keep = width - start + 1  # the output head on the positions that predict an output token only
+    with torch.inference_mode():
+        logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False,
+                          logits_to_keep=keep).logits
     j = 0
     for i, o in enumerate(outputs):
         if not o:
             continue
-        lp = torch.log_softmax(logits[j, start - 1 : start - 1 + len(o)].to(torch.float64), dim=-1).cpu()
+        lp = torch.log_softmax(logits[j, : len(o)].to(torch.float64), dim=-1).cpu()
         nll = -lp.gather(1, torch.as_tensor(list(o), dtype=torch.long)[:, None]).sum()
         result[i] = math.exp(float(nll) / len(o))
         j += 1
     return result
 
 
-def choose_exemplar(lm: LM, rewrites: Sequence[str], *, min_content_words: int = MIN_CONTENT_WORDS) -> str:
-    """Stage 2: the rewrite with the lowest perplexity under :data:`EXEMPLAR_INSTRUCTION` (public), among those with
-    at least ``min_content_words`` content words (else among the non-empty ones; "" if every rewrite is empty)."""
+def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
+                     min_content_words: int = MIN_CONTENT_WORDS) -> list[str]:
+    """Stage 2: the ``k`` rewrites with the lowest perplexity under :data:`EXEMPLAR_INSTRUCTION` (public), best
+    first, among those with at least ``min_content_words`` content words (else among the non-empty ones; ``[""]`` if
+    every rewrite is empty)."""
     from dpinfer.pipelines.keywords import words
 
     nonempty = [r for r in rewrites if r.strip()]
     candidates = [r for r in nonempty if len(words(r)) >= min_content_words] or nonempty
     if not candidates:
-        return ""
+        return [""]
     context = lm.encode(lm.instruction_prompt(EXEMPLAR_INSTRUCTION))
     room = max(1, lm.context_window - len(context))
     scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates])
-    best = min(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
-    return candidates[best]
+    order = sorted(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
+    return [candidates[i] for i in order[:k]]
+
+
+def choose_exemplar(lm: LM, rewrites: Sequence[str], *, min_content_words: int = MIN_CONTENT_WORDS) -> str:
+    """Stage 2: the rewrite with the lowest perplexity (:func:`choose_exemplars` with ``k = 1``)."""
+    return choose_exemplars(lm, rewrites, 1, min_content_words=min_content_words)[0]
+
+
+def closest_to_consensus(candidates: Sequence[str], rewrites: Sequence[str], embedder: Any) -> int:
+    """The index of the candidate whose sentence embedding is closest (cosine) to the mean embedding of the
+    non-empty ``rewrites``: the candidate that best keeps what the rewrites agree on. Reads released text only
+    (post-processing); the first candidate when there is nothing to compare with.
+
+    >>> import numpy as np
+    >>> class Letters:  # a stand-in embedder: one axis per first letter
+    ...     def encode(self, texts):
+    ...         out = np.zeros((len(texts), 26), dtype=np.float32)
+    ...         for i, t in enumerate(texts):
+    ...             out[i, ord(t.strip()[:1].lower() or "a") - 97] = 1.0
+    ...         return out
+    >>> closest_to_consensus(["Apple?", "Banana?"], ["bread", "butter", "apple"], Letters())
+    1
+    """
+    import numpy as np
+
+    texts = [r for r in rewrites if r.strip()]
+    if len(candidates) < 2 or not texts:
+        return 0
+    centre = np.asarray(embedder.encode(texts), dtype=np.float64).mean(axis=0)
+    norm = float(np.linalg.norm(centre))
+    if norm == 0.0:
+        return 0
+    cand = np.asarray(embedder.encode([c if c.strip() else "?" for c in candidates]), dtype=np.float64)
+    sims = cand @ (centre / norm)
+    return int(np.argmax(sims))
 
 
 def release_keywords(rewrites: Sequence[str], *, method: str, k: int, jem_epsilon: float,
@@ -280,27 +324,87 @@ def final_prompt_ids(lm: LM, exemplar: str, keywords: Sequence[str]) -> list[int
     return lm.encode(lm.instruction_prompt(text))
 
 
+def keyword_variants(keyword: str) -> list[str]:
+    """The spellings of ``keyword`` that stage 3 bans: as is and capitalised, each with and without a leading space
+    (how a tokenizer writes a word inside and at the start of a sentence).
+
+    >>> keyword_variants("paris")
+    ['paris', ' paris', 'Paris', ' Paris']
+    """
+    out: list[str] = []
+    for form in (keyword, keyword[:1].upper() + keyword[1:]):
+        for text in (form, " " + form):
+            if text not in out:
+                out.append(text)
+    return out
+
+
+def keyword_ban(lm: LM, keywords: Sequence[str]) -> list[tuple[int, ...]]:
+    """The token sequences of every :func:`keyword_variants` spelling of ``keywords`` (released words only)."""
+    seqs: list[tuple[int, ...]] = []
+    for kw in keywords:
+        for text in keyword_variants(kw):
+            ids = tuple(lm.encode(text))
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    return seqs
+
+
 def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
-                   max_new_tokens: int) -> list[str]:
+                   max_new_tokens: int, suppress: str = PROTECT.suppress) -> list[str]:
     """Stage 3 for several ``(exemplar, keywords)`` pairs in one greedy batch (independent rows, left-padded): each
     final prompt decoded from its exemplar and keywords only, template echoes stripped (the exemplar when nothing is
-    left, or when the request does not fit the context window)."""
-    from dpinfer.mechanisms.sampler import Sampler
+    left, or when the request does not fit the context window).
 
+    ``suppress``: how the keywords are kept out of the final prompt. ``"ban"`` (default): the template asks the model
+    to avoid them AND every spelling of them (:func:`keyword_ban`) is banned while decoding (:class:`BanSequences`),
+    since a small model does not follow a negative instruction reliably; ``"instruct"``: the template's request only,
+    as in the paper. Both are post-processing of released words.
+    """
+    from dpinfer.mechanisms.sampler import Sampler
+    from dpinfer.mechanisms.transforms import BanSequences
+
+    if suppress not in SUPPRESS_METHODS:
+        raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
     finals = [ex for ex, _ in items]
     rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
     fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
     if fit:
+        bans = [keyword_ban(lm, items[i][1]) for i in fit] if suppress == "ban" else []
+        processors = [BanSequences(bans)] if any(bans) else []
         out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
-                              seed=0)
+                              seed=0, processors=processors)
         for i, seq in zip(fit, out.sequences, strict=True):
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
     return finals
 
 
-def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int) -> str:
+def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
+                  max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None) -> list[str]:
+    """Stage 3 with several exemplars per prompt: for each ``(exemplars, keywords, rewrites)`` group, one final
+    prompt per exemplar (all groups in one :func:`stage3_prompts` batch), and the one released is the candidate
+    :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). With one
+    exemplar per group this is :func:`stage3_prompts` (no embedder is loaded). Post-processing of released text only."""
+    items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
+    finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress)
+    if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
+        return finals
+    if embedder is None:
+        from dpinfer.eval.embeddings import load_embedder
+
+        embedder = load_embedder()
+    out, at = [], 0
+    for exemplars, _, rewrites in groups:
+        cands = finals[at:at + len(exemplars)]
+        at += len(exemplars)
+        out.append(cands[closest_to_consensus(cands, rewrites, embedder)])
+    return out
+
+
+def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int,
+                  suppress: str = PROTECT.suppress) -> str:
     """Stage 3 for one exemplar and its keywords (:func:`stage3_prompts`)."""
-    return stage3_prompts(engine, lm, [(exemplar, keywords)], max_new_tokens=max_new_tokens)[0]
+    return stage3_prompts(engine, lm, [(exemplar, keywords)], max_new_tokens=max_new_tokens, suppress=suppress)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------- API
@@ -317,6 +421,8 @@ def protect_prompt(
     keywords: str = PROTECT.keywords,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     jem_epsilon: float = DEFAULT_JEM_EPSILON,
+    suppress: str = PROTECT.suppress,
+    n_exemplars: int = PROTECT.n_exemplars,
     seed: int | None = None,
 ) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
@@ -334,6 +440,11 @@ def protect_prompt(
         keywords: ``"ndp"`` (top K as is) or ``"jem"`` (Joint Exponential Mechanism at ``jem_epsilon``).
         max_new_tokens: T_max of every rewrite and of the final prompt, fixed in advance (default 48).
         jem_epsilon: ε₂ of JEM (recorded in the guarantee's parameters, not added: see the module docstring).
+        suppress: how stage 3 keeps the keywords out of the final prompt: ``"ban"`` (default; asked AND banned while
+            decoding) or ``"instruct"`` (asked only, as in the paper): :func:`stage3_prompts`.
+        n_exemplars: stage 3 writes a final prompt from each of the ``n_exemplars`` lowest-perplexity rewrites and
+            releases the one closest to the rewrites' consensus (:func:`stage3_select`); 1 = the paper's single
+            exemplar.
         seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
@@ -351,7 +462,8 @@ def protect_prompt(
     _check_prompt(prompt)
     n = check_protect_params(method=method, epsilon=epsilon, temperature=temperature, delta=delta,
                              n_rewrites=n_rewrites, n_keywords=n_keywords, keywords=keywords,
-                             max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=seed)
+                             max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=seed,
+                             suppress=suppress, n_exemplars=n_exemplars)
     t0 = time.perf_counter()
     model = resolve_lm(lm)
     ids = paraphrase_ids(model, prompt)
@@ -374,11 +486,13 @@ def protect_prompt(
         exemplar, kws, final = rewrites[0], [], rewrites[0]
     else:
         t1 = time.perf_counter()
-        exemplar = choose_exemplar(model, rewrites)
+        exemplars = choose_exemplars(model, rewrites, n_exemplars)
+        exemplar = exemplars[0]
         kws = release_keywords(rewrites, method=keywords, k=n_keywords, jem_epsilon=jem_epsilon, generator=source)
         stages["keywords"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        final = stage3_prompt(engine, model, exemplar, kws, max_new_tokens=max_new_tokens)
+        final = stage3_select(engine, model, [(exemplars, kws, rewrites)], max_new_tokens=max_new_tokens,
+                              suppress=suppress)[0]
         stages["final"] = time.perf_counter() - t1
     parameters: dict[str, Any] = {
         "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": bounds.source,
@@ -389,6 +503,8 @@ def protect_prompt(
     if method == "dp-gtr":
         parameters["keywords"] = keywords
         parameters["n_keywords"] = n_keywords
+        parameters["suppress"] = suppress
+        parameters["n_exemplars"] = n_exemplars
         if keywords == "jem":
             parameters["jem_epsilon"] = jem_epsilon
             parameters["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
@@ -401,6 +517,8 @@ def protect_prompt(
                 "n_rewrites": n, "n_keywords": n_keywords if method == "dp-gtr" else 0,
                 "keywords": keywords if method == "dp-gtr" else None, "max_new_tokens": max_new_tokens,
                 "jem_epsilon": jem_epsilon if method == "dp-gtr" and keywords == "jem" else None,
+                "suppress": suppress if method == "dp-gtr" else None,
+                "n_exemplars": n_exemplars if method == "dp-gtr" else None,
                 "model": model.name}
     return ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=list(kws), rewrites=rewrites,
                            guarantee=guarantee, method=method, epsilon_per_token=mech.epsilon_per_token,
@@ -426,15 +544,21 @@ __all__ = [
     "FINAL_TEMPLATE",
     "KEYWORD_METHODS",
     "METHODS",
+    "SUPPRESS_METHODS",
     "ProtectedPrompt",
     "check_protect_params",
     "choose_exemplar",
+    "choose_exemplars",
+    "closest_to_consensus",
     "guarantee_lines",
+    "keyword_ban",
+    "keyword_variants",
     "protect_prompt",
     "release_keywords",
     "stage1_mechanism",
     "stage1_rewrites",
     "stage3_prompt",
     "stage3_prompts",
+    "stage3_select",
     "strip_echoes",
 ]

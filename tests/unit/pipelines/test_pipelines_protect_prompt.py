@@ -95,7 +95,7 @@ def test_epsilon_target_calibrates_the_temperature(tiny_lm) -> None:
 # ------------------------------------------------------------------------------------------------ pipeline
 def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, list] = {"stage2+3": []}
-    for name in ("choose_exemplar", "release_keywords", "stage3_prompts"):
+    for name in ("choose_exemplars", "release_keywords", "stage3_select", "stage3_prompts", "closest_to_consensus"):
         original = getattr(pp, name)
 
         def spy(*args, _original=original, **kwargs):
@@ -121,7 +121,7 @@ def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
     counts = {w for r in res.rewrites for w in words(r)}
     assert set(res.keywords) <= counts and len(res.keywords) <= 3
     assert res.exemplar in res.rewrites or res.exemplar == ""
-    assert len(seen["stage2+3"]) == 3
+    assert len(seen["stage2+3"]) >= 4  # exemplars, keywords, stage 3 (and the consensus pick, when it has a choice)
     for call in seen["stage2+3"]:
         assert "Zanzibarquux" not in call and "Kettleborough" not in call
     assert lengths[-2:] == [6, 6]  # stage 1 and stage 3 at the fixed T_max (before: the clip calibration, if any)
@@ -152,6 +152,38 @@ def test_stage3_strips_echoes_and_falls_back_to_the_exemplar() -> None:
     assert pp.strip_echoes("Generated question: What is it?\nAvoid using the following tokens: a, b") == "What is it?"
     assert pp.strip_echoes("**New question:** 'Why?'") == "Why?"
     assert pp.strip_echoes("\n\n") == ""
+
+
+def test_stage3_bans_every_spelling_of_the_released_keywords(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.engine import Engine
+
+    seen: list[list[list[int]]] = []
+    generate = Engine.generate
+
+    def record(self, contexts, mechanism, **kwargs):
+        out = generate(self, contexts, mechanism, **kwargs)
+        seen.append([list(s) for s in out.sequences])
+        return out
+
+    monkeypatch.setattr(Engine, "generate", record)
+    engine = Engine(tiny_lm)
+    exemplar = "Where would you keep a violin so that it does not get scratched?"
+    pp.stage3_prompts(engine, tiny_lm, [(exemplar, [])], max_new_tokens=12, suppress="instruct")
+    free = seen[-1][0]
+    # the keywords: the words the model writes when nothing is banned (its greedy output, decoded token by token)
+    pieces = [tiny_lm.decode([t]).strip().lower() for t in free]
+    keywords = sorted({p for p in pieces if p.isalpha()})[:6]
+    assert keywords, "the tiny model wrote no word to ban"
+    items = [(exemplar, keywords), (exemplar, [])]
+    pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=12, suppress="ban")
+    banned_row, free_row = seen[-1]
+    assert free_row == free  # a row without keywords is decoded as before
+    for seq in pp.keyword_ban(tiny_lm, keywords):
+        n = len(seq)
+        assert all(tuple(banned_row[i:i + n]) != seq for i in range(len(banned_row) - n + 1))
+    assert banned_row != free
+    with pytest.raises(ConfigurationError, match="suppress"):
+        pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=4, suppress="filter")
 
 
 def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
@@ -188,6 +220,7 @@ def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"prompt": "q", "temperature": 0.0}, ConfigurationError, "temperature must be > 0"),
     ({"prompt": "q", "epsilon": 1.0, "temperature": 1.0}, ConfigurationError, "exactly one"),
     ({"prompt": "q", "keywords": "tfidf"}, ConfigurationError, "keywords method"),
+    ({"prompt": "q", "suppress": "filter"}, ConfigurationError, "suppress"),
     ({"prompt": "q", "method": "dp-fusion"}, ConfigurationError, "method"),
     ({"prompt": "q", "n_rewrites": 0}, ConfigurationError, "n_rewrites"),
     ({"prompt": "q", "max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
