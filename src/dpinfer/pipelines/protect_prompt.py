@@ -24,7 +24,9 @@ headline (any two prompts) it is post-processing, so ε₂ is recorded as a para
 the ALGORITHMS §4 template (:data:`FINAL_TEMPLATE`; the keywords are words to AVOID), every spelling of the keywords
 banned while decoding (``suppress="ban"``, the default: the paper's "Stage-3 suppresses the identified keywords", which
 a small model does not do from the instruction alone; ``"instruct"`` keeps the instruction only), and template echoes
-are stripped (:func:`strip_echoes`). The original prompt never reaches stages 2 and 3 nor any scorer.
+are stripped (:func:`strip_echoes`). With ``n_exemplars > 1`` (default 5) a final prompt is written from each of the
+``n_exemplars`` lowest-perplexity rewrites and the one closest to the rewrites' consensus is released
+(:func:`stage3_select`, :func:`closest_to_consensus`). The original prompt never reaches stages 2 and 3 nor any scorer.
 
 ``method="dp-prompt"``: one DP-Prompt rewrite, released as is (the baseline).
 
