@@ -153,8 +153,8 @@ class OutputLock:
     Traceback (most recent call last):
     ...
     dpinfer.errors.ConfigurationError: --out ... is being written by another dpinfer sanitize --corpus run; wait ...
-    >>> first.release(); os.path.exists(path)  # created, never written: removed
-    False
+    >>> first.release(), os.path.exists(path)  # created by this run, never written: removed
+    (True, False)
     """
 
     path: str | os.PathLike[str]
