@@ -167,6 +167,11 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
             from dpinfer.pipelines.protect_prompt import protect_prompt
 
             lm = load_model(args.model, device=args.device)
+            embedder = None
+            if args.method == "dp-gtr" and args.n_exemplars > 1:  # stage 3's consensus pick: one encoder, all prompts
+                from dpinfer.eval.embeddings import load_embedder
+
+                embedder = load_embedder()
             with record_progress("protect-prompt --prompts", len(todo)) as progress:
                 for rec in todo:
                     try:
@@ -175,7 +180,7 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
                                              n_keywords=args.n_keywords, keywords=args.keywords,
                                              max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
                                              suppress=args.suppress, n_exemplars=args.n_exemplars,
-                                             seed=record_seed(args.seed, rec.id))
+                                             seed=record_seed(args.seed, rec.id), embedder=embedder)
                     except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
                         out.append({"id": rec.id, "error": str(err).splitlines()[0]})
                         summary.errors += 1

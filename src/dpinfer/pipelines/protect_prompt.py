@@ -381,16 +381,18 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     return finals
 
 
-def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
-                  max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None) -> list[str]:
+def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
+                   max_new_tokens: int, suppress: str = PROTECT.suppress,
+                   embedder: Any = None) -> list[tuple[str, int]]:
     """Stage 3 with several exemplars per prompt: for each ``(exemplars, keywords, rewrites)`` group, one final
     prompt per exemplar (all groups in one :func:`stage3_prompts` batch), and the one released is the candidate
-    :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). With one
-    exemplar per group this is :func:`stage3_prompts` (no embedder is loaded). Post-processing of released text only."""
+    :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). Returns
+    ``(final prompt, index of the exemplar it was written from)`` per group. With one exemplar per group this is
+    :func:`stage3_prompts` (no embedder is loaded). Post-processing of released text only."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
     finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
-        return finals
+        return [(f, 0) for f in finals]
     if embedder is None:
         from dpinfer.eval.embeddings import load_embedder
 
@@ -399,8 +401,16 @@ def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], 
     for exemplars, _, rewrites in groups:
         cands = finals[at:at + len(exemplars)]
         at += len(exemplars)
-        out.append(cands[closest_to_consensus(cands, rewrites, embedder)])
+        best = closest_to_consensus(cands, rewrites, embedder)
+        out.append((cands[best], best))
     return out
+
+
+def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
+                  max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None) -> list[str]:
+    """The final prompts of :func:`stage3_choices` (without the exemplar each came from)."""
+    return [final for final, _ in stage3_choices(engine, lm, groups, max_new_tokens=max_new_tokens,
+                                                 suppress=suppress, embedder=embedder)]
 
 
 def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int,
@@ -426,6 +436,7 @@ def protect_prompt(
     suppress: str = PROTECT.suppress,
     n_exemplars: int = PROTECT.n_exemplars,
     seed: int | None = None,
+    embedder: Any = None,
 ) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
 
@@ -448,6 +459,8 @@ def protect_prompt(
             releases the one closest to the rewrites' consensus (:func:`stage3_select`); 1 = the paper's single
             exemplar.
         seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
+        embedder: the sentence encoder of stage 3's consensus pick (default: the offline all-MiniLM-L6-v2, loaded
+            when needed; pass one to reuse it across many prompts).
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
     :class:`~dpinfer.errors.ConfigurationError` for bad parameters (ε ≤ 0, both ε and τ, …). After the tokenizer
@@ -489,12 +502,12 @@ def protect_prompt(
     else:
         t1 = time.perf_counter()
         exemplars = choose_exemplars(model, rewrites, n_exemplars)
-        exemplar = exemplars[0]
         kws = release_keywords(rewrites, method=keywords, k=n_keywords, jem_epsilon=jem_epsilon, generator=source)
         stages["keywords"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        final = stage3_select(engine, model, [(exemplars, kws, rewrites)], max_new_tokens=max_new_tokens,
-                              suppress=suppress)[0]
+        final, chosen = stage3_choices(engine, model, [(exemplars, kws, rewrites)], max_new_tokens=max_new_tokens,
+                                       suppress=suppress, embedder=embedder)[0]
+        exemplar = exemplars[chosen]  # the exemplar the released final prompt was written from
         stages["final"] = time.perf_counter() - t1
     parameters: dict[str, Any] = {
         "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": bounds.source,
@@ -559,6 +572,7 @@ __all__ = [
     "release_keywords",
     "stage1_mechanism",
     "stage1_rewrites",
+    "stage3_choices",
     "stage3_prompt",
     "stage3_prompts",
     "stage3_select",
