@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
 # Sets everything up (with test tools), then lints and runs the test suite. Exit status: non-zero on any failure,
 # and on "no tests collected".
+#   bash scripts/test.sh               # lint + the test suite (extra arguments go to pytest)
+#   bash scripts/test.sh --extended    # the full extended property run of the mechanism contract: 10,000 cases per
+#                                      # property for every registered mechanism (hypothesis seed 0, every CPU); run it
+#                                      # before submitting any change to a mechanism, the sampler or the accounting
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
+if [[ "${1:-}" == "--extended" ]]; then
+  shift
+  start=$SECONDS
+  set +e
+  DPINFER_PROPERTY_CASES="${DPINFER_PROPERTY_CASES:-10000}" .venv/bin/python -m pytest -q -p no:cacheprovider \
+      -m extended -n auto --dist worksteal --hypothesis-seed=0 --durations=20 tests/unit/mechanisms/test_contract.py "$@"
+  rc=$?
+  echo "test.sh: extended run took $((SECONDS - start)) s"
+  exit $rc
+fi
 .venv/bin/ruff check src tests
 set +e
 .venv/bin/python -m pytest "$@"
