@@ -29,7 +29,7 @@ class ModelNotFoundError(DPInferError, FileNotFoundError):
 
 
 class MissingDependencyError(DPInferError, ImportError):
-    """An optional back-end is not installed; the message gives the pip command (``pip install "dpinfer[pii]"``)."""
+    """An optional back-end is not installed; the message gives the command that installs it (:func:`install_hint`)."""
 
 
 class CorruptCacheError(DPInferError):
@@ -46,3 +46,13 @@ class DataNotFoundError(DPInferError, FileNotFoundError):
 
 class ContextTooLongError(InvalidInputError):
     """The prompt plus ``max_new_tokens`` does not fit the model's context window."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra of dpinfer, in words that work from a clone of the repository (dpinfer is
+    not on a package index).
+
+    >>> install_hint("rag")
+    'in the dpinfer folder: .venv/bin/pip install -e ".[rag]"'
+    """
+    return f'in the dpinfer folder: .venv/bin/pip install -e ".[{extra}]"'

@@ -39,7 +39,7 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
                         "entity_mentions); a record without it is tagged by --tagger (default spans)")
     g.add_argument("--id-field", default="id", help="--corpus: the field holding the record's unique id (default id)")
     g.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="--corpus: run here (local, default) or on Ray Data (ray; pip install 'dpinfer[ray]')")
+                   help="--corpus: run here (local, default) or on Ray Data (ray; needs the ray extra)")
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--backend ray: join this Ray cluster (e.g. ray://HOST:10001); default: a local Ray")
     g.add_argument("--ray-batch-size", type=int, default=8,

@@ -15,7 +15,7 @@ initialisation, both driven by ``seed``; :func:`mauve_interval` repeats the comp
 
 The computation is the PyPI package ``mauve-text`` (GPL-3.0), an optional extra of dpinfer: it is imported only inside
 these functions, and its absence raises :class:`~dpinfer.errors.MissingDependencyError` naming
-``pip install 'dpinfer[mauve]'``. Only precomputed features are passed to it, so it never loads a featurising model
+the command that installs it. Only precomputed features are passed to it, so it never loads a featurising model
 and never touches the network. Features typically come from :mod:`dpinfer.eval.embeddings` (all-MiniLM-L6-v2), as in
 the InvisibleInk evaluation; MAUVE values are only comparable between runs that use the same embedder and the same
 ``num_buckets``.
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from dpinfer.errors import ConfigurationError, InvalidInputError, MissingDependencyError
+from dpinfer.errors import ConfigurationError, InvalidInputError, MissingDependencyError, install_hint
 
-MAUVE_INSTALL = "pip install 'dpinfer[mauve]'"
+MAUVE_INSTALL = install_hint("mauve")
 # faiss prints this (from C++, straight to file descriptor 2) whenever there are < 39 points per centroid, which is
 # always the case with MAUVE's default of n/10 buckets; it is expected and harmless.
 _FAISS_FEW_POINTS = re.compile(r"^WARNING clustering \d+ points to \d+ centroids: please provide at least \d+ training")

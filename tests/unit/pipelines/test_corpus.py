@@ -303,7 +303,7 @@ def test_cli_corpus_backend_ray_without_ray_says_how_to_install(tmp_path, capsys
     corpus = _write_corpus(tmp_path / "in.jsonl", n=1)
     rc = main(["sanitize", "--corpus", str(corpus), "--out", str(tmp_path / "o.jsonl"), "--backend", "ray"])
     err = capsys.readouterr().err
-    assert rc == 2 and "pip install 'dpinfer[ray]'" in err and err.count("\n") == 1
+    assert rc == 2 and '.venv/bin/pip install -e ".[ray]"' in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------------------------ Ray backend

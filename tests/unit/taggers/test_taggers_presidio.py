@@ -163,7 +163,7 @@ def test_missing_extra_raises_missing_dependency(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'dpinfer\[pii\]'"):
+    with pytest.raises(MissingDependencyError, match=r'pip install -e "\.\[pii\]"'):
         get_tagger("presidio")
 
 
