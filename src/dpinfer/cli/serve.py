@@ -1,0 +1,149 @@
+"""``dpinfer serve``: the HTTP service (FastAPI on uvicorn) and its web page; ``dpinfer serve keys create``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from dpinfer.cli.output import add_model_arguments, print_json, show
+from dpinfer.defaults import SERVE
+from dpinfer.errors import ConfigurationError, MissingDependencyError
+
+
+def default_home() -> Path:
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("dpinfer", appauthor=False)) / "serve"
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    sp = sub.add_parser(
+        "serve", parents=[common], help="the HTTP service and web page (keys, tenants, budgets, OpenAI-compatible API)",
+        description="Serve sanitisation, synthesis, private RAG and prompt protection over HTTP, with a web page at / "
+                    "and OpenAPI docs at /docs. One process holds one model and one engine; concurrent requests are "
+                    "decoded together. Every release is charged to its unit's budget before anything is generated. "
+                    "Without --keys the server serves this machine only (loopback) and every request is the local "
+                    "admin.",
+        epilog="Keys: dpinfer serve keys create --keys PATH --tenant T --role user|admin (the key is printed once).")
+    sp.add_argument("--host", default=SERVE.host, help=f"address to bind (default {SERVE.host}; another address "
+                                                       "needs --keys)")
+    sp.add_argument("--port", type=int, default=SERVE.port, help=f"port (default {SERVE.port})")
+    sp.add_argument("--ledger", default=None, help="the budget file (SQLite; default: serve/budgets.sqlite in "
+                                                   "dpinfer's data folder)")
+    sp.add_argument("--keys", default=None, help="the keys file (made by 'dpinfer serve keys create'); without it "
+                                                 "no key is asked and only loopback is served")
+    sp.add_argument("--stores", default=None, help="folder of the RAG stores, one sub-folder per tenant (default: "
+                                                   "serve/stores in dpinfer's data folder)")
+    sp.add_argument("--upstream", default=None, help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8001/v1) "
+                                                     "that dpinfer-protect forwards protected prompts to (its key "
+                                                     "from DPINFER_UPSTREAM_KEY)")
+    sp.add_argument("--upstream-model", default=None, help="model name sent upstream (default: the first that the "
+                                                           "upstream's /models lists)")
+    sp.add_argument("--tagger", default=SERVE.tagger, help=f"presidio | regex (default {SERVE.tagger})")
+    sp.add_argument("--default-epsilon", type=float, default=SERVE.default_epsilon,
+                    help=f"ε budget of a unit no admin has set (default {show(SERVE.default_epsilon)})")
+    sp.add_argument("--default-delta", type=float, default=SERVE.default_delta,
+                    help=f"δ budget of a unit no admin has set (default {show(SERVE.default_delta)})")
+    sp.add_argument("--batch-window", type=float, default=SERVE.batch_window_s,
+                    help=f"seconds the batcher waits for more requests to join a batch (default "
+                         f"{show(SERVE.batch_window_s)})")
+    add_model_arguments(sp)
+    sp.set_defaults(func=run)
+    ssub = sp.add_subparsers(dest="serve_command", metavar="keys")
+    kp = ssub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", metavar="create", required=True)
+    kc = kp.add_parser("create", parents=[common], help="make an API key for a tenant (printed once, stored hashed)")
+    kc.add_argument("--keys", required=True, help="the keys file (created if missing, mode 0600)")
+    kc.add_argument("--tenant", required=True, help="the tenant the key spends for")
+    kc.add_argument("--role", default="user", choices=["user", "admin"], help="user (default) or admin (sets budgets)")
+    kc.set_defaults(func=run_keys_create)
+
+
+def run_keys_create(args: argparse.Namespace) -> int:
+    from dpinfer.serve.keys import KeyStore
+
+    store = KeyStore(args.keys)
+    key = store.create(args.tenant, args.role)
+    if args.json:
+        print_json({"key": key, "tenant": args.tenant, "role": args.role, "keys": str(args.keys)})
+    else:
+        print(key)
+        print(f"dpinfer: key for tenant {args.tenant} ({args.role}) added to {args.keys}; it is shown only this once",
+              file=sys.stderr)
+    return 0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_serve_args(args: argparse.Namespace) -> Any:
+    """Every check before the model loads; returns the key store (or None)."""
+    from dpinfer.checks import check_delta, non_negative_number, positive_number
+    from dpinfer.serve.keys import KeyStore
+
+    if not 0 < args.port < 65536 and args.port != 0:
+        raise ConfigurationError(f"--port must be between 1 and 65535, got {args.port}")
+    non_negative_number(args.default_epsilon, "--default-epsilon")
+    check_delta(args.default_delta, "--default-delta")
+    positive_number(args.batch_window + 1e-12, "--batch-window")
+    if args.tagger not in ("presidio", "regex"):
+        raise ConfigurationError(f"--tagger must be presidio or regex, got {args.tagger!r}")
+    keys = None
+    if args.keys is not None:
+        if not Path(args.keys).exists():
+            raise ConfigurationError(f"the keys file {args.keys} does not exist; make a key with: dpinfer serve keys "
+                                     f"create --keys {args.keys} --tenant T --role admin")
+        keys = KeyStore(args.keys)
+        if len(keys) == 0:
+            raise ConfigurationError(f"the keys file {args.keys} holds no key; add one with dpinfer serve keys create")
+    if keys is None and not is_loopback(args.host):
+        raise ConfigurationError(f"refusing to serve {args.host} without keys: anyone who can reach it would spend "
+                                 "every budget; give --keys PATH (dpinfer serve keys create) or bind 127.0.0.1")
+    if args.upstream is not None and not args.upstream.startswith(("http://", "https://")):
+        raise ConfigurationError("--upstream must be an http:// or https:// base URL, e.g. http://127.0.0.1:8001/v1")
+    return keys
+
+
+def build_app(args: argparse.Namespace, keys: Any) -> Any:
+    from dpinfer.models import load_model
+    from dpinfer.serve.app import create_app
+    from dpinfer.serve.budget import SqliteBudgets
+    from dpinfer.serve.runtime import Runtime
+
+    home = default_home()
+    ledger = Path(args.ledger) if args.ledger else home / "budgets.sqlite"
+    budgets = SqliteBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta)
+    lm = load_model(args.model, device=args.device, quantize=args.quantize)
+    runtime = Runtime(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
+                      window=args.batch_window)
+    return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise MissingDependencyError("dpinfer serve needs the serve extra: pip install -e '.[serve]' (or bash "
+                                     "scripts/setup.sh)") from None
+    keys = check_serve_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    app = build_app(args, keys)
+    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_config=None,
+                            log_level="info", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    print(f"dpinfer: serving on http://{args.host}:{args.port}/ ({'keys required' if keys else 'no keys: loopback'}"
+          ")", file=sys.stderr)
+    server.run()
+    app.state.runtime.close()
+    return 0

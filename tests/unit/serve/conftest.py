@@ -1,0 +1,39 @@
+"""Fixtures of the service tests (helpers in serve_helpers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
+
+from serve_helpers import ThreadServer, make_runtime
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    from dpinfer.serve.keys import KeyStore
+
+    path = tmp_path_factory.mktemp("keys") / "keys.json"
+    store = KeyStore(path)
+    made = {"acme": store.create("acme", "user"), "acme-admin": store.create("acme", "admin"),
+            "globex": store.create("globex", "user")}
+    return path, made
+
+
+@pytest.fixture(scope="module")
+def server(tiny_lm, tmp_path_factory, keys_file) -> Iterator[ThreadServer]:
+    """An in-process server with keys (tenants acme and globex)."""
+    from dpinfer.serve.app import create_app
+    from dpinfer.serve.keys import KeyStore
+
+    runtime = make_runtime(tiny_lm, tmp_path_factory.mktemp("serve"))
+    app = create_app(runtime, KeyStore(keys_file[0]))
+    with ThreadServer(app) as srv:
+        srv.keys = keys_file[1]
+        srv.runtime = runtime
+        yield srv
+    runtime.close()

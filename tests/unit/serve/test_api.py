@@ -1,0 +1,116 @@
+"""The service's JSON API against a live server on a loopback port (tiny model, regex tagger)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serve_helpers import DOC
+
+SPANS = [{"start": DOC.index("John Smith"), "end": DOC.index("John Smith") + len("John Smith"), "label": "PERSON"},
+         {"start": DOC.index("12 March 1961"), "end": DOC.index("12 March 1961") + 13, "label": "DATETIME"}]
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_health_metrics_and_methods(server) -> None:
+    assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
+    assert "dpinfer_budget_refusals_total" in httpx.get(server.url + "/metrics").text
+    methods = httpx.get(server.url + "/v1/methods", headers=auth(server.keys["acme"])).json()
+    assert "dp-fusion" in methods["sanitize"]["methods"]
+    assert httpx.get(server.url + "/docs").status_code == 200
+
+
+def test_sanitize_returns_the_release_its_guarantee_and_the_budget_left(server) -> None:
+    key = auth(server.keys["acme-admin"])
+    r = httpx.put(server.url + "/v1/budget/acme-case-1", json={"epsilon": 100, "delta": 1e-3}, headers=key)
+    assert r.status_code == 200, r.text
+    body = {"text": DOC, "spans": SPANS, "epsilon": 40, "max_new_tokens": 8, "unit": "acme-case-1"}
+    r = httpx.post(server.url + "/v1/sanitize", json=body, headers=auth(server.keys["acme"]), timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["method"] == "dp-fusion" and isinstance(out["text"], str)
+    eps = out["guarantee"]["epsilon"]
+    assert 0 < eps <= 40 + 1e-9 and out["guarantee"]["sentence"]
+    assert set(out["groups"]) == {"PERSON", "DATETIME"}
+    assert out["budget"]["spent_epsilon"] == pytest.approx(eps)
+    assert out["budget"]["left_epsilon"] == pytest.approx(100 - eps)
+    assert "debug" not in out and "spans" not in out  # the release only
+    # the same request again overspends: refused with the budget left, nothing generated
+    before = server.runtime.metrics.tokens
+    r = httpx.post(server.url + "/v1/sanitize", json=body, headers=auth(server.keys["acme"]), timeout=120)
+    again = r.json()
+    if r.status_code == 200:  # 2 × eps fit in 100: the third is refused
+        r = httpx.post(server.url + "/v1/sanitize", json=body, headers=auth(server.keys["acme"]), timeout=120)
+        again = r.json()
+    assert r.status_code == 402, r.text
+    assert again["error"].startswith("budget refused") and "\n" not in again["error"]
+    assert again["budget"]["left_epsilon"] < eps
+    got = httpx.get(server.url + "/v1/budget/acme-case-1", headers=auth(server.keys["acme"])).json()
+    assert got["releases"] in (1, 2) and got["pending"] == 0
+    assert server.runtime.metrics.tokens - before <= 8  # at most the one admitted release decoded
+
+
+def test_tag_endpoint_finds_spans_with_the_regex_tagger(server) -> None:
+    r = httpx.post(server.url + "/v1/tag", json={"text": DOC}, headers=auth(server.keys["acme"]))
+    assert r.status_code == 200
+    labels = {s["label"] for s in r.json()["spans"]}
+    assert labels  # email / phone / date found by the regex tagger
+
+
+def test_budget_put_needs_an_admin_and_units_belong_to_one_tenant(server) -> None:
+    r = httpx.put(server.url + "/v1/budget/x1", json={"epsilon": 5}, headers=auth(server.keys["acme"]))
+    assert r.status_code == 403 and "admin" in r.json()["error"]
+    assert httpx.put(server.url + "/v1/budget/acme-owned", json={"epsilon": 5},
+                     headers=auth(server.keys["acme-admin"])).status_code == 200
+    r = httpx.get(server.url + "/v1/budget/acme-owned", headers=auth(server.keys["globex"]))
+    assert r.status_code == 403 and "another tenant" in r.json()["error"]
+    r = httpx.post(server.url + "/v1/sanitize", json={"text": DOC, "spans": SPANS, "unit": "acme-owned"},
+                   headers=auth(server.keys["globex"]))
+    assert r.status_code == 403
+
+
+def test_rag_documents_and_ask_with_the_pad_guarantee(server) -> None:
+    key = auth(server.keys["acme"])
+    docs = ["Patient: I have a migraine. Doctor: Rest in a dark room.",
+            "Patient: My knee hurts. Doctor: See a physiotherapist.",
+            "Patient: I cough at night. Doctor: Use an inhaler."]
+    r = httpx.post(server.url + "/v1/rag/clinic/documents", json={"documents": docs}, headers=key, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["added"] == 3
+    r = httpx.post(server.url + "/v1/rag/clinic/ask", json={"question": "What helps a migraine?", "epsilon": 64,
+                                                           "max_new_tokens": 6}, headers=key, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["mechanism"] == "pad" and out["guarantee"]["epsilon"] <= 64 + 1e-9
+    assert out["unit"] == "acme.store.clinic" and out["budget"]["releases"] == 1
+    assert "doc_ids" not in out and "seconds" not in out
+    r = httpx.post(server.url + "/v1/rag/clinic/ask", json={"question": "x"}, headers=auth(server.keys["globex"]))
+    assert r.status_code == 403
+    r = httpx.post(server.url + "/v1/rag/nostore/ask", json={"question": "x"}, headers=key)
+    assert r.status_code == 404 and "no store named nostore" in r.json()["error"]
+    models = httpx.get(server.url + "/v1/models", headers=key).json()
+    assert "dpinfer-rag/clinic" in {m["id"] for m in models["data"]}
+
+
+def test_synth_job_is_submitted_then_polled(server) -> None:
+    import time
+
+    key = auth(server.keys["acme"])
+    refs = [f"Record {i}: the patient reported a headache and was given rest." for i in range(4)]
+    r = httpx.post(server.url + "/v1/synth", json={"references": refs, "epsilon": 8, "batch_size": 2,
+                                                  "max_new_tokens": 4}, headers=key)
+    assert r.status_code == 202, r.text
+    job = r.json()["id"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = httpx.get(server.url + f"/v1/jobs/{job}", headers=key).json()
+        if got["status"] in ("done", "failed", "refused"):
+            break
+        time.sleep(0.3)
+    assert got["status"] == "done", got
+    assert len(got["result"]["texts"]) == 2 and got["result"]["guarantee"]["epsilon"] <= 8 + 1e-9
+    assert httpx.get(server.url + f"/v1/jobs/{job}", headers=auth(server.keys["globex"])).status_code == 403
+    r = httpx.post(server.url + "/v1/synth", json={"references": refs, "epsilon": -1}, headers=key)
+    assert r.status_code == 422
