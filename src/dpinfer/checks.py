@@ -26,6 +26,7 @@ import math
 import numbers
 import operator
 from collections.abc import Iterable
+from decimal import ROUND_CEILING, Decimal
 
 from dpinfer.errors import ConfigurationError
 
@@ -37,7 +38,9 @@ __all__ = [
     "check_seed",
     "check_temperature",
     "check_top_p",
+    "dp_fusion_floor_message",
     "finite_number",
+    "format_up",
     "int_at_least",
     "is_number",
     "non_negative_number",
@@ -45,6 +48,7 @@ __all__ = [
     "optional_positive_int",
     "positive_int",
     "positive_number",
+    "rdp_conversion_cost",
 ]
 
 
@@ -224,3 +228,51 @@ def one_of(value: object, name: str, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ConfigurationError(f"unknown {name} {value!r}; choose one of {', '.join(options)}")
     return value
+
+
+def format_up(value: float, digits: int = 3) -> str:
+    """``value`` rounded up to ``digits`` significant digits (``"∞"`` for infinity), so a printed bound stays a bound.
+
+    >>> format_up(4.2071), format_up(1e-05), format_up(123456.0), format_up(math.inf)
+    ('4.21', '1e-05', '124000', '∞')
+    """
+    if math.isinf(value):
+        return "∞"
+    if value == 0:
+        return "0"
+    exact = Decimal(repr(float(value)))
+    step = Decimal(1).scaleb(exact.adjusted() - digits + 1)
+    return f"{float(exact.quantize(step, rounding=ROUND_CEILING)):g}"
+
+
+def rdp_conversion_cost(alpha: float, delta: float) -> float:
+    """What converting a Rényi bound held at the single order α to (ε, δ) costs on its own (Canonne, Kamath & Steinke
+    2020): ``log1p(−1/α) − (log δ + log α)/(α − 1)``; the infimum of every reachable DP-Fusion ε at that α and δ.
+
+    >>> round(rdp_conversion_cost(2.0, 1e-5), 4), round(rdp_conversion_cost(8.0, 1e-5), 4)
+    (10.1266, 1.2141)
+    """
+    alpha, delta = check_alpha(alpha, "α", "", label=""), check_delta(delta, "δ")
+    return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+
+
+def dp_fusion_floor_message(epsilon: float, delta: float, alpha: float, *, group: str = "",
+                            max_new_tokens: int | None = None, alpha_name: str = "α") -> str:
+    """The one wording of "no DP-Fusion calibration reaches this ε" (the check before the model loads and the
+    calibration itself say the same; ``alpha_name``: how the caller spells the order, e.g. ``--alpha``).
+
+    >>> dp_fusion_floor_message(5, 1e-5, 2)[:72]
+    'DP-Fusion cannot give a privacy group ε = 5 at δ = 1e-05: the smallest r'
+    """
+    floor = rdp_conversion_cost(alpha, delta)
+    other = 8.0 if alpha < 8.0 else 4.0 * alpha
+    who = f"group {group}" if group else "a privacy group"
+    over = f" over {max_new_tokens} tokens" if max_new_tokens is not None else ""
+    up = format_up(floor, 4)
+    return (
+        f"DP-Fusion cannot give {who} ε = {epsilon:g} at δ = {delta:g}{over}: the smallest reachable ε is {up} at "
+        f"α = {alpha:g}, the cost of converting a Rényi bound held at that single order to (ε, δ) before any token is "
+        f"generated. Ask for ε > {up}, a larger δ, or a larger {alpha_name} (the conversion costs "
+        f"{format_up(rdp_conversion_cost(other, delta), 3)} at α = {other:g}); docs/sanitize.md explains how to "
+        "choose ε."
+    )

@@ -14,7 +14,6 @@ Every message names parameters, values, sizes and paths only, never input text.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -57,9 +56,11 @@ from dpinfer.checks import (  # noqa: E402
     check_seed,
     check_temperature,
     check_top_p,
+    dp_fusion_floor_message,
     int_at_least,
     one_of,
     positive_number,
+    rdp_conversion_cost,
 )
 from dpinfer.checks import is_number as _is_number  # noqa: E402, F401
 
@@ -162,15 +163,13 @@ def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object =
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
-    """The cost of converting a Rényi bound held at the single order α to (ε, δ):
-    ``log1p(−1/α) − (log δ + log α)/(α − 1)``, the infimum of every ε DP-Fusion reaches at that α and δ (the same
-    formula as :func:`dpinfer.mechanisms.dp_fusion.conversion_cost`, here without importing torch; a test keeps the
-    two equal).
+    """The cost of converting a Rényi bound held at the single order α to (ε, δ), the infimum of every ε DP-Fusion
+    reaches at that α and δ (:func:`dpinfer.checks.rdp_conversion_cost`, which the accountant uses too).
 
     >>> round(conversion_cost(2.0, 1e-5), 4)
     10.1266
     """
-    return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+    return rdp_conversion_cost(alpha, delta)
 
 
 def check_sanitize_budget(*, method: str = SANITIZE.method, epsilon: float | None = None,
@@ -190,16 +189,8 @@ def check_sanitize_budget(*, method: str = SANITIZE.method, epsilon: float | Non
     floor = conversion_cost(alpha, delta)
     for name, eps in targets.items():
         if eps <= floor:
-            other = 8.0 if alpha < 8.0 else 4.0 * alpha
-            up = math.ceil(floor * 1e4) / 1e4
-            who = f"group {name}" if name else "a privacy group"
-            flag = "--alpha" if cli else "alpha"
-            raise InfeasibleBudgetError(
-                f"DP-Fusion cannot give {who} ε = {eps:g} at δ = {delta:g}: the smallest reachable ε is {up:g} at "
-                f"α = {alpha:g}, the cost of converting a Rényi bound held at that single order to (ε, δ) before any "
-                f"token is generated. Ask for ε > {up:g}, a larger δ, or a larger {flag} (the conversion costs "
-                f"{math.ceil(conversion_cost(other, delta) * 1e3) / 1e3:g} at α = {other:g})."
-            )
+            raise InfeasibleBudgetError(dp_fusion_floor_message(eps, delta, alpha, group=name,
+                                                                alpha_name="--alpha" if cli else "alpha"))
 
 
 def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None, delta: object = SYNTH.delta,

@@ -33,11 +33,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpinfer.accounting._format import format_up
 from dpinfer.accounting.accountant import LossEvent, calibrate_event, compose_steps, grow_bracket
 from dpinfer.accounting.guarantee import GroupGuarantee
 from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp
-from dpinfer.checks import check_alpha, check_delta, non_negative_number, positive_int, positive_number
+from dpinfer.checks import (
+    check_alpha,
+    check_delta,
+    dp_fusion_floor_message,
+    non_negative_number,
+    positive_int,
+    positive_number,
+    rdp_conversion_cost,
+)
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 
 __all__ = [
@@ -306,19 +313,9 @@ def conversion_cost(alpha: float, delta: float) -> float:
     >>> round(conversion_cost(2.0, 1e-5), 4), round(conversion_cost(8.0, 1e-5), 4)
     (10.1266, 1.2141)
     """
-    alpha, delta = _alpha(alpha), check_delta(delta, "δ")
-    return math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+    return rdp_conversion_cost(_alpha(alpha), check_delta(delta, "δ"))
 
 
 def _infeasible_message(epsilon: float, delta: float, alpha: float, max_new_tokens: int, group: str) -> str:
-    floor = conversion_cost(alpha, delta)
-    other = 8.0 if alpha < 8.0 else 4.0 * alpha
-    who = f"group {group}" if group else "a privacy group"
-    return (
-        f"DP-Fusion cannot give {who} ε = {epsilon:g} at δ = {delta:g} over {max_new_tokens} tokens: the smallest "
-        f"reachable ε is {format_up(floor, 4)} at α = {alpha:g}, the cost of converting a Rényi bound held at that "
-        f"single order to (ε, δ) before any token is generated. Ask for ε > {format_up(floor, 4)}, a larger δ, or "
-        f"enforce the bound at a larger α (the conversion costs {format_up(conversion_cost(other, delta), 3)} at "
-        f"α = {other:g})."
-    )
+    return dp_fusion_floor_message(epsilon, delta, alpha, group=group, max_new_tokens=max_new_tokens)
 

@@ -19,7 +19,16 @@ from collections.abc import Sequence
 
 from dpinfer import __version__
 from dpinfer.cli.bench import check_bench_args, run_bench
-from dpinfer.cli.output import EXIT_ERROR, cli_k, console, print_json, progress_runner, read_text_arg, write_failure
+from dpinfer.cli.output import (
+    EXIT_ERROR,
+    Parser,
+    cli_k,
+    console,
+    print_json,
+    progress_runner,
+    read_text_arg,
+    write_failure,
+)
 from dpinfer.cli.sanitize import guarantee_sentence
 from dpinfer.errors import DPInferError
 
@@ -54,10 +63,10 @@ command module imports torch, models and pipelines lazily inside ``run`` (parame
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print one JSON object instead of text")
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dpinfer", parents=[common],
         description="Differentially private inference with LLMs, offline. Every private output carries an "
                     "(ε, δ) guarantee computed before the private data is read.",

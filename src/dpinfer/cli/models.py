@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from dpinfer.cli.output import console, print_json
@@ -39,13 +40,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    table = Table(title=f"dpinfer models (cache: {cache_dir()})")
-    for col in ("name", "kind", "cached", "size MB", "path"):
-        table.add_column(col)
-    for m in models:
-        table.add_row(m["name"], m["kind"], "yes" if m.get("cached") else "no", str(m.get("size_mb", "")),
-                      str(m.get("path") or m.get("error", "")))
-    console().print(table)
+    con = console()
+    columns = ("name", "kind", "cached", "size MB", "path")
+    rows = [(m["name"], m["kind"], "yes" if m.get("cached") else "no", str(m.get("size_mb", "")),
+             str(m.get("path") or m.get("error", ""))) for m in models]
+    if not con.is_terminal:  # for scripts: tab-separated, a header row, full names and paths
+        sys.stdout.write("".join("\t".join(row) + "\n" for row in [columns, *rows]))
+    else:
+        table = Table(title=f"dpinfer models (cache: {cache_dir()})")
+        for col in columns:
+            table.add_column(col, overflow="fold")
+        table.columns[0].no_wrap = True  # a name is never cut
+        table.columns[0].min_width = max((len(row[0]) for row in rows), default=4)
+        for row in rows:
+            table.add_row(*row)
+        con.print(table)
     if args.prepare:
-        console().print(f"loaded {prepared['name']} in {prepared['seconds']} s")
+        con.print(f"loaded {prepared['name']} in {prepared['seconds']} s")
     return 0

@@ -19,11 +19,19 @@ EXIT_ERROR = 2
 """Exit status of every refusal and error (argparse's usage errors use it too)."""
 
 
+PIPE_WIDTH = 10_000
+"""The width of a console that is not a terminal: wide enough that nothing is wrapped or cut for a log or a script."""
+
+
 def console(stderr: bool = False) -> Any:
-    """A rich console on standard output (or error), without syntax highlighting."""
+    """A rich console on standard output (or error), without syntax highlighting. Into a pipe or a file it neither
+    wraps nor truncates (``soft_wrap``, width :data:`PIPE_WIDTH`, no colour codes): one line stays one line."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    con = Console(stderr=stderr, highlight=False)
+    if not con.is_terminal:
+        con = Console(stderr=stderr, highlight=False, soft_wrap=True, width=PIPE_WIDTH, no_color=True)
+    return con
 
 
 def print_json(obj: Any) -> None:
@@ -119,6 +127,39 @@ def add_model_arguments(p: Any, *, quantize: bool = True, device_help: str | Non
 
 SEED_HELP = ("for tests and benchmarks only: the guarantee then holds only while the seed is secret "
              "(default: noise from the OS's secure generator)")
+
+
+class Parser(argparse.ArgumentParser):
+    """dpinfer's argument parser: a sub-command refuses what it does not know itself, with its own usage line and
+    the closest option it has ("did you mean --epsilon?"), instead of leaving it to the top-level parser's usage.
+    Sub-command parsers inherit the class (``add_subparsers`` uses the parent's)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized_message(self, extras))
+        return parsed, extras
+
+
+def unrecognized_message(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unrecognized arguments: ...`` with the option ``parser`` has that is closest to the first unknown one.
+
+    >>> p = Parser(prog="dpinfer sanitize")
+    >>> _ = p.add_argument("--epsilon")
+    >>> unrecognized_message(p, ["--epsilom", "3"])
+    'unrecognized arguments: --epsilom 3 (did you mean --epsilon?)'
+    """
+    import difflib
+
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    options = [opt for opt in parser._option_string_actions if opt.startswith("--")]
+    for arg in extras:
+        if arg.startswith("-"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                return f"{text} (did you mean {close[0]}?)"
+            break
+    return text
 
 
 class LazyHelpFormatter(argparse.HelpFormatter):
