@@ -22,6 +22,7 @@ _LAZY = {
     "GenerationResult": "dpinfer.generation",
     "Engine": "dpinfer.engine",
     "Guarantee": "dpinfer.accounting",
+    "Ledger": "dpinfer.accounting.ledger",
     "sanitize": "dpinfer.pipelines.sanitize",
     "sanitize_many": "dpinfer.pipelines.sanitize",
     "SanitizeResult": "dpinfer.pipelines.sanitize",

@@ -142,21 +142,40 @@ class ServeDefaults:
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
 
 
+@dataclass(frozen=True)
+class LedgerDefaults:
+    """The privacy-budget ledger (:class:`dpinfer.Ledger`, ``dpinfer budget``; docs/budget.md).
+
+    A unit's budget has no default ε: it is chosen at ``dpinfer budget init --epsilon E`` (the default for new units)
+    or per unit with ``dpinfer budget set UNIT --epsilon E``. δ is the unit's total δ: every charge's Rényi loss is
+    composed per unit and converted to ε once at this δ.
+    """
+
+    delta: float = 1e-5
+    env: str = "DPINFER_LEDGER"
+    """The environment variable the command line reads for ``--ledger``."""
+    busy_timeout_s: float = 120.0
+    """How long a spend waits for another process's transaction on the same ledger before giving up."""
+
+
 GENERATE = GenerateDefaults()
 SANITIZE = SanitizeDefaults()
 SYNTH = SynthDefaults()
 SERVE = ServeDefaults()
 RAG = RagDefaults()
 PROTECT = ProtectDefaults()
+LEDGER = LedgerDefaults()
 
 __all__ = [
     "GENERATE",
+    "LEDGER",
     "PROTECT",
     "RAG",
     "SANITIZE",
     "SERVE",
     "SYNTH",
     "GenerateDefaults",
+    "LedgerDefaults",
     "ProtectDefaults",
     "RagDefaults",
     "SanitizeDefaults",

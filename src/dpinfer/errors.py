@@ -48,6 +48,16 @@ class ContextTooLongError(InvalidInputError):
     """The prompt plus ``max_new_tokens`` does not fit the model's context window."""
 
 
+class LedgerError(DPInferError):
+    """A privacy-budget ledger cannot be used: the file is missing, corrupt or not a dpinfer ledger, a unit name is
+    invalid, a charge is unknown. The message says what to do and never names private text."""
+
+
+class BudgetExceededError(LedgerError):
+    """A spend was refused before anything was generated: the unit has no budget, or this release would take its
+    composed ε over the budget. The one-line message names the unit, its budget, what is spent and the cost."""
+
+
 def install_hint(extra: str) -> str:
     """How to install an optional extra of dpinfer, in words that work from a clone of the repository (dpinfer is
     not on a package index).

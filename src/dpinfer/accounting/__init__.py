@@ -6,7 +6,9 @@ formulas live here: :mod:`dpinfer.accounting.events`, :mod:`dpinfer.accounting.d
 for a bound that holds at one order). The accountant composes it over the most steps a generation can take
 (:func:`compose_steps`; in general :func:`compose` / :func:`compose_parallel`), solves a knob for a target with
 :func:`calibrate_event` / :func:`calibrate`, and reports a :class:`Guarantee` computed ex ante
-(:func:`ex_ante_guarantee`). Data-dependent figures are reported as :class:`DataDependentSpend`, never as ε.
+(:func:`ex_ante_guarantee`). Data-dependent figures are reported as :class:`DataDependentSpend`, never as ε. A
+:class:`Ledger` (:mod:`dpinfer.accounting.ledger`) composes the releases charged to a protected unit across processes
+and refuses one that would overspend its budget.
 
 >>> loss = Zcdp(0.01).times(100) + PureDp(0.1)
 >>> guarantee = Guarantee.from_loss(loss, delta=1e-5, mechanism="demo", adjacency="replace-one",
@@ -18,6 +20,7 @@ True
 from dpinfer.accounting.accountant import LossEvent, calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
 from dpinfer.accounting.calibration import calibrate, zcdp_rho_for_target
 from dpinfer.accounting.guarantee import DataDependentSpend, GroupGuarantee, Guarantee
+from dpinfer.accounting.ledger import Charge, Cost, Ledger, UnitStatus
 from dpinfer.accounting.losses import (
     DEFAULT_ORDERS,
     PrivacyLoss,
@@ -34,14 +37,18 @@ from dpinfer.accounting.losses import (
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "Charge",
+    "Cost",
     "DataDependentSpend",
     "GroupGuarantee",
     "Guarantee",
+    "Ledger",
     "LossEvent",
     "PrivacyLoss",
     "PureDp",
     "RdpCurve",
     "SingleOrderRdp",
+    "UnitStatus",
     "Zcdp",
     "calibrate",
     "calibrate_event",

@@ -57,6 +57,8 @@ class GroupGuarantee:
     epsilon: float
     delta: float
     parameters: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    loss: PrivacyLoss | None = field(default=None, compare=False, repr=False)
+    """The group's ex-ante :class:`PrivacyLoss` (not compared, not serialised): what a budget ledger composes."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -70,7 +72,7 @@ class GroupGuarantee:
         cls, name: str, loss: PrivacyLoss, *, delta: float, parameters: Mapping[str, Any] | None = None
     ) -> GroupGuarantee:
         """The group's guarantee from its ex-ante loss, converted at ``delta``."""
-        return cls(name, loss.to_epsilon(delta), delta, parameters or {})
+        return cls(name, loss.to_epsilon(delta), delta, parameters or {}, loss=loss)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (infinities as "inf")."""
