@@ -77,10 +77,9 @@ from types import MappingProxyType
 from typing import Any
 
 from dpinfer._json import plain
-from dpinfer.accounting._format import format_up
 from dpinfer.accounting.guarantee import Guarantee
 from dpinfer.accounting.losses import PrivacyLoss, PureDp, RdpCurve, SingleOrderRdp, Zcdp, compose
-from dpinfer.checks import check_delta, non_negative_number
+from dpinfer.checks import check_delta, format_up, non_negative_number
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import BudgetExceededError, ConfigurationError, LedgerError
 

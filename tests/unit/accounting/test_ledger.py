@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from dpinfer.accounting import Guarantee, Zcdp
-from dpinfer.accounting._format import format_up
 from dpinfer.accounting.dp_fusion import conversion_cost, group_loss, step_epsilon
 from dpinfer.accounting.ledger import ALL_GROUPS, ApproxDp, Cost, Ledger, composed_epsilon
 from dpinfer.accounting.losses import PureDp, SingleOrderRdp, compose
+from dpinfer.checks import format_up
 from dpinfer.errors import BudgetExceededError, DPInferError, LedgerError
 from dpinfer.mechanisms.dp_fusion import DPFusion
 
