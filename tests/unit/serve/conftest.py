@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
-from serve_helpers import ThreadServer, make_runtime
+from serve_helpers import ThreadServer, cli_server, make_runtime, stop
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +37,21 @@ def server(tiny_lm, tmp_path_factory, keys_file) -> Iterator[ThreadServer]:
         srv.runtime = runtime
         yield srv
     runtime.close()
+
+
+@pytest.fixture(scope="session")
+def cli_serve(tiny_model_dir, tmp_path_factory):
+    """``dpinfer serve`` in a subprocess (no keys, loopback), its output in ``.log``: the upstream of the OpenAI
+    tests and the target of the hostile ones."""
+    tmp = tmp_path_factory.mktemp("cli-serve")
+    log = tmp / "server.log"
+    proc, url = cli_server(["--model", str(tiny_model_dir), "--tagger", "regex", "--ledger", str(tmp / "b.sqlite"),
+                            "--stores", str(tmp / "stores")], log, env={"DPINFER_CACHE": str(tmp / "cache")})
+
+    class Served:
+        pass
+
+    served = Served()
+    served.url, served.log, served.proc = url, log, proc
+    yield served
+    stop(proc)
