@@ -41,17 +41,22 @@ def server(tiny_lm, tmp_path_factory, keys_file) -> Iterator[ThreadServer]:
 
 @pytest.fixture(scope="session")
 def cli_serve(tiny_model_dir, tmp_path_factory):
-    """``dpinfer serve`` in a subprocess (no keys, loopback), its output in ``.log``: the upstream of the OpenAI
-    tests and the target of the hostile ones."""
+    """``dpinfer serve`` in a subprocess (keys for tenants acme and globex), its output in ``.log``: the upstream of
+    the OpenAI tests and the target of the hostile ones."""
+    from dpinfer.serve.keys import KeyStore
+
     tmp = tmp_path_factory.mktemp("cli-serve")
     log = tmp / "server.log"
+    store = KeyStore(tmp / "keys.json")
+    keys = {"acme": store.create("acme", "user"), "globex": store.create("globex", "user")}
     proc, url = cli_server(["--model", str(tiny_model_dir), "--tagger", "regex", "--ledger", str(tmp / "b.sqlite"),
-                            "--stores", str(tmp / "stores")], log, env={"DPINFER_CACHE": str(tmp / "cache")})
+                            "--stores", str(tmp / "stores"), "--keys", str(tmp / "keys.json")], log,
+                           env={"DPINFER_CACHE": str(tmp / "cache")})
 
     class Served:
         pass
 
     served = Served()
-    served.url, served.log, served.proc = url, log, proc
+    served.url, served.log, served.proc, served.keys = url, log, proc, keys
     yield served
     stop(proc)

@@ -20,6 +20,7 @@ def front(tiny_lm, tmp_path_factory, cli_serve, keys_file, monkeypatch_module):
     from dpinfer.serve.keys import KeyStore
 
     monkeypatch_module.setenv("DPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch_module.setenv("DPINFER_UPSTREAM_KEY", cli_serve.keys["acme"])
     runtime = make_runtime(tiny_lm, tmp_path_factory.mktemp("front"))
     app = create_app(runtime, KeyStore(keys_file[0]), upstream=cli_serve.url + "/v1")
     with ThreadServer(app) as srv:

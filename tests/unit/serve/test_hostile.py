@@ -1,0 +1,120 @@
+"""Hostile requests against ``dpinfer serve`` (a subprocess with keys): each gets its status and a one-line message,
+the server stays up, and no private text reaches its log (the captured output is grepped)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from serve_helpers import DOC, SECRET
+
+PRIVATE = f"{DOC} {SECRET}"
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def check(r: httpx.Response, status: int, words: str) -> None:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    msg = r.json()["error"]
+    assert "\n" not in msg and words in msg
+    assert SECRET not in r.text and "John Smith" not in r.text
+
+
+@pytest.fixture(scope="module")
+def hostile(cli_serve):
+    url, acme, globex = cli_serve.url, auth(cli_serve.keys["acme"]), auth(cli_serve.keys["globex"])
+    # a store and a unit of acme's, for the other-tenant cases
+    r = httpx.post(url + "/v1/rag/acme-notes/documents", json={"documents": ["Opening hours are nine to five."]},
+                   headers=acme, timeout=120)
+    assert r.status_code == 200, r.text
+    return url, acme, globex
+
+
+def test_no_key_and_a_wrong_key_are_401(hostile) -> None:
+    url, _, _ = hostile
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE}), 401, "API key")
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE}, headers=auth("dpk_" + SECRET)), 401, "API key")
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE}, headers={"Authorization": SECRET}), 401, "API key")
+
+
+def test_another_tenants_store_and_unit_are_403(hostile) -> None:
+    url, acme, globex = hostile
+    check(httpx.post(url + "/v1/rag/acme-notes/ask", json={"question": PRIVATE}, headers=globex), 403,
+          "another tenant")
+    check(httpx.post(url + "/v1/rag/acme-notes/documents", json={"documents": [PRIVATE]}, headers=globex), 403,
+          "another tenant")
+    ok = httpx.post(url + "/v1/sanitize", headers=acme, timeout=120,
+                    json={"text": DOC, "spans": [{"start": 3, "end": 13, "label": "PERSON"}], "max_new_tokens": 2,
+                          "unit": "acme-unit-7"})
+    assert ok.status_code == 200, ok.text
+    check(httpx.get(url + "/v1/budget/acme-unit-7", headers=globex), 403, "another tenant")
+    check(httpx.post(url + "/v1/sanitize", headers=globex, json={"text": PRIVATE, "unit": "acme-unit-7"}), 403,
+          "another tenant")
+    check(httpx.put(url + "/v1/budget/acme-unit-7", headers=acme, json={"epsilon": 1e9}), 403, "admin")
+
+
+def test_malformed_bodies_are_422(hostile) -> None:
+    url, acme, _ = hostile
+    check(httpx.post(url + "/v1/sanitize", content=b"{" + SECRET.encode(), headers=acme), 422, "not valid JSON")
+    check(httpx.post(url + "/v1/sanitize", content=json.dumps([PRIVATE]), headers=acme), 422, "JSON object")
+    check(httpx.post(url + "/v1/sanitize", json={"text": 42}, headers=acme), 422, "text must be")
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE, SECRET: 1}, headers=acme), 422, "unknown field")
+    check(httpx.post(url + "/v1/sanitize", content=b"\xff\xfe" + SECRET.encode(), headers=acme), 422, "JSON")
+    check(httpx.post(url + "/v1/chat/completions", json={"model": "dpinfer-plain", "messages": SECRET},
+                     headers=acme), 422, "messages must be")
+
+
+def test_a_5_mib_body_is_413(hostile) -> None:
+    url, acme, _ = hostile
+    big = json.dumps({"text": (SECRET + " ") * (5 * 1024 * 1024 // (len(SECRET) + 1))})
+    check(httpx.post(url + "/v1/sanitize", content=big, headers=acme), 413, "over the limit")
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(6):
+            yield (SECRET * 60_000).encode()[: 1024 * 1024]
+
+    check(httpx.post(url + "/v1/sanitize", content=chunks(), headers=acme), 413, "over the limit")
+
+
+def test_bad_parameters_get_the_command_lines_messages(hostile) -> None:
+    url, acme, _ = hostile
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE, "epsilon": -1}, headers=acme), 422, "epsilon")
+    out_of_text = [{"start": len(PRIVATE) - 3, "end": len(PRIVATE) + 40, "label": "PERSON"}]
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE, "spans": out_of_text}, headers=acme), 422, "span")
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE, "method": "nope"}, headers=acme), 422, "method")
+    check(httpx.post(url + "/v1/protect-prompt", json={"prompt": PRIVATE, "epsilon": -2}, headers=acme), 422,
+          "epsilon")
+    check(httpx.post(url + "/v1/rag/acme-notes/ask", json={"question": PRIVATE, "epsilon": 0}, headers=acme), 422,
+          "epsilon")
+    check(httpx.post(url + "/v1/sanitize", json={"text": PRIVATE, "unit": "../" + SECRET}, headers=acme), 422,
+          "the unit must be")
+
+
+def test_a_question_to_a_missing_store_is_404(hostile) -> None:
+    url, acme, _ = hostile
+    check(httpx.post(url + "/v1/rag/no-such-store/ask", json={"question": PRIVATE}, headers=acme), 404,
+          "no store named no-such-store")
+
+
+def test_an_overspend_is_402_with_the_budget_left(hostile) -> None:
+    url, acme, _ = hostile
+    body = {"text": PRIVATE, "spans": [{"start": 3, "end": 13, "label": "PERSON"}], "epsilon": 150,
+            "max_new_tokens": 2, "unit": "acme-big"}
+    assert httpx.post(url + "/v1/sanitize", json=body, headers=acme, timeout=120).status_code == 200
+    r = httpx.post(url + "/v1/sanitize", json=body, headers=acme, timeout=120)
+    check(r, 402, "budget refused")
+    assert r.json()["budget"]["left_epsilon"] == pytest.approx(200 - r.json()["budget"]["spent_epsilon"])
+
+
+def test_the_server_stays_up_and_its_log_holds_no_private_text(hostile, cli_serve) -> None:
+    url, _, _ = hostile
+    assert httpx.get(url + "/healthz").status_code == 200
+    assert cli_serve.proc.poll() is None
+    log = cli_serve.log.read_text(encoding="utf-8", errors="replace")
+    assert "POST /v1/sanitize 422" in log and "POST /v1/sanitize 413" in log  # the access log is on ...
+    for private in (SECRET, "John Smith", "Baker Street", "john.smith@example.com", "Opening hours"):
+        assert private not in log  # ... and carries no body
+    assert "Traceback" not in log
