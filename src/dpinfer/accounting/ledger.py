@@ -23,6 +23,7 @@ API::
     ledger.set_budget("case-42", epsilon=60.0)             # a unit's own budget (δ: the ledger's default δ)
     charge = ledger.reserve("case-42", guarantee)          # check + reserve in one transaction, or BudgetExceededError
     ...generate, write the release...                      # (a Cost or a PrivacyLoss is accepted too)
+    charge.settle(exact_guarantee)                         # optional: the planned release's exact cost, re-checked
     charge.commit()                                        # after the release is durable
     charge.cancel()                                        # instead, if nothing was released
     with ledger.spend("case-42", guarantee) as charge:     # reserve → commit; cancelled if the block raises before
@@ -359,7 +360,9 @@ class UnitStatus:
         if self.releases + self.pending == 0:
             return f"unit {self.unit!r}: nothing released yet."
         scope = " for each privacy group" if set(self.groups) != {ALL_GROUPS} else ""
-        text = (f"unit {self.unit!r}: all {self.releases + self.pending} releases together are "
+        n = self.releases + self.pending
+        which = "its one release is" if n == 1 else f"all {n} releases together are"
+        text = (f"unit {self.unit!r}: {which} "
                 f"(ε = {format_up(self.spent)}, δ = {format_up(self.delta)})-differentially private{scope}")
         if self.pending:
             text += f", {self.pending} of them pending (reserved, not confirmed; counted)"
@@ -393,6 +396,15 @@ class Charge:
         """The release happened: the charge stays spent for good (a voided reservation is revived: fail closed)."""
         self.ledger._transition(self.id, "committed", ("pending", "void", "committed"))
         self.state = "committed"
+
+    def settle(self, cost: Cost | Guarantee | Loss) -> None:
+        """Replace the reserved cost by the release's exact ``cost`` (e.g. the guarantee of the planned release, when
+        the reservation was made from its target before the model loaded), re-checked against the budget in one
+        transaction; if it does not fit, the reservation is cancelled and :class:`BudgetExceededError` raised."""
+        params = None
+        if isinstance(cost, Guarantee):
+            params = json.dumps(plain(dict(cost.parameters)), sort_keys=True, ensure_ascii=False)
+        self.epsilon = self.ledger._settle(self, Cost.of(cost), params)
 
     def cancel(self) -> None:
         """Nothing was released: the reservation no longer counts."""
@@ -616,28 +628,58 @@ class Ledger:
                 )
             if scope is not None and unit_scope is None:
                 con.execute("UPDATE units SET scope = ? WHERE unit = ?", (scope, unit))
-            costs = [Cost.from_json(text) for (text,) in con.execute(
-                "SELECT cost FROM charges WHERE unit = ? AND state IN ('pending', 'committed')", (unit,))]
-            spent = max(composed_epsilon(costs, delta).values()) if costs else 0.0
-            after = max(composed_epsilon([*costs, price], delta).values())
-            alone = price.epsilon(delta)
-            if not after <= budget:
-                pending = con.execute("SELECT COUNT(*) FROM charges WHERE unit = ? AND state = 'pending'",
-                                      (unit,)).fetchone()[0]
-                waiting = f", {pending} pending" if pending else ""
-                raise BudgetExceededError(
-                    f"budget exceeded for unit {unit!r}: budget ε = {format_up(budget)} (δ = {format_up(delta)}), "
-                    f"spent ε = {format_up(spent)} ({len(costs)} release{'' if len(costs) == 1 else 's'}{waiting}), "
-                    f"this release costs "
-                    f"ε = {format_up(alone)} and would bring it to ε = {format_up(after)}; nothing was generated. "
-                    f"Raise the budget (`dpinfer budget set {unit} --epsilon E`) or use another unit"
-                )
+            alone = self._check_fits(con, unit, budget, delta, price)
             cursor = con.execute(
                 "INSERT INTO charges (unit, mechanism, scope, parameters, cost, epsilon, state, created, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
                 (unit, mechanism, scope, params, price.to_json(), alone if math.isfinite(alone) else 1e308, now, now))
             charge_id = int(cursor.lastrowid or 0)
         return Charge(self, charge_id, unit, alone)
+
+    def _check_fits(self, con: sqlite3.Connection, unit: str, budget: float, delta: float, price: Cost,
+                    without: int | None = None) -> float:
+        """Raise BudgetExceededError unless ``price`` fits ``unit``'s budget next to its counted charges (except
+        charge ``without``); return the ε of ``price`` alone."""
+        rows = con.execute("SELECT id, cost, state FROM charges WHERE unit = ? AND state IN ('pending', 'committed')",
+                           (unit,)).fetchall()
+        costs = [Cost.from_json(text) for charge_id, text, _ in rows if charge_id != without]
+        spent = max(composed_epsilon(costs, delta).values()) if costs else 0.0
+        after = max(composed_epsilon([*costs, price], delta).values())
+        alone = price.epsilon(delta)
+        if not after <= budget:
+            pending = sum(1 for charge_id, _, state in rows if state == "pending" and charge_id != without)
+            waiting = f", {pending} pending" if pending else ""
+            raise BudgetExceededError(
+                f"budget exceeded for unit {unit!r}: budget ε = {format_up(budget)} (δ = {format_up(delta)}), "
+                f"spent ε = {format_up(spent)} ({len(costs)} release{'' if len(costs) == 1 else 's'}{waiting}), "
+                f"this release costs ε = {format_up(alone)} and would bring it to ε = {format_up(after)}; nothing "
+                f"was generated. Raise the budget (`dpinfer budget set {unit} --epsilon E`) or use another unit"
+            )
+        return alone
+
+    def _settle(self, charge: Charge, price: Cost, params: str | None) -> float:
+        refused: BudgetExceededError | None = None
+        with self._transaction(f"settle charge {charge.id}") as con:
+            row = con.execute("SELECT c.state, u.epsilon, u.delta FROM charges c JOIN units u ON u.unit = c.unit "
+                              "WHERE c.id = ?", (charge.id,)).fetchone()
+            if row is None or row[0] != "pending":
+                raise LedgerError(f"charge {charge.id} is {row[0] if row else 'unknown'}; only a pending charge can "
+                                  "be settled")
+            try:
+                alone = self._check_fits(con, charge.unit, row[1], row[2], price, without=charge.id)
+            except BudgetExceededError as exc:
+                refused = exc
+                con.execute("UPDATE charges SET state = 'cancelled', updated = ? WHERE id = ?",
+                            (time.time(), charge.id))
+            else:
+                con.execute("UPDATE charges SET cost = ?, epsilon = ?, updated = ? WHERE id = ?",
+                            (price.to_json(), alone if math.isfinite(alone) else 1e308, time.time(), charge.id))
+                if params is not None:
+                    con.execute("UPDATE charges SET parameters = ? WHERE id = ?", (params, charge.id))
+        if refused is not None:
+            charge.state = "cancelled"
+            raise refused
+        return alone
 
     @contextmanager
     def spend(self, unit: str, cost: Cost | Guarantee | Loss, *, mechanism: str | None = None,

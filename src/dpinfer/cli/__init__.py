@@ -55,7 +55,7 @@ optional: :mod:`dpinfer.cli.bench` only adds ``dpinfer bench`` entries)."""
 
 
 COMMAND_MODULES: tuple[str, ...] = ("dpinfer.cli.rag", "dpinfer.cli.protect_prompt", "dpinfer.cli.calibrate_clip",
-                                    "dpinfer.cli.serve")
+                                    "dpinfer.cli.serve", "dpinfer.cli.budget")
 """Command modules, one per command (``dpinfer.cli.<name>``). Each defines ``add_parser(sub, common)``, which adds its
 subcommand to ``sub`` (parents ``[common]`` for ``--json``) with ``set_defaults(func=run)``, where ``run(args) -> int``
 returns the exit status, and optionally ``add_bench_parser(bench_sub, common)`` for its ``dpinfer bench`` entry. A

@@ -92,7 +92,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sz.add_argument("--show-input", action="store_true",
                     help="also show the document with its private spans highlighted (terminal only: never printed "
                          "into a pipe or a file)")
+    from dpinfer.cli.budget import add_ledger_options
     from dpinfer.cli.corpus_job import add_corpus_arguments
+
+    add_ledger_options(sz, "the document's unit on the ledger (default: a keyed hash of its text, HMAC under the "
+                           "ledger's secret); with --corpus: a record's unit is its id field, or this NAME for all")
 
     add_corpus_arguments(sz)
     sz.set_defaults(func=run)
@@ -145,7 +149,13 @@ def run(args: argparse.Namespace) -> int:
                           accounting=args.accounting, adjacency=args.adjacency,
                           tagger=args.tagger, groups=groups, cli=True)
     if args.corpus is not None:
+        from dpinfer.cli.budget import ledger_path
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
+
+        if ledger_path(args) is not None:
+            from dpinfer.errors import LedgerError
+
+            raise LedgerError("--corpus does not charge a ledger yet: sanitise the documents one by one with --ledger")
 
         check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
                               alpha=args.alpha, cli=True)
@@ -165,7 +175,19 @@ def run(args: argparse.Namespace) -> int:
     # the spans, checked against THIS document (or tagged), and the refusal of zero spans: before the model loads
     spans = resolve_spans(text, spans=args.spans, tagger=None if args.spans else args.tagger, method=args.method,
                           allow_untagged=args.allow_untagged)
-    lm = load_model(args.model, device=args.device, quantize=args.quantize)
+    from dpinfer.cli.budget import cli_spend
+    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
+
+    spend = cli_spend(args, scope="document", default_unit=lambda book: book.unit_for_text(text))
+    if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
+        spend.reserve(estimate_cost(args.method, resolve_groups(spans, groups), args.epsilon, group_eps, args.delta,
+                                    args.alpha), mechanism=args.method)
+    try:
+        lm = load_model(args.model, device=args.device, quantize=args.quantize)
+    except BaseException:
+        if spend is not None:
+            spend.cancel()
+        raise
     extra: dict[str, Any] = {}
     if args.top_k is not None:
         extra["top_k"] = top_k
@@ -177,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             spans=spans, tagger=None, groups=groups,
             max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
             accounting=args.accounting, adjacency=args.adjacency, progress=progress,
-            allow_untagged=args.allow_untagged, debug=args.debug_stats, **extra,
+            allow_untagged=args.allow_untagged, debug=args.debug_stats, ledger=spend, **extra,
         )
     err = console(stderr=True)
     write_error: OSError | None = None

@@ -60,6 +60,7 @@ from dpinfer.taggers.base import TAB_LABELS, Span, validate_spans
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.accounting.ledger import Cost
     from dpinfer.engine import Engine, EngineJob, EngineOutput
     from dpinfer.mechanisms.base import Mechanism
     from dpinfer.models import LM
@@ -399,6 +400,8 @@ def sanitize(
     progress: Callable[[int, int], None] | None = None,
     allow_untagged: bool = False,
     debug: bool = False,
+    ledger: Any = None,
+    unit: str | None = None,
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -439,6 +442,10 @@ def sanitize(
             default: with nothing tagged nothing is protected).
         debug: keep the DATA-DEPENDENT per-step statistics (λ, divergences), spans, prompt length and timing in
             :meth:`SanitizeResult.to_dict`; they reveal the private content, and a warning says so on stderr.
+        ledger: a :class:`~dpinfer.Ledger` (or its path) that this rewrite is charged to, per privacy group, before
+            the model loads (:mod:`dpinfer.pipelines.budget`; refused with
+            :class:`~dpinfer.errors.BudgetExceededError` when the unit cannot afford it); None: no ledger.
+        unit: the document's unit on the ledger (default: a keyed hash of the text, ``ledger.unit_for_text``).
 
     Choosing ε. The default ε = 40 per group bounds, for each group separately, how much the rewrite can change the
     odds of any conclusion about the content of that group's spans: by a factor e^40 (≈ 2·10^17), except with
@@ -451,23 +458,58 @@ def sanitize(
     matter most; the worst group's ε is the headline.
     """
     from dpinfer.engine import Engine
+    from dpinfer.pipelines.budget import start_spend
 
-    plan = plan_sanitize(
-        text, lm=lm, method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, spans=spans,
-        tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
-        temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
-        label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
-        allow_untagged=allow_untagged, debug=debug)
-    job = plan.job
-    t0 = time.perf_counter()
-    run = Engine(plan.lm).stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                                 processors=job.processors, min_new_tokens=job.min_new_tokens)
-    for event in run:
-        if progress is not None:
-            progress(event.step + 1, job.max_new_tokens)
-    if debug:
-        print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
-    return finish_sanitize(plan, run.output, seconds=time.perf_counter() - t0)
+    spend = start_spend(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text))
+    try:
+        plan = plan_sanitize(
+            text, lm=lm, method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, spans=spans,
+            tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
+            temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
+            label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
+            allow_untagged=allow_untagged, debug=debug,
+            on_groups=None if spend is None else lambda group_map: spend.reserve(
+                estimate_cost(method, group_map, epsilon, group_epsilon, delta, alpha), mechanism=method))
+        if spend is not None:
+            spend.settle(plan.guarantee)  # the exact cost, before any token
+        job = plan.job
+        t0 = time.perf_counter()
+        run = Engine(plan.lm).stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
+                                     processors=job.processors, min_new_tokens=job.min_new_tokens)
+        for event in run:
+            if progress is not None:
+                progress(event.step + 1, job.max_new_tokens)
+        if debug:
+            print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
+        result = finish_sanitize(plan, run.output, seconds=time.perf_counter() - t0)
+    except BaseException:
+        if spend is not None:
+            spend.cancel()
+        raise
+    if spend is not None:
+        spend.commit()
+        result.settings["budget"] = spend.to_dict()
+    return result
+
+
+def estimate_cost(method: str, group_map: Mapping[str, Sequence[str]], epsilon: float | None,
+                  group_epsilon: Mapping[str, float] | None, delta: float, alpha: float) -> Cost | None:
+    """What a rewrite by ``method`` costs its document, from the parameters and the groups alone (before the model
+    loads): DP-Fusion's per-group target at order α, NER scrubbing's ε = 0, ``original``'s ε = ∞; None for the
+    whole-document mechanisms, whose exact cost is settled once the release is planned."""
+    from dpinfer.accounting import PureDp
+    from dpinfer.accounting.ledger import Cost
+    from dpinfer.pipelines.budget import NO_PRIVACY, single_order_estimate
+
+    plan = method_plan(method)
+    if plan.protects == "nothing" or (plan.protects == "spans" and not group_map):
+        return NO_PRIVACY
+    if plan.protects != "spans":
+        return None
+    if plan.baseline:
+        return Cost({name: PureDp(0.0) for name in group_map})
+    targets = resolve_group_epsilon(list(group_map), group_map, epsilon, group_epsilon)
+    return single_order_estimate(targets, alpha=alpha, delta=delta)
 
 
 @dataclass
@@ -513,11 +555,13 @@ def plan_sanitize(
     allow_untagged: bool = False,
     debug: bool = False,
     checked: bool = False,
+    on_groups: Callable[[dict[str, list[str]]], None] | None = None,
 ) -> SanitizePlan:
     """Everything :func:`sanitize` does before the engine runs: every check, the spans, the prompt and its contexts,
     the calibrated mechanism and the ex-ante guarantee, as an :class:`~dpinfer.engine.EngineJob` (arguments: see
     :func:`sanitize`). ``checked=True`` skips the parameter checks that do not depend on the document (a caller that
-    made them once for many documents, e.g. :func:`sanitize_many`). Raises what :func:`sanitize` raises, before any
+    made them once for many documents, e.g. :func:`sanitize_many`). ``on_groups(groups)`` is called with the
+    privacy groups before the model loads (a ledger's reservation). Raises what :func:`sanitize` raises, before any
     token is generated.
     """
     from dpinfer.engine import EngineJob
@@ -541,6 +585,8 @@ def plan_sanitize(
     used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
                                allow_untagged=allow_untagged)
     group_map = resolve_groups(used_spans, groups)
+    if on_groups is not None:
+        on_groups(group_map)
     model = resolve_lm(lm)
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
     if max_new_tokens is not None:

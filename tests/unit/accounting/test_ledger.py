@@ -390,3 +390,20 @@ def test_threads_share_one_ledger_object(tmp_path: Path) -> None:
     for thread in threads:
         thread.join()
     assert outcomes.count(True) == 10
+
+
+def test_settle_replaces_an_estimate_and_refuses_when_the_exact_cost_does_not_fit(ledger: Ledger) -> None:
+    ledger.set_budget("u", epsilon=budget_for(Zcdp(0.1), 3))
+    ledger.reserve("u", Zcdp(0.1), mechanism="m").commit()
+    charge = ledger.reserve("u", Zcdp(0.1), mechanism="m")  # the estimate, before the model loads
+    g = Guarantee.from_loss(Zcdp(0.05), delta=DELTA, mechanism="pad", adjacency="x", parameters={"rho": 0.05},
+                            max_new_tokens=8)
+    charge.settle(g)  # the exact cost is lower: it replaces the estimate
+    charge.commit()
+    record = ledger.history("u")[-1]
+    assert (record.mechanism, dict(record.parameters), record.state) == ("m", {"rho": 0.05}, "committed")
+    assert ledger.status("u").spent == Zcdp(0.15).to_epsilon(DELTA)
+    late = ledger.reserve("u", Zcdp(0.1), mechanism="m")
+    with pytest.raises(BudgetExceededError):
+        late.settle(Zcdp(0.3))  # more than the estimate, and over the budget: cancelled
+    assert late.state == "cancelled" and ledger.history("u")[-1].state == "cancelled"

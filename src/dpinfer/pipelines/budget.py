@@ -1,0 +1,122 @@
+"""Charging one release to a privacy-budget ledger (:class:`dpinfer.Ledger`) from a pipeline.
+
+Every pipeline that takes ``ledger=`` and ``unit=`` follows the same three steps (:class:`Spend`):
+
+1. **reserve**, before the model loads: the cost estimated from the parameters alone (:func:`single_order_estimate`
+   for DP-Fusion's groups, :func:`zcdp_estimate` for zCDP mechanisms, both from the target ε the mechanism is
+   calibrated to, which its guarantee never exceeds). A unit that cannot afford it is refused here, in one line,
+   before anything is loaded or generated. A method without an estimate reserves nothing yet (its unit must still
+   have a budget).
+2. **settle**, once the release is planned and before any token is generated: the planned guarantee's exact cost
+   replaces the estimate, re-checked against the budget (refused and cancelled if it does not fit).
+3. **commit** once the release is handed over (returned or written), or **cancel** if it failed before that.
+
+A process killed between 1 and 3 leaves the reservation pending, which counts as spent (fail closed); an operator
+may void it (``dpinfer budget void CHARGE``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dpinfer.accounting import Guarantee, PureDp, SingleOrderRdp, Zcdp, zcdp_rho_for_target
+from dpinfer.accounting.dp_fusion import conversion_cost
+from dpinfer.accounting.ledger import ApproxDp, Charge, Cost, Ledger, check_unit
+from dpinfer.errors import LedgerError
+
+__all__ = ["LedgerLike", "Spend", "open_ledger", "single_order_estimate", "start_spend", "zcdp_estimate"]
+
+LedgerLike = Ledger | str | os.PathLike[str] | None
+"""What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
+
+NO_PRIVACY = Cost.of(ApproxDp(math.inf, 0.0))
+"""The cost of a release that protects nothing: refused by every budget."""
+
+
+def open_ledger(ledger: LedgerLike) -> Ledger | None:
+    """``ledger`` as a :class:`~dpinfer.Ledger` (a path must hold an existing ledger), or None."""
+    if ledger is None or isinstance(ledger, Ledger):
+        return ledger
+    if isinstance(ledger, (str, os.PathLike)):
+        return Ledger(ledger)
+    raise LedgerError(f"ledger= takes a dpinfer.Ledger or the path of one, got {type(ledger).__name__}")
+
+
+def single_order_estimate(targets: Mapping[str, float], *, alpha: float, delta: float) -> Cost:
+    """DP-Fusion's cost per group from its target ε_i alone: ``SingleOrderRdp(α, ε_i − c(α, δ))``, since a group's
+    (ε, δ) is its Rényi bound at α plus the conversion cost c (:func:`~dpinfer.accounting.dp_fusion.conversion_cost`)
+    whatever T_max is, and the calibrated bound never exceeds the target."""
+    c = conversion_cost(alpha, delta)
+    return Cost({name: SingleOrderRdp(alpha, max(float(eps) - c, 0.0)) for name, eps in targets.items()})
+
+
+def zcdp_estimate(epsilon: float, delta: float) -> Cost:
+    """The cost of a mechanism calibrated to ``(epsilon, delta)`` whose loss is ρ-zCDP: the largest such ρ."""
+    return Cost.of(Zcdp(zcdp_rho_for_target(epsilon, delta)))
+
+
+class Spend:
+    """One release's reservation on a unit (see the module docstring)."""
+
+    def __init__(self, ledger: Ledger, unit: str, scope: str) -> None:
+        self.ledger = ledger
+        self.unit = check_unit(unit)
+        self.scope = scope
+        self.charge: Charge | None = None
+
+    def reserve(self, estimate: Cost | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Step 1 (before the model loads): reserve ``estimate`` (None: a placeholder of ε = 0, priced at
+        :meth:`settle`; it still refuses a unit without a budget, or of another scope)."""
+        if self.charge is not None:
+            return  # already reserved
+        cost = estimate if estimate is not None else Cost.of(PureDp(0.0))
+        self.charge = self.ledger.reserve(self.unit, cost, mechanism=mechanism,
+                                          parameters={"estimate": estimate is not None, **(parameters or {})},
+                                          scope=self.scope)
+
+    def settle(self, guarantee: Guarantee) -> None:
+        """Step 2 (planned, nothing generated): the exact cost of ``guarantee``."""
+        if self.charge is None:
+            self.charge = self.ledger.reserve(self.unit, guarantee, scope=self.scope)
+        else:
+            self.charge.settle(guarantee)
+
+    def commit(self) -> None:
+        """Step 3: the release was handed over."""
+        if self.charge is not None and self.charge.state == "pending":
+            self.charge.commit()
+
+    def cancel(self) -> None:
+        """Nothing was released."""
+        if self.charge is not None and self.charge.state == "pending":
+            self.charge.cancel()
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a release may say about its charge: the unit, the charge's number and its ε alone."""
+        out: dict[str, Any] = {"unit": self.unit}
+        if self.charge is not None:
+            out.update(charge=self.charge.id, epsilon=self.charge.epsilon)
+        return out
+
+
+def start_spend(ledger: LedgerLike | Spend, unit: str | None, *, scope: str,
+                default_unit: Callable[[Ledger], str] | None = None, what: str = "this release") -> Spend | None:
+    """A :class:`Spend` on ``ledger`` for ``unit`` (or ``default_unit(ledger)``), or None without a ledger. A unit
+    without a ledger is refused (it would charge nothing). A :class:`Spend` is returned as it is."""
+    if isinstance(ledger, Spend):
+        return ledger  # reserved by the caller (the command line, before it loaded the model)
+    book = open_ledger(ledger)
+    if book is None:
+        if unit is not None:
+            raise LedgerError("unit= was given without a ledger: give ledger= (CLI: --ledger PATH or DPINFER_LEDGER)")
+        return None
+    if unit is None:
+        if default_unit is None:
+            raise LedgerError(
+                f"{what} needs unit= (CLI: --unit NAME) on a ledger: the {scope} whose budget pays for it"
+            )
+        unit = default_unit(book)
+    return Spend(book, unit, scope)

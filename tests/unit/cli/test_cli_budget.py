@@ -1,0 +1,97 @@
+"""``dpinfer budget`` and ``--ledger``/``--unit`` on the releasing commands: JSON on every action, one-line refusals
+with exit status 2 before the model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dpinfer.models
+from dpinfer.accounting.ledger import Ledger
+from dpinfer.cli import main
+from dpinfer.taggers import Span
+
+DOC = "Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."
+SPANS = [Span(3, 8, "PERSON"), Span(33, 39, "LOC"), Span(64, 72, "CODE"), Span(76, 87, "DATETIME")]
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_budget_init_set_show_history_void_with_json(tmp_path: Path, capsys) -> None:
+    path = str(tmp_path / "b.db")
+    out = _json(capsys, ["budget", "init", "--ledger", path, "--epsilon", "50", "--json"])
+    assert out["default"] == {"epsilon": 50.0, "delta": 1e-5}
+    out = _json(capsys, ["budget", "set", "case-42", "--epsilon", "12", "--ledger", path, "--json"])
+    assert out["budget"] == {"epsilon": 12.0, "delta": 1e-5} and out["spent"] == 0.0
+    from dpinfer.accounting import Zcdp
+
+    ledger = Ledger(path)
+    ledger.reserve("case-42", Zcdp(0.1), mechanism="pad").commit()
+    stuck = ledger.reserve("case-42", Zcdp(0.1), mechanism="pad")
+    out = _json(capsys, ["--json", "budget", "show", "case-42", "--ledger", path])
+    assert (out["releases"], out["pending"]) == (1, 1)
+    assert out["spent"] == Zcdp(0.2).to_epsilon(1e-5) and out["left"] == pytest.approx(12.0 - out["spent"])
+    assert "1 of them pending" in out["guarantee"]
+    out = _json(capsys, ["budget", "history", "case-42", "--ledger", path, "--json"])
+    assert [c["state"] for c in out["charges"]] == ["committed", "pending"]
+    out = _json(capsys, ["budget", "void", str(stuck.id), "--ledger", path, "--json"])
+    assert out["state"] == "void"
+    out = _json(capsys, ["budget", "show", "--ledger", path, "--json"])
+    assert [u["unit"] for u in out["units"]] == ["case-42"] and out["units"][0]["pending"] == 0
+    assert main(["budget", "show", "case-42", "--ledger", path]) == 0
+    text = capsys.readouterr().out
+    assert "case-42: budget ε = 12 (δ = 1e-05), spent ε = 1.92, left ε = 10" in text and "1 release\n" in text
+    assert "its one release is (ε = 1.92, δ = 1e-05)-differentially private" in text
+    assert main(["budget", "history", "case-42", "--ledger", path]) == 0
+    assert "void" in capsys.readouterr().out
+
+
+def test_budget_errors_are_one_line_with_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("DPINFER_LEDGER", raising=False)
+    assert main(["budget", "show"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    foreign = tmp_path / "x.db"
+    foreign.write_bytes(b"not a ledger at all" * 100)
+    assert main(["budget", "show", "--ledger", str(foreign)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpinfer: error: ") and err.count("\n") == 1 and "not a dpinfer ledger" in err
+    Ledger.init(tmp_path / "b.db")
+    assert main(["budget", "void", "7", "--ledger", str(tmp_path / "b.db")]) == 2
+    assert "has no charge 7" in capsys.readouterr().err
+
+
+def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir, tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    doc, spans = tmp_path / "doc.txt", tmp_path / "spans.json"
+    doc.write_text(DOC)
+    spans.write_text(json.dumps([s.to_dict() for s in SPANS]))
+    path = str(tmp_path / "b.db")
+    assert main(["budget", "init", "--ledger", path, "--epsilon", "25"]) == 0
+    assert "default budget of a new unit: ε = 25, δ = 1e-05" in capsys.readouterr().out
+    monkeypatch.setenv("DPINFER_LEDGER", path)  # the environment names the ledger
+    argv = ["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
+            "--epsilon", "20", "--seed", "0", "--unit", "case-7"]
+    assert main([*argv, "--json"]) == 0
+    release = json.loads(capsys.readouterr().out)
+    assert release["settings"]["budget"]["unit"] == "case-7"
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    err = captured.err
+    assert err.startswith("dpinfer: error: budget exceeded for unit 'case-7': budget ε = 25 (δ = 1e-05), spent ε = ")
+    assert "this release costs ε = 20 " in err and "nothing was generated" in err
+    status = Ledger(path).status("case-7")
+    assert (status.releases, status.pending) == (1, 0)
+    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--ledger",
+                 str(tmp_path / "missing.db")]) == 2
+    assert "does not exist" in capsys.readouterr().err

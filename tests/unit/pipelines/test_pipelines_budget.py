@@ -1,0 +1,67 @@
+"""Releases charged to a privacy-budget ledger: reserved before the model loads, settled to the exact guarantee,
+committed after the release, cancelled when nothing was released."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import dpinfer.generation
+from dpinfer.accounting.dp_fusion import conversion_cost
+from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+from dpinfer.errors import BudgetExceededError, LedgerError
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.taggers import Span
+
+DOC = "Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."
+SPANS = [Span(3, 8, "PERSON"), Span(33, 39, "LOC"), Span(64, 72, "CODE"), Span(76, 87, "DATETIME")]
+
+
+def _no_model(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the model was loaded")
+
+
+def test_sanitize_charges_the_document_per_group_and_refuses_before_the_model_loads(tiny_lm, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    ledger = Ledger.init(tmp_path / "b.db")
+    unit = ledger.unit_for_text(DOC)
+    c = conversion_cost(2.0, 1e-5)
+    two = 2 * (20.0 - c) + c  # two rewrites at ε = 20 per group compose at α = 2
+    ledger.set_budget(unit, epsilon=two + 1.0)
+    kw = dict(lm=tiny_lm, spans=SPANS, epsilon=20.0, max_new_tokens=4, seed=0, ledger=ledger)
+    first = sanitize(DOC, **kw)
+    assert first.settings["budget"]["unit"] == unit
+    sanitize(DOC, **kw)
+    status = ledger.status(unit)
+    assert (status.releases, status.pending, status.scope) == (2, 0, "document")
+    assert set(status.groups) == {"PERSON", "LOC", "CODE", "DATETIME"}
+    exact = composed_epsilon([Cost.of(first.guarantee)] * 2, 1e-5)
+    assert status.groups == exact and status.spent <= two + 1e-9
+    assert ledger.history(unit)[0].parameters["T_max"] == 4  # settled to the planned guarantee
+    monkeypatch.setattr(dpinfer.generation, "resolve_lm", _no_model)
+    with pytest.raises(BudgetExceededError, match=f"unit '{unit}'"):
+        sanitize(DOC, **{**kw, "lm": "no-such-model"})
+    assert [c.state for c in ledger.history(unit)] == ["committed", "committed"]
+
+
+def test_sanitize_cancels_when_generation_fails(tiny_lm, tmp_path: Path, monkeypatch) -> None:
+    import dpinfer.engine
+
+    ledger = Ledger.init(tmp_path / "b.db", epsilon=1000.0)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("engine failure")
+
+    monkeypatch.setattr(dpinfer.engine.Engine, "stream", broken)
+    with pytest.raises(RuntimeError):
+        sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=4, ledger=ledger, unit="case-1")
+    assert [c.state for c in ledger.history("case-1")] == ["cancelled"]
+
+
+def test_a_unit_without_a_ledger_and_original_on_a_ledger_are_refused(tiny_lm, tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match="without a ledger"):
+        sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=4, unit="case-1")
+    ledger = Ledger.init(tmp_path / "b.db", epsilon=1000.0)
+    with pytest.raises(BudgetExceededError, match="costs ε = ∞"):
+        sanitize(DOC, lm=tiny_lm, method="original", max_new_tokens=4, ledger=ledger, unit="case-1")
