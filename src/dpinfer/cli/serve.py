@@ -32,8 +32,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--host", default=SERVE.host, help=f"address to bind (default {SERVE.host}; another address "
                                                        "needs --keys)")
     sp.add_argument("--port", type=int, default=SERVE.port, help=f"port (default {SERVE.port})")
-    sp.add_argument("--ledger", default=None, help="the budget file (SQLite; default: serve/budgets.sqlite in "
-                                                   "dpinfer's data folder)")
+    sp.add_argument("--ledger", default=None, help="the privacy-budget ledger (dpinfer budget; default: "
+                                                   "serve/ledger.db in dpinfer's data folder, created with a default "
+                                                   f"budget of ε = {show(SERVE.default_epsilon)} per new unit)")
     sp.add_argument("--keys", default=None, help="the keys file (made by 'dpinfer serve keys create'); without it "
                                                  "no key is asked and only loopback is served")
     sp.add_argument("--stores", default=None, help="folder of the RAG stores, one sub-folder per tenant (default: "
@@ -44,10 +45,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--upstream-model", default=None, help="model name sent upstream (default: the first that the "
                                                            "upstream's /models lists)")
     sp.add_argument("--tagger", default=SERVE.tagger, help=f"presidio | regex (default {SERVE.tagger})")
-    sp.add_argument("--default-epsilon", type=float, default=SERVE.default_epsilon,
-                    help=f"ε budget of a unit no admin has set (default {show(SERVE.default_epsilon)})")
-    sp.add_argument("--default-delta", type=float, default=SERVE.default_delta,
-                    help=f"δ budget of a unit no admin has set (default {show(SERVE.default_delta)})")
+    sp.add_argument("--default-epsilon", type=float, default=None,
+                    help="set the ledger's ε budget for new units (default: keep the ledger's; a ledger the server "
+                         f"creates gets {show(SERVE.default_epsilon)})")
+    sp.add_argument("--default-delta", type=float, default=None,
+                    help=f"with --default-epsilon: the δ of new units (a ledger the server creates gets "
+                         f"{show(SERVE.default_delta)})")
     sp.add_argument("--batch-window", type=float, default=SERVE.batch_window_s,
                     help=f"seconds the batcher waits for more requests to join a batch (default "
                          f"{show(SERVE.batch_window_s)})")
@@ -92,8 +95,10 @@ def check_serve_args(args: argparse.Namespace) -> Any:
 
     if not 0 < args.port < 65536 and args.port != 0:
         raise ConfigurationError(f"--port must be between 1 and 65535, got {args.port}")
-    non_negative_number(args.default_epsilon, "--default-epsilon")
-    check_delta(args.default_delta, "--default-delta")
+    if args.default_epsilon is not None:
+        non_negative_number(args.default_epsilon, "--default-epsilon")
+    if args.default_delta is not None:
+        check_delta(args.default_delta, "--default-delta")
     positive_number(args.batch_window + 1e-12, "--batch-window")
     if args.tagger not in ("presidio", "regex"):
         raise ConfigurationError(f"--tagger must be presidio or regex, got {args.tagger!r}")
@@ -116,12 +121,13 @@ def check_serve_args(args: argparse.Namespace) -> Any:
 def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.models import load_model
     from dpinfer.serve.app import create_app
-    from dpinfer.serve.budget import SqliteBudgets
+    from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.runtime import Runtime
 
     home = default_home()
-    ledger = Path(args.ledger) if args.ledger else home / "budgets.sqlite"
-    budgets = SqliteBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta)
+    ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
+    budgets = LedgerBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta,
+                            create_epsilon=SERVE.default_epsilon, create_delta=SERVE.default_delta)
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     runtime = Runtime(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
                       window=args.batch_window)

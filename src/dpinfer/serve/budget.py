@@ -1,40 +1,23 @@
-"""Per-unit privacy budgets of ``dpinfer serve``: reserve before generating, commit after the release, cancel on
-failure.
+"""Budgets of ``dpinfer serve``: every release is charged to a unit of :class:`dpinfer.Ledger` (reserve before
+generating, commit after the release, cancel on failure), and each unit and store belongs to one tenant.
 
-:class:`Budgets` is the small interface the service uses; :class:`SqliteBudgets` implements it in one SQLite file
-(WAL, ``BEGIN IMMEDIATE`` for every reservation, so many threads and processes can share it). Costs are ex ante: the
-guarantee of a planned release, computed from its parameters and ``T_max`` before any token is generated. Releases
-of one unit compose by **basic composition** (ε and δ add up), which is a valid upper bound for any mechanisms; it is
-looser than composing the units' Rényi/zCDP losses. A reservation whose process died before its commit stays counted
-(fail closed): it is shown as pending. The file holds unit names, mechanism names and costs: never text.
+:class:`LedgerBudgets` is the small interface the service uses. Costs are ex ante (the guarantee of a planned release,
+from its parameters and ``T_max``, before any token is generated) and compose in the ledger by the accountant (Rényi
+losses per privacy group, converted once at the unit's δ). A reservation whose process died before its commit stays
+counted (fail closed; ``dpinfer budget show`` lists it as pending). Which tenant owns which unit and store is kept in
+a small SQLite file beside the ledger (``LEDGER.tenants``): names only, never text.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from dpinfer.errors import ConfigurationError, DPInferError
-
-TOLERANCE = 1e-9
-"""Relative slack of the budget comparison (three releases at ε = e against a budget of 3e must fit in floats)."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one release charges to its unit (from its ex-ante guarantee)."""
-
-    epsilon: float
-    delta: float
-    mechanism: str
+from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, LedgerError
 
 
 class BudgetRefused(DPInferError):
@@ -45,39 +28,17 @@ class BudgetRefused(DPInferError):
         self.state = state
 
 
-class Budgets(Protocol):
-    def reserve(self, unit: str, cost: Cost) -> str: ...
-    def commit(self, reservation: str) -> None: ...
-    def cancel(self, reservation: str) -> None: ...
-    def state(self, unit: str) -> dict[str, Any]: ...
-    def set_budget(self, unit: str, epsilon: float, delta: float) -> dict[str, Any]: ...
-    def owner(self, resource: str, tenant: str | None = None) -> str | None: ...
+class Owners:
+    """Which tenant owns each resource (``unit:NAME``, ``store:NAME``), in one SQLite file (WAL, one transaction per
+    claim: two tenants claiming the same name at once get one owner)."""
 
-
-def _fmt(x: float) -> str:
-    return "∞" if math.isinf(x) else f"{x:.6g}"
-
-
-class SqliteBudgets:
-    """:class:`Budgets` in one SQLite file; a unit no one has set gets ``default_epsilon``/``default_delta``."""
-
-    def __init__(self, path: str | os.PathLike[str], *, default_epsilon: float, default_delta: float) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.default_epsilon = float(default_epsilon)
-        self.default_delta = float(default_delta)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._tx() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS units (unit TEXT PRIMARY KEY, epsilon REAL NOT NULL, "
-                           "delta REAL NOT NULL)")
-                db.execute("CREATE TABLE IF NOT EXISTS charges (id TEXT PRIMARY KEY, unit TEXT NOT NULL, "
-                           "mechanism TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, "
-                           "state TEXT NOT NULL, created REAL NOT NULL)")
-                db.execute("CREATE INDEX IF NOT EXISTS charges_unit ON charges (unit)")
                 db.execute("CREATE TABLE IF NOT EXISTS owners (resource TEXT PRIMARY KEY, tenant TEXT NOT NULL)")
         except sqlite3.DatabaseError:
-            raise ConfigurationError(f"{self.path} is not a dpinfer budget file (SQLite); give another --ledger "
-                                     "path") from None
+            raise ConfigurationError(f"{self.path} is not a dpinfer tenants file (SQLite); move it away") from None
         os.chmod(self.path, 0o600)
 
     @contextmanager
@@ -85,7 +46,6 @@ class SqliteBudgets:
         db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -96,21 +56,6 @@ class SqliteBudgets:
         finally:
             db.close()
 
-    def _state(self, db: sqlite3.Connection, unit: str) -> dict[str, Any]:
-        row = db.execute("SELECT epsilon, delta FROM units WHERE unit = ?", (unit,)).fetchone()
-        eps, delta = row if row else (self.default_epsilon, self.default_delta)
-        spent = dict.fromkeys(("committed", "pending"), (0.0, 0.0, 0))
-        for state, e, d, n in db.execute("SELECT state, SUM(epsilon), SUM(delta), COUNT(*) FROM charges "
-                                         "WHERE unit = ? GROUP BY state", (unit,)):
-            spent[state] = (float(e or 0.0), float(d or 0.0), int(n))
-        used_e = spent["committed"][0] + spent["pending"][0]
-        used_d = spent["committed"][1] + spent["pending"][1]
-        return {"epsilon": eps, "delta": delta, "spent_epsilon": spent["committed"][0],
-                "spent_delta": spent["committed"][1], "releases": spent["committed"][2],
-                "pending_epsilon": spent["pending"][0], "pending": spent["pending"][2],
-                "left_epsilon": max(0.0, eps - used_e), "left_delta": max(0.0, delta - used_d),
-                "composition": "basic (ε and δ of the unit's releases add up)", "default": row is None}
-
     def owner(self, resource: str, tenant: str | None = None) -> str | None:
         """The tenant owning ``resource``; with ``tenant``, claim it for that tenant if no one owns it yet."""
         with self._tx() as db:
@@ -120,40 +65,56 @@ class SqliteBudgets:
                 return tenant
             return row[0] if row else None
 
+
+class LedgerBudgets:
+    """The service's budgets: a :class:`dpinfer.Ledger` at ``path`` (created with a default budget for new units
+    when it does not exist; ``default_epsilon`` given: the default is (re)set) and the tenants file beside it."""
+
+    def __init__(self, path: str | os.PathLike[str], *, default_epsilon: float | None = None,
+                 default_delta: float | None = None, create_epsilon: float | None = None,
+                 create_delta: float | None = None) -> None:
+        from dpinfer.accounting.ledger import Ledger
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self.ledger = Ledger.init(self.path, epsilon=create_epsilon, **({"delta": create_delta}
+                                                                           if create_delta is not None else {}))
+        else:
+            self.ledger = Ledger(self.path)
+        if default_epsilon is not None:
+            delta = default_delta if default_delta is not None else self.ledger.default_budget()[1]
+            self.ledger.set_default(default_epsilon, delta)
+        self.owners = Owners(self.path.with_name(self.path.name + ".tenants"))
+
+    def owner(self, resource: str, tenant: str | None = None) -> str | None:
+        return self.owners.owner(resource, tenant)
+
     def state(self, unit: str) -> dict[str, Any]:
-        with self._tx() as db:
-            return self._state(db, unit)
+        """The unit's budget, spent (composed, pending included), left, releases, pending, and its guarantee."""
+        try:
+            return self.ledger.status(unit).to_dict()
+        except LedgerError:  # no charge and no budget yet: the default applies
+            eps, delta = self.ledger.default_budget()
+            return {"unit": unit, "budget": {"epsilon": eps, "delta": delta}, "spent": 0.0, "committed": 0.0,
+                    "left": eps, "releases": 0, "pending": 0, "scope": None, "groups": {},
+                    "guarantee": f"unit {unit!r}: nothing released yet."}
 
-    def set_budget(self, unit: str, epsilon: float, delta: float) -> dict[str, Any]:
-        with self._tx() as db:
-            db.execute("INSERT INTO units (unit, epsilon, delta) VALUES (?, ?, ?) ON CONFLICT(unit) DO UPDATE SET "
-                       "epsilon = excluded.epsilon, delta = excluded.delta", (unit, float(epsilon), float(delta)))
-            return self._state(db, unit)
+    def set_budget(self, unit: str, epsilon: float, delta: float | None = None) -> dict[str, Any]:
+        return self.ledger.set_budget(unit, epsilon, delta).to_dict()
 
-    def reserve(self, unit: str, cost: Cost) -> str:
-        """Reserve ``cost`` on ``unit`` in one transaction, or raise :class:`BudgetRefused` (nothing reserved)."""
-        with self._tx() as db:
-            st = self._state(db, unit)
-            used_e = st["epsilon"] - st["left_epsilon"]
-            used_d = st["delta"] - st["left_delta"]
-            over_e = used_e + cost.epsilon > st["epsilon"] * (1 + TOLERANCE)
-            over_d = used_d + cost.delta > st["delta"] * (1 + TOLERANCE)
-            if over_e or over_d or math.isnan(cost.epsilon):
-                what = "ε" if over_e or math.isnan(cost.epsilon) else "δ"
-                raise BudgetRefused(
-                    f"budget refused: this release costs ε = {_fmt(cost.epsilon)}, δ = {_fmt(cost.delta)} and the "
-                    f"unit has ε = {_fmt(st['left_epsilon'])}, δ = {_fmt(st['left_delta'])} left (of "
-                    f"ε = {_fmt(st['epsilon'])}, δ = {_fmt(st['delta'])}; {what} would be overspent); nothing was "
-                    "generated: use another unit or ask an admin to raise its budget", st)
-            rid = uuid.uuid4().hex
-            db.execute("INSERT INTO charges VALUES (?, ?, ?, ?, ?, 'pending', ?)",
-                       (rid, unit, cost.mechanism, float(cost.epsilon), float(cost.delta), time.time()))
-            return rid
+    def reserve(self, unit: str, guarantee: Any, *, scope: str) -> Any:
+        """Reserve the release's cost on ``unit`` (one transaction), or raise :class:`BudgetRefused` (nothing
+        reserved, nothing generated)."""
+        try:
+            return self.ledger.reserve(unit, guarantee, scope=scope)
+        except BudgetExceededError as exc:
+            raise BudgetRefused(str(exc), self.state(unit)) from None
 
-    def commit(self, reservation: str) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE charges SET state = 'committed' WHERE id = ? AND state = 'pending'", (reservation,))
+    @staticmethod
+    def commit(charge: Any) -> None:
+        charge.commit()
 
-    def cancel(self, reservation: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM charges WHERE id = ? AND state = 'pending'", (reservation,))
+    @staticmethod
+    def cancel(charge: Any) -> None:
+        charge.cancel()

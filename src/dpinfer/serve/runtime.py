@@ -28,7 +28,7 @@ from typing import Any
 
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
 from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
-from dpinfer.serve.budget import Budgets, Cost
+from dpinfer.serve.budget import LedgerBudgets
 from dpinfer.serve.keys import Principal, check_name
 
 log = logging.getLogger("dpinfer.serve")
@@ -198,7 +198,7 @@ PROTECT_FIELDS = ("prompt", "method", "epsilon", "delta", "n_rewrites", "n_keywo
 class Runtime:
     """One model, one engine, one tagger, the budgets and the stores of one ``dpinfer serve`` process."""
 
-    def __init__(self, lm: Any, budgets: Budgets, *, tagger: str = SERVE.tagger, stores: str | Path | None = None,
+    def __init__(self, lm: Any, budgets: LedgerBudgets, *, tagger: str = SERVE.tagger, stores: str | Path | None = None,
                  embedder: Any = None, window: float = SERVE.batch_window_s, batching: bool = True) -> None:
         from dpinfer.engine import Engine
 
@@ -261,15 +261,16 @@ class Runtime:
         _unknown(body, ("epsilon", "delta"))
         name, key = self.unit_key(principal, unit)
         eps = non_negative_number(body.get("epsilon"), "epsilon", " (the unit's total ε budget)")
-        delta = check_delta(body.get("delta", SERVE.default_delta), "delta")
+        delta = None if body.get("delta") is None else check_delta(body.get("delta"), "delta")
         return {"unit": name, **self.budgets.set_budget(key, eps, delta)}
 
-    def _charged(self, key: str, cost: Cost, work: Callable[[], Any]) -> Any:
-        """Reserve ``cost`` on ``key``, run ``work``, commit; cancel the reservation if ``work`` fails."""
+    def _charged(self, key: str, guarantee: Any, scope: str, work: Callable[[], Any]) -> Any:
+        """Reserve the release's ex-ante cost (its ``guarantee``) on ``key``, run ``work``, commit; cancel the
+        reservation if ``work`` fails (nothing was released)."""
         from dpinfer.serve.budget import BudgetRefused
 
         try:
-            rid = self.budgets.reserve(key, cost)
+            rid = self.budgets.reserve(key, guarantee, scope=scope)
         except BudgetRefused:
             self.metrics.refused()
             raise
@@ -322,14 +323,11 @@ class Runtime:
                                  spans=spans, tagger=self.tagger if spans is None else None, groups=groups,
                                  top_k=top_k, allow_untagged=allow_untagged, checked=True, **opts)
         del text
-        g = plan.guarantee
-        cost = Cost(float(g.epsilon), float(g.delta), plan.method)
-
         def work() -> Any:
             out = self.batcher.run(plan.job)
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
-        res = self._charged(key, cost, work)
+        res = self._charged(key, plan.guarantee, "document", work)
         return {**res.to_dict(), "unit": name, "budget": self.budgets.state(key)}
 
     # ---------------------------------------------------------------- rag
@@ -385,14 +383,12 @@ class Runtime:
         with self.plan_lock:
             plan = rag.plan_ask(question, checked=True, **opts)
         del question
-        cost = Cost(float(plan.guarantee.epsilon), float(plan.guarantee.delta), plan.mechanism)
-
         def work() -> Any:
             t0 = time.perf_counter()
             out = self.batcher.run(plan.job)
             return rag.finish_ask(plan, out, generation_seconds=time.perf_counter() - t0)
 
-        answer = self._charged(key, cost, work)
+        answer = self._charged(key, plan.guarantee, "store", work)
         release = answer.to_dict()
         release.pop("seconds", None)  # timing is not part of a release
         return {**release, "store": store, "unit": name, "budget": self.budgets.state(key)}
@@ -410,8 +406,9 @@ class Runtime:
         check_protect_params(**opts)
         return opts
 
-    def protect_cost(self, opts: Mapping[str, Any]) -> Cost:
-        """Prompt protection's ex-ante cost: stage 1's guarantee, from its parameters and the public clip bounds."""
+    def protect_guarantee(self, opts: Mapping[str, Any]) -> Any:
+        """Prompt protection's ex-ante guarantee (its cost): stage 1's, from its parameters and the public clip
+        bounds; the release's own guarantee is the same loss."""
         from dpinfer.accounting import Guarantee
         from dpinfer.pipelines.clip_bounds import clip_bounds
         from dpinfer.pipelines.protect_prompt import ADJACENCY, check_protect_params, stage1_mechanism
@@ -419,9 +416,8 @@ class Runtime:
         n = check_protect_params(**opts)
         mech = stage1_mechanism(clip=clip_bounds(self.lm).bounds, n_rewrites=n, max_new_tokens=opts["max_new_tokens"],
                                 delta=opts["delta"], epsilon=opts["epsilon"])
-        g = Guarantee.from_loss(mech.loss(opts["max_new_tokens"]), delta=opts["delta"], mechanism=opts["method"],
-                                adjacency=ADJACENCY, parameters={}, max_new_tokens=opts["max_new_tokens"])
-        return Cost(float(g.epsilon), float(g.delta), opts["method"])
+        return Guarantee.from_loss(mech.loss(opts["max_new_tokens"]), delta=opts["delta"], mechanism=opts["method"],
+                                   adjacency=ADJACENCY, parameters={}, max_new_tokens=opts["max_new_tokens"])
 
     def protect(self, principal: Principal, body: Mapping[str, Any], *, prompt: str | None = None) -> dict[str, Any]:
         from dpinfer.pipelines.protect_prompt import protect_prompt
@@ -433,7 +429,7 @@ class Runtime:
             raise InvalidInputError("prompt must be a non-empty string")
         opts = self._protect_options(body)
         name, key = self.unit_key(principal, body.get("unit"), default="prompts")
-        cost = self.protect_cost(opts)
+        cost = self.protect_guarantee(opts)
         text = prompt
         del prompt
 
@@ -442,7 +438,7 @@ class Runtime:
                 return protect_prompt(text, lm=self.lm, embedder=self.embedder if opts["method"] == "dp-gtr" and
                                       opts["n_exemplars"] > 1 else None, **opts)
 
-        res = self._charged(key, cost, work)
+        res = self._charged(key, cost, "prompt-source", work)
         if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
             log.warning("prompt protection's guarantee differs from the reserved cost")
         release = res.to_dict()
@@ -473,13 +469,11 @@ class Runtime:
 
         plan = self.check_synth(body)
         name, key = self.unit_key(principal, body.get("unit"), default="corpus")
-        cost = Cost(float(plan.guarantee.epsilon), float(plan.guarantee.delta), plan.method)
-
         def work() -> list[Any]:
             with self.exclusive():
                 return sorted(synthesize_iter(plan, lm=self.lm), key=lambda t: t.batch)
 
-        texts = self._charged(key, cost, work)
+        texts = self._charged(key, plan.guarantee, "corpus", work)
         release = plan.header(self.lm.name)["dpinfer"]
         release["texts"] = [{k: v for k, v in t.to_dict().items() if k != "data_dependent"} for t in texts]
         return {**release, "unit": name, "budget": self.budgets.state(key)}

@@ -49,7 +49,7 @@ def cli_serve(tiny_model_dir, tmp_path_factory):
     log = tmp / "server.log"
     store = KeyStore(tmp / "keys.json")
     keys = {"acme": store.create("acme", "user"), "globex": store.create("globex", "user")}
-    proc, url = cli_server(["--model", str(tiny_model_dir), "--tagger", "regex", "--ledger", str(tmp / "b.sqlite"),
+    proc, url = cli_server(["--model", str(tiny_model_dir), "--tagger", "regex", "--ledger", str(tmp / "ledger.db"),
                             "--stores", str(tmp / "stores"), "--keys", str(tmp / "keys.json")], log,
                            env={"DPINFER_CACHE": str(tmp / "cache")})
 

@@ -84,10 +84,10 @@ class ThreadServer:
 
 
 def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: float = 0.02):
-    from dpinfer.serve.budget import SqliteBudgets
+    from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.runtime import Runtime
 
-    budgets = SqliteBudgets(tmp / "budgets.sqlite", default_epsilon=default_epsilon, default_delta=1e-3)
+    budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
     return Runtime(lm, budgets, tagger="regex", stores=tmp / "stores", embedder=HashEmbedder(), window=window)
 
 

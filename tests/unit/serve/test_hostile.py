@@ -105,8 +105,9 @@ def test_an_overspend_is_402_with_the_budget_left(hostile) -> None:
             "max_new_tokens": 2, "unit": "acme-big"}
     assert httpx.post(url + "/v1/sanitize", json=body, headers=acme, timeout=120).status_code == 200
     r = httpx.post(url + "/v1/sanitize", json=body, headers=acme, timeout=120)
-    check(r, 402, "budget refused")
-    assert r.json()["budget"]["left_epsilon"] == pytest.approx(200 - r.json()["budget"]["spent_epsilon"])
+    check(r, 402, "budget exceeded")
+    budget = r.json()["budget"]
+    assert budget["left"] == pytest.approx(budget["budget"]["epsilon"] - budget["spent"]) and budget["releases"] == 1
 
 
 def test_the_server_stays_up_and_its_log_holds_no_private_text(hostile, cli_serve) -> None:
