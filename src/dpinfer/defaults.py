@@ -52,6 +52,10 @@ class SanitizeDefaults:
     whole_document_max_new_tokens: int = 256
     """T_max of the mechanisms that protect the whole document (dp-decoding, dp-prompt): a fixed constant, since
     under their adjacency (any two documents) a T_max read from the document would reveal its length."""
+    whole_document_max_input_tokens: int | None = None
+    """The public cap on a document for dp-decoding and dp-prompt (their adjacency makes its length private): a longer
+    document is cut to its first N tokens, silently. None: all that the model's context window leaves after the
+    instruction template and T_max (public: from the model and the settings)."""
 
 
 @dataclass(frozen=True)

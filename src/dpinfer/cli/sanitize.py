@@ -64,6 +64,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
                          f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
                          "length is private under theirs)")
+    sz.add_argument("--max-input-tokens", type=int, default=SANITIZE.whole_document_max_input_tokens,
+                    help="dp-decoding and dp-prompt: a public cap on the document; a longer one is cut to its first "
+                         "N tokens, silently (the length is private under their adjacency). Default: all that the "
+                         "context window leaves after the instruction and T_max")
     sz.add_argument("--alpha", type=float, default=SANITIZE.alpha,
                     help=f"Rényi order of DP-Fusion's bound (default {show(SANITIZE.alpha)})")
     sz.add_argument("--temperature", type=float, default=None,
@@ -131,6 +135,21 @@ def parse_groups(items: Sequence[str] | None) -> dict[str, list[str]] | None:
     return out
 
 
+def _check_max_input_tokens(args: argparse.Namespace) -> None:
+    """``--max-input-tokens``: a positive integer, for the methods whose neighbour is any other document only."""
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.pipelines.sanitize import method_plan
+    from dpinfer.validation import int_at_least
+
+    if args.max_input_tokens is None:
+        return
+    int_at_least(args.max_input_tokens, "--max-input-tokens", 1)
+    if method_plan(args.method).protects != "document":
+        raise ConfigurationError("--max-input-tokens applies to the whole-document methods (dp-decoding, dp-prompt); "
+                                 f"{args.method}'s T_max follows the document, whose length is public under its "
+                                 "adjacency")
+
+
 def run(args: argparse.Namespace) -> int:
     from dpinfer.cli.corpus_job import check_corpus_args
     from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget, check_sanitize_params
@@ -148,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
                           max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
                           accounting=args.accounting, adjacency=args.adjacency,
                           tagger=args.tagger, groups=groups, cli=True)
+    _check_max_input_tokens(args)
     if args.corpus is not None:
         from dpinfer.cli.budget import ledger_path
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
@@ -159,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
 
         check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
                               alpha=args.alpha, cli=True)
-        return run_sanitize_corpus(args, sanitize_options(args, group_epsilon=group_eps, groups=groups, top_k=top_k,
-                                                          no_repeat_ngram=no_repeat))
+        options = sanitize_options(args, group_epsilon=group_eps, groups=groups, top_k=top_k,
+                                   no_repeat_ngram=no_repeat)
+        if args.max_input_tokens is not None:
+            options["max_input_tokens"] = args.max_input_tokens
+        return run_sanitize_corpus(args, options)
     if args.out:
         check_output_path(args.out, inputs=(args.file, args.spans))
     text = read_text_arg(args.file, "document")
@@ -199,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
             spans=spans, tagger=None, groups=groups,
             max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
             accounting=args.accounting, adjacency=args.adjacency, progress=progress,
+            max_input_tokens=args.max_input_tokens,
             allow_untagged=args.allow_untagged, debug=args.debug_stats, ledger=spend, **extra,
         )
     err = console(stderr=True)

@@ -375,6 +375,43 @@ def resolve_spans(
     return found
 
 
+INPUT_MARGIN = 4
+"""Tokens allowed for the tokenizer merging the document's first or last token with the template around it."""
+
+
+def whole_document_cap(lm: LM, instruction: str, *, max_new_tokens: int, max_input_tokens: int | None) -> int:
+    """The PUBLIC cap on a document's tokens for the methods whose neighbour is any other document (``dp-decoding``,
+    ``dp-prompt``): ``max_input_tokens``, or (None) all that the context window leaves after the instruction template
+    (+ :data:`INPUT_MARGIN`) and ``max_new_tokens``. Settings that leave no room are refused here, by the settings and
+    the model alone: no refusal or message of these methods depends on the document's length."""
+    template = len(lm.encode(build_prompt(lm, "", instruction)[0])) + INPUT_MARGIN
+    room = lm.context_window - template - max_new_tokens
+    cap = room if max_input_tokens is None else int(max_input_tokens)
+    if cap < 1 or cap > room:
+        what = f"max_input_tokens={max_input_tokens} with " if max_input_tokens is not None else ""
+        raise ContextTooLongError(
+            f"{what}the instruction template ({template} tokens) and max_new_tokens={max_new_tokens} exceed the "
+            f"model's context window ({lm.context_window}); lower --max-input-tokens or --max-new-tokens"
+        )
+    return cap
+
+
+def _cut_document(lm: LM, text: str, spans: list[Span], cap: int, instruction: str) -> tuple[str, list[Span]]:
+    """``text`` cut to its first ``cap`` tokens (a prefix, at a token boundary; its prompt then fits the public
+    bound of :func:`whole_document_cap`), and the spans that lie inside it. Silent: the length is private."""
+    from dpinfer.pipelines.protect_prompt import truncate_tokens
+
+    bound = len(lm.encode(build_prompt(lm, "", instruction)[0])) + INPUT_MARGIN + cap
+    keep = cap
+    cut = truncate_tokens(lm, text, keep)
+    while keep > 1 and len(lm.encode(build_prompt(lm, cut, instruction)[0])) > bound:  # rare: template merges
+        keep -= 1
+        cut = truncate_tokens(lm, text, keep)
+    if cut == text:
+        return text, spans
+    return cut, [sp for sp in spans if sp.end <= len(cut)]
+
+
 def sanitize(
     text: str,
     *,
@@ -397,6 +434,7 @@ def sanitize(
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
+    max_input_tokens: int | None = SANITIZE.whole_document_max_input_tokens,
     progress: Callable[[int, int], None] | None = None,
     allow_untagged: bool = False,
     debug: bool = False,
@@ -438,6 +476,10 @@ def sanitize(
         progress: called as ``progress(tokens_done, T_max)`` after every generated token.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
             transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
+        max_input_tokens: ``dp-decoding`` and ``dp-prompt`` only (their adjacency makes the document's length
+            private): a PUBLIC cap on the document's tokens; a longer document is cut to its first
+            ``max_input_tokens`` tokens, silently (:func:`whole_document_cap`). Default: all that the model's context
+            window leaves after the instruction template and ``T_max``.
         allow_untagged: rewrite even when no span was given or found (``dp-fusion``/``ner-scrub`` refuse by
             default: with nothing tagged nothing is protected).
         debug: keep the DATA-DEPENDENT per-step statistics (λ, divergences), spans, prompt length and timing in
@@ -467,7 +509,7 @@ def sanitize(
             tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
             temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
             label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
-            allow_untagged=allow_untagged, debug=debug,
+            max_input_tokens=max_input_tokens, allow_untagged=allow_untagged, debug=debug,
             on_groups=None if spend is None else lambda group_map: spend.reserve(
                 estimate_cost(method, group_map, epsilon, group_epsilon, delta, alpha), mechanism=method))
         if spend is not None:
@@ -552,6 +594,7 @@ def plan_sanitize(
     label_map: Mapping[str, str | None] | None = None,
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
+    max_input_tokens: int | None = SANITIZE.whole_document_max_input_tokens,
     allow_untagged: bool = False,
     debug: bool = False,
     checked: bool = False,
@@ -567,7 +610,7 @@ def plan_sanitize(
     from dpinfer.engine import EngineJob
     from dpinfer.generation import resolve_lm
     from dpinfer.mechanisms.transforms import NoRepeatNGram
-    from dpinfer.validation import check_sanitize_params, check_text
+    from dpinfer.validation import check_sanitize_params, check_text, int_at_least
 
     check_text(text, "the document")
     if not checked:
@@ -585,16 +628,19 @@ def plan_sanitize(
     used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
                                allow_untagged=allow_untagged)
     group_map = resolve_groups(used_spans, groups)
+    if max_input_tokens is not None:
+        int_at_least(max_input_tokens, "max_input_tokens", 1, " (a public cap on the document's tokens)")
     if on_groups is not None:
         on_groups(group_map)
     model = resolve_lm(lm)
+    if plan.protects == "document":  # any two documents are adjacent: the length is private
+        t_max = BASELINE_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
+        cap = whole_document_cap(model, instruction, max_new_tokens=t_max, max_input_tokens=max_input_tokens)
+        text, used_spans = _cut_document(model, text, used_spans, cap, instruction)
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
-    if max_new_tokens is not None:
-        t_max = int(max_new_tokens)
-    elif plan.protects == "document":
-        t_max = BASELINE_MAX_NEW_TOKENS  # ex ante: their adjacency makes the document's length private
-    else:
-        t_max = default_max_new_tokens(prep.document_tokens)  # the length is public under DP-Fusion's adjacency
+    if plan.protects != "document":
+        # the length is public under DP-Fusion's adjacency
+        t_max = default_max_new_tokens(prep.document_tokens) if max_new_tokens is None else int(max_new_tokens)
     if len(prep.original) + t_max > model.context_window:
         raise ContextTooLongError(
             f"the prompt ({len(prep.original)} tokens) plus max_new_tokens={t_max} exceeds the model's context window "
@@ -604,6 +650,8 @@ def plan_sanitize(
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name}  # never the seed (it would let anyone replay the noise)
+    if plan.protects == "document":
+        settings["max_input_tokens"] = cap
     if plan.contexts == "fusion":
         settings["adjacency"] = adjacency
 

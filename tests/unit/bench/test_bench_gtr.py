@@ -70,8 +70,15 @@ def test_quality_run_on_the_tiny_model(tiny_lm, tmp_path) -> None:
 
 
 def test_perf_on_the_tiny_model(tiny_lm) -> None:
-    perf = gtr.run_perf(tiny_lm, RECORDS[0]["question"], n_rewrites=3, max_new_tokens=3, repeats=1, seed=0)
-    assert perf["ratio"] > 0 and len(perf["rows"]["3"]) == 1
+    perf = gtr.run_perf(tiny_lm, RECORDS[0]["question"], n_rewrites=3, max_new_tokens=3, repeats=2, seed=0,
+                        n_exemplars=1)
+    assert len(perf["runs"]) == 2 and perf["ratio"] > 0 and perf["stage1_ratio"] > 0
+    assert perf["best_one"] == min(r["one"] for r in perf["runs"])
+    assert {"loading", "stage1", "ranking", "stage2", "stage3", "total"} <= set(perf["stages"])
+    assert all(len(r["rewrite_tokens"]) == 3 for r in perf["runs"])
+    md = gtr.perf_markdown(perf)
+    for line in ("one DP-Prompt rewrite", "stage 1 alone", "whole DP-GTR release", "per stage"):
+        assert line in md
 
 
 def test_csqa_loader(shared_data) -> None:

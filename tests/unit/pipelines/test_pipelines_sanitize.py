@@ -231,6 +231,40 @@ def test_baselines_take_a_fixed_t_max_not_the_documents_length(tiny_lm):
     assert "follows the document's length" in fusion.to_dict()["guarantee"]["sentence"]
 
 
+def test_whole_document_methods_cut_to_a_public_cap_and_say_nothing_about_the_length(tiny_model_dir, tmp_path,
+                                                                                       capsys):
+    """dp-decoding / dp-prompt: the length of the document is private, so a document longer than the context window
+    is cut to a public cap (not refused with "the prompt (N tokens) …"), and a refusal names the settings only."""
+    from dpinfer.cli import main
+
+    docs = []
+    for i, n in enumerate((120, 160)):  # both far beyond the tiny model's 512-token window
+        doc = tmp_path / f"long{i}.txt"
+        doc.write_text("The applicant Zanzibarquux lives in Izmir. " * n, encoding="utf-8")
+        docs.append(doc)
+    for method in ("dp-decoding", "dp-prompt"):
+        records = []
+        for doc in docs:
+            rc = main(["sanitize", str(doc), "--method", method, "--model", str(tiny_model_dir), "--max-new-tokens",
+                       "3", "--tagger", "regex", "--seed", "0", "--json"])
+            out, err = capsys.readouterr()
+            assert rc == 0, err
+            records.append(json.loads(out))
+        a, b = records
+        assert set(a) == set(b) and a["guarantee"] == b["guarantee"] and a["settings"] == b["settings"]
+        assert a["settings"]["max_input_tokens"] >= 1
+        messages = set()
+        for doc in docs:  # settings that cannot fit: refused by the settings alone, the same line for any document
+            rc = main(["sanitize", str(doc), "--method", method, "--model", str(tiny_model_dir), "--max-new-tokens",
+                       "3", "--max-input-tokens", "600", "--tagger", "regex"])
+            out, err = capsys.readouterr()
+            assert rc == 2 and out == "" and err.count("\n") == 1 and "Zanzibarquux" not in err
+            messages.add(err)
+        assert len(messages) == 1 and "max_input_tokens=600" in messages.pop()
+    assert main(["sanitize", str(docs[0]), "--max-input-tokens", "10"]) == 2  # dp-fusion: the option does not apply
+    assert "--max-input-tokens applies to" in capsys.readouterr().err
+
+
 def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_model_dir, tmp_path, capsys):
     """Hole 4: per-step λ and divergences (exact functions of the private content) are not released."""
     res = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0)
