@@ -226,10 +226,10 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     """``exp(mean NLL)`` of each of ``outputs`` after the same ``context`` (float64 log-normaliser); ``inf`` for an
     empty output.
 
-    The context is run ONCE (its key/value cache shared by every output, its last logits scoring every output's first
-    token); the outputs are then teacher-forced in one right-padded batch on that cache. Right padding leaves every
-    real token at its own position and the causal mask hides the padding from the real tokens, so each row's score is
-    what it would be alone (up to float rounding of the batched matrix products). Only the log-probability of each
+    ONE pass over the context (its key/value cache shared by every output, its last logits scoring every output's
+    first token), then ONE forward over all outputs packed end to end, without padding: a 4-D additive mask lets each
+    output attend to the context and to its own earlier tokens only, and its position ids restart after the context,
+    so each output's score is what it would be alone (up to float rounding). Only the log-probability of each
     realised token is formed (``logsumexp − logit``), never a full float64 log-softmax.
     """
     import torch
@@ -237,14 +237,14 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
 
     from dpinfer.engine import _cache_kwargs
 
-    rows = [list(o) for o in outputs if o]
     result = [math.inf] * len(outputs)
+    rows = [(i, list(o)) for i, o in enumerate(outputs) if o]
     if not rows:
         return result
     device = lm.device
     ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)
     start = ctx.shape[1]
-    width = max(len(r) for r in rows) - 1  # a row's last token predicts nothing
+    packed = [t for _, o in rows for t in o[:-1]]  # a row's last token predicts nothing
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
@@ -252,29 +252,32 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
                          logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
         first_lse = torch.logsumexp(first, dim=-1)
         logits = None
-        if width > 0:
-            ids = torch.full((len(rows), width), lm.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), start + width), dtype=torch.long)
-            mask[:, :start] = 1
-            for i, r in enumerate(rows):
-                ids[i, : len(r) - 1] = torch.as_tensor(r[:-1])
-                mask[i, start:start + len(r) - 1] = 1
-            cache.batch_repeat_interleave(len(rows))
-            positions = torch.arange(start, start + width).expand(len(rows), -1)
+        if packed:
+            n = len(packed)
+            dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
+            seen = torch.zeros((n, start + n), dtype=torch.bool)
+            seen[:, :start] = True
+            positions = torch.empty(n, dtype=torch.long)
+            at = 0
+            for _, o in rows:
+                m = len(o) - 1
+                seen[at:at + m, start + at:start + at + m] = torch.ones((m, m), dtype=torch.bool).tril()
+                positions[at:at + m] = torch.arange(start, start + m)
+                at += m
+            mask = torch.where(seen, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)[None, None]
             logits = lm.model(**_cache_kwargs(lm.model, dict(
-                input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                past_key_values=cache)), use_cache=True).logits
-    j = 0
-    for i, o in enumerate(outputs):
-        if not o:
-            continue
-        toks = torch.as_tensor(list(o), dtype=torch.long)
+                input_ids=torch.as_tensor([packed], dtype=torch.long, device=device), attention_mask=mask.to(device),
+                position_ids=positions[None].to(device), past_key_values=cache)), use_cache=True).logits[0]
+    at = 0
+    for i, o in rows:
+        toks = torch.as_tensor(o, dtype=torch.long)
         nll = float(first_lse - first[toks[0]])
-        if len(o) > 1 and logits is not None:
-            z = logits[j, : len(o) - 1].to(torch.float64).cpu()
+        m = len(o) - 1
+        if m and logits is not None:
+            z = logits[at:at + m].to(torch.float64).cpu()
             nll += float((torch.logsumexp(z, dim=-1) - z.gather(1, toks[1:, None])[:, 0]).sum())
+        at += m
         result[i] = math.exp(nll / len(o))
-        j += 1
     return result
 
 
