@@ -199,7 +199,8 @@ class Runtime:
     """One model, one engine, one tagger, the budgets and the stores of one ``dpinfer serve`` process."""
 
     def __init__(self, lm: Any, budgets: LedgerBudgets, *, tagger: str = SERVE.tagger, stores: str | Path | None = None,
-                 embedder: Any = None, window: float = SERVE.batch_window_s, batching: bool = True) -> None:
+                 embedder: Any = None, window: float = SERVE.batch_window_s, batching: bool = True,
+                 min_new_tokens: int = 0) -> None:
         from dpinfer.engine import Engine
 
         self.lm = lm
@@ -212,6 +213,8 @@ class Runtime:
             self.stores_dir.mkdir(parents=True, exist_ok=True)
         self._embedder = embedder
         self._rags: dict[tuple[str, str], Any] = {}
+        self.min_new_tokens = int(min_new_tokens)
+        """Benchmarks only: EOS masked for every rewrite until this many tokens (a public transform)."""
         self.metrics = Metrics()
         self.model_lock = threading.Lock()
         self.plan_lock = threading.Lock()
@@ -321,7 +324,8 @@ class Runtime:
         with self.plan_lock:
             plan = plan_sanitize(text, lm=self.lm, method=method, epsilon=epsilon, group_epsilon=group_eps,
                                  spans=spans, tagger=self.tagger if spans is None else None, groups=groups,
-                                 top_k=top_k, allow_untagged=allow_untagged, checked=True, **opts)
+                                 top_k=top_k, allow_untagged=allow_untagged, checked=True,
+                                 min_new_tokens=self.min_new_tokens, **opts)
         del text
         def work() -> Any:
             out = self.batcher.run(plan.job)

@@ -1,0 +1,144 @@
+"""``dpinfer bench serve``: batching across HTTP requests, measured on a live loopback server.
+
+One run: an in-process ``dpinfer serve`` (one model, one engine, a throwaway ledger) on a free 127.0.0.1 port; TAB
+documents with their gold spans, DP-Fusion, every rewrite exactly ``--max-new-tokens`` tokens (EOS masked until then:
+a public transform, so both arms do the same work). First the same N documents sent one after another (each request
+alone in the engine), then all N at once (decoded together in the same forward passes): the ratio of their total
+times is the batching speed-up. Then latency (p50, p99) and throughput at each ``--clients`` level (1 = the
+sequential run; other levels send that many requests at once). Everything is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--docs", type=int, default=8, help="documents of the sequential/concurrent comparison (default 8)")
+    p.add_argument("--clients", default="1,8,32", help="concurrency levels for p50/p99 (default 1,8,32)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per rewrite (default 128)")
+    p.add_argument("--max-chars", type=int, default=1200, help="TAB documents cut to this many characters")
+    p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M)")
+    p.add_argument("--tab", default=None, help="TAB JSONL (default: the shared data's tab/tab_echr_docs.jsonl)")
+
+
+def _levels(text: str) -> list[int]:
+    from dpinfer.errors import ConfigurationError
+
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigurationError("--clients takes integers separated by commas, e.g. 1,8,32") from None
+    if not levels or levels[0] < 1 or levels[-1] > 64:
+        raise ConfigurationError("--clients levels must be between 1 and 64")
+    return levels
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))  # nearest rank
+    return xs[k]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+    import uvicorn
+
+    from dpinfer.bench.sanitize import load_tab
+    from dpinfer.checks import positive_int
+    from dpinfer.models import load_model
+    from dpinfer.serve.app import create_app
+    from dpinfer.serve.budget import LedgerBudgets
+    from dpinfer.serve.runtime import Runtime
+
+    levels = _levels(args.clients)
+    n = positive_int(args.docs, "--docs")
+    t_max = positive_int(args.max_new_tokens, "--max-new-tokens")
+    docs = load_tab(args.tab, max(n, *levels), positive_int(args.max_chars, "--max-chars"))
+    lm = load_model(args.model)
+    tmp = Path(tempfile.mkdtemp(prefix="dpinfer-bench-serve-"))
+    budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=1e12, create_delta=0.5)
+    runtime = Runtime(lm, budgets, tagger="regex", stores=None, min_new_tokens=t_max)
+    app = create_app(runtime, None)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, access_log=False, log_config=None,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+    def request(i: int) -> tuple[float, int]:
+        d = docs[i % len(docs)]
+        body = {"text": d.text, "spans": [s.to_dict() for s in d.spans], "max_new_tokens": t_max,
+                "unit": f"bench-{i % len(docs)}"}
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/sanitize", json=body, timeout=3600)
+        r.raise_for_status()
+        return time.perf_counter() - t0, int(r.json()["generated_tokens"])
+
+    def at_once(k: int) -> tuple[float, list[float], int]:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(k) as pool:
+            got = list(pool.map(request, range(k)))
+        return time.perf_counter() - t0, [g[0] for g in got], sum(g[1] for g in got)
+
+    try:
+        request(0)  # warm-up (first forward passes, tokenizer, ledger)
+        t0 = time.perf_counter()
+        seq = [request(i) for i in range(n)]
+        seq_total = time.perf_counter() - t0
+        conc_total, conc_lat, conc_tokens = at_once(n)
+        rows = []
+        for k in levels:
+            if k == 1:
+                total, lat, tokens = seq_total, [x[0] for x in seq], sum(x[1] for x in seq)
+            elif k == n:
+                total, lat, tokens = conc_total, conc_lat, conc_tokens
+            else:
+                total, lat, tokens = at_once(k)
+            rows.append({"clients": k, "requests": len(lat), "p50_s": round(_percentile(lat, 50), 2),
+                         "p99_s": round(_percentile(lat, 99), 2), "mean_s": round(statistics.mean(lat), 2),
+                         "requests_per_s": round(len(lat) / total, 3), "tokens_per_s": round(tokens / total, 1),
+                         "total_s": round(total, 2)})
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        runtime.close()
+    return {"model": lm.name, "documents": n, "max_new_tokens": t_max, "method": "dp-fusion",
+            "sequential_s": round(seq_total, 2), "concurrent_s": round(conc_total, 2),
+            "speedup": round(seq_total / conc_total, 2), "target_speedup": 1.5,
+            "met": seq_total / conc_total >= 1.5, "levels": rows}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"dpinfer bench serve: {result['documents']} TAB documents, {result['method']}, "
+             f"{result['max_new_tokens']} tokens each, model {result['model']}",
+             f"  one after another: {result['sequential_s']:.2f} s; all at once: {result['concurrent_s']:.2f} s; "
+             f"speed-up {result['speedup']:.2f}x (target >= {result['target_speedup']}x: "
+             f"{'met' if result['met'] else 'NOT met'})",
+             "",
+             "| clients | requests | p50 (s) | p99 (s) | requests/s | tokens/s |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in result["levels"]:
+        lines.append(f"| {r['clients']} | {r['requests']} | {r['p50_s']:.2f} | {r['p99_s']:.2f} | "
+                     f"{r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,23 @@
+"""``dpinfer bench serve`` on the tiny model (2 TAB documents, 4 tokens): it runs both arms and reports what it
+measured."""
+
+from __future__ import annotations
+
+import json
+
+from dpinfer.cli import main
+
+
+def test_bench_serve_measures_both_arms_and_the_levels(tiny_model_dir, shared_data, capsys) -> None:
+    rc = main(["bench", "serve", "--json", "--model", str(tiny_model_dir), "--docs", "2", "--clients", "1,2,3",
+               "--max-new-tokens", "4", "--max-chars", "400"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["documents"] == 2 and out["max_new_tokens"] == 4
+    assert out["sequential_s"] > 0 and out["concurrent_s"] > 0
+    assert out["speedup"] == round(out["sequential_s"] / out["concurrent_s"], 2)
+    assert [r["clients"] for r in out["levels"]] == [1, 2, 3]
+    assert [r["requests"] for r in out["levels"]] == [2, 2, 3]
+    for r in out["levels"]:
+        assert 0 < r["p50_s"] <= r["p99_s"] and r["tokens_per_s"] > 0
+    assert out["levels"][0]["tokens_per_s"] * out["levels"][0]["total_s"] >= 2 * 4 - 1e-6  # 4 tokens each, EOS masked
