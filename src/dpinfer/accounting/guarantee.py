@@ -42,6 +42,48 @@ def _freeze(value: Any, where: str) -> Any:
         "pass numbers, strings, booleans, None, lists or mappings of these"
     )
 
+USEFUL_EPSILON = 5.0
+"""Above this ε (e^5 ≈ 148) a worst-case (ε, δ) bound says little about any single yes/no fact: every statement of
+such a guarantee carries :func:`epsilon_caveat`."""
+
+CHOOSING_EPSILON = "docs/threat-model.md (\"Choosing ε\")"
+"""Where a user reads how to choose ε (the caveat points there)."""
+
+
+def odds_factor(epsilon: float) -> str:
+    """e^ε in words a reader can compare: ``"2.72"``, ``"22,100"``, ``"2.4·10^17"`` (rounded up).
+
+    >>> odds_factor(1), odds_factor(10), odds_factor(40), odds_factor(28200)
+    ('2.72', '22,100', '2.4·10^17', '1.3·10^12247')
+    """
+    if math.isinf(epsilon):
+        return "∞"
+    if epsilon < 10:
+        return format_up(math.exp(epsilon))
+    log10 = epsilon / math.log(10)
+    exponent = math.floor(log10)
+    mantissa = 10 ** (log10 - exponent)
+    if exponent < 6:
+        return f"{float(format_up(mantissa * 10**exponent)):,.0f}"
+    return f"{math.ceil(mantissa * 10) / 10:g}·10^{exponent}"
+
+
+def epsilon_caveat(epsilon: float, about: str = "the protected data") -> str | None:
+    """The caveat every statement of a large ε carries (``None`` at ε ≤ :data:`USEFUL_EPSILON`): what e^ε means at
+    that ε, and where to read how to choose ε.
+
+    >>> epsilon_caveat(2) is None
+    True
+    >>> print(epsilon_caveat(40))  # doctest: +NORMALIZE_WHITESPACE
+    Caveat: at ε = 40 the worst-case bound is weak: the release may change the odds of a yes/no conclusion about the
+    protected data by a factor of up to e^40 ≈ 2.4·10^17. See docs/threat-model.md ("Choosing ε") for what it still
+    means and how to choose ε.
+    """
+    if math.isinf(epsilon) or epsilon <= USEFUL_EPSILON:
+        return None
+    return (f"Caveat: at ε = {format_up(epsilon)} the worst-case bound is weak: the release may change the odds of a "
+            f"yes/no conclusion about {about} by a factor of up to e^{format_up(epsilon)} ≈ {odds_factor(epsilon)}. "
+            f"See {CHOOSING_EPSILON} for what it still means and how to choose ε.")
 
 
 @dataclass(frozen=True)

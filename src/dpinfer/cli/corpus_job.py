@@ -36,7 +36,8 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--text-field", default="text", help="--corpus: the field holding the document (default text)")
     g.add_argument("--spans-field", default="spans",
                    help="--corpus: the field holding the record's spans, in any format --spans accepts (e.g. TAB's "
-                        "entity_mentions); a record without it is tagged by --tagger (default spans)")
+                        "entity_mentions); a record without it is tagged by --tagger, and entity types its spans "
+                        "leave uncovered are tagged and merged in unless --spans-only (default spans)")
     g.add_argument("--id-field", default="id", help="--corpus: the field holding the record's unique id (default id)")
     g.add_argument("--backend", default="local", choices=["local", "ray"],
                    help="--corpus: run here (local, default) or on Ray Data (ray; needs the ray extra)")
@@ -137,7 +138,7 @@ def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: An
         "method": args.method, "epsilon": args.epsilon, "group_epsilon": group_epsilon, "delta": args.delta,
         "groups": groups, "max_new_tokens": args.max_new_tokens, "alpha": args.alpha,
         "temperature": args.temperature, "accounting": args.accounting, "adjacency": args.adjacency,
-        "allow_untagged": args.allow_untagged,
+        "allow_untagged": args.allow_untagged, "tag_uncovered": not getattr(args, "spans_only", False),
     }
     if args.top_k is not None:
         options["top_k"] = top_k
@@ -162,6 +163,7 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
         out.open()  # a torn last line is cut off here; the ids done are read back
         todo = list(pending(records, out.done))
         summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
+        completed = 0  # records whose spans left entity types uncovered, completed by the tagger
         if todo:
             with record_progress("sanitize --corpus", len(todo)) as progress:
                 for record in _releases(args, todo, options):
@@ -170,7 +172,12 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
                         summary.errors += 1
                     else:
                         summary.done += 1
+                        completed += record.get("settings", {}).get("spans", {}).get("from") == "given+tagger"
                     progress(summary.done + summary.errors, summary.errors)
+        if completed:
+            print(f"dpinfer: sanitize --corpus: {completed} records had spans that left entity types uncovered: the "
+                  f"{args.tagger} tagger tagged them for those types and its spans were merged in (settings.spans of "
+                  "each record says which; --spans-only: use the given spans alone)", file=sys.stderr)
         ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
         line = summary.line(rec for key, rec in out.done.items() if key in ids)
         print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)
@@ -200,7 +207,8 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
 
     # the tagger (when a record has no spans) is built once, before the model loads: a tagger that cannot be built
     # stops the run here instead of failing every record
-    tg = get_tagger(tagger) if tagger and any(r.spans is None for r in todo) else None
+    needed = options.get("tag_uncovered") or any(r.spans is None for r in todo)
+    tg = get_tagger(tagger) if tagger and needed else None
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     engine = Engine(lm)
     for start in range(0, len(todo), CHUNK_RECORDS):

@@ -57,7 +57,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sz.add_argument("--delta", type=float, default=SANITIZE.delta, help=f"δ (default {show(SANITIZE.delta)})")
     sz.add_argument("--spans", default=None, help="JSON spans file (list of {start, end, label} or TAB "
                                                   "entity_mentions) for THIS document (its text/span_text must "
-                                                  "match); replaces the tagger; overlapping spans are merged")
+                                                  "match); overlapping spans are merged. Entity types the file "
+                                                  "leaves uncovered are tagged by --tagger and merged in (said on "
+                                                  "standard error and in the release), unless --spans-only")
+    sz.add_argument("--spans-only", action="store_true",
+                    help="use the given spans (--spans, or --spans-field with --corpus) alone: no tagging of the "
+                         "entity types they leave uncovered")
+    sz.add_argument("--explain", action="store_true",
+                    help="print what the guarantee means in full under its one-sentence summary")
     sz.add_argument("--tagger", default=SANITIZE.tagger, help=f"presidio | regex (default {SANITIZE.tagger})")
     add_method_argument(sz, "sanitize")
     sz.add_argument("--max-new-tokens", type=int, default=None,
@@ -193,18 +200,21 @@ def run(args: argparse.Namespace) -> int:
                           alpha=args.alpha, cli=True)
     from dpinfer.cli.output import count_progress
     from dpinfer.models import load_model
-    from dpinfer.pipelines.sanitize import resolve_spans, sanitize
+    from dpinfer.pipelines.sanitize import resolve_span_source, sanitize
 
     # the spans, checked against THIS document (or tagged), and the refusal of zero spans: before the model loads
-    spans = resolve_spans(text, spans=args.spans, tagger=None if args.spans else args.tagger, method=args.method,
-                          allow_untagged=args.allow_untagged)
+    spans = resolve_span_source(text, spans=args.spans, tagger=None if args.spans_only else args.tagger,
+                                method=args.method, allow_untagged=args.allow_untagged,
+                                tag_uncovered=not args.spans_only)
+    if spans.note():
+        print(f"dpinfer: {spans.note()}", file=sys.stderr)
     from dpinfer.cli.budget import cli_spend
     from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
 
     spend = cli_spend(args, scope="document", default_unit=lambda book: book.unit_for_text(text))
     if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
-        spend.reserve(estimate_cost(args.method, resolve_groups(spans, groups), args.epsilon, group_eps, args.delta,
-                                    args.alpha), mechanism=args.method)
+        spend.reserve(estimate_cost(args.method, resolve_groups(spans.spans, groups), args.epsilon, group_eps,
+                                    args.delta, args.alpha), mechanism=args.method)
     try:
         lm = load_model(args.model, device=args.device, quantize=args.quantize)
     except BaseException:
@@ -253,7 +263,9 @@ def print_release(args: argparse.Namespace, text: str, res: Any, err: Any) -> No
     counts: dict[str, int] = {}
     for s in res.spans:
         counts[s.label] = counts.get(s.label, 0) + 1
-    source = "spans file" if args.spans else f"{args.tagger} tagger"
+    spans_from = res.settings.get("spans", {})
+    source = {"given": "spans file", "given+tagger": f"spans file + {spans_from.get('tagger')} tagger"}.get(
+        spans_from.get("from"), f"{args.tagger} tagger")
     if args.show_input:
         if con.is_terminal:
             shown = Text(text)
@@ -267,16 +279,28 @@ def print_release(args: argparse.Namespace, text: str, res: Any, err: Any) -> No
     per_label = ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
     err.print(f"[dim]{len(res.spans)} private spans ({source}: {per_label}); {res.method}, {res.generated_tokens} "
               f"tokens, {res.tokens_per_second:.1f} tokens/s[/dim]", highlight=False)
-    sentence = guarantee_sentence(res)
+    statement = guarantee_statement(res, explain=args.explain)
     if con.is_terminal:
         con.print(Panel(Text(res.text), title=f"rewrite ({res.method})"))
-        con.print(Text(sentence))
+        con.print(Text(statement))
     else:
-        sys.stdout.write(res.text + "\n\n" + sentence + "\n")
+        sys.stdout.write(res.text + "\n\n" + statement + "\n")
 
 
 def guarantee_sentence(res: Any) -> str:
-    """The plain-English guarantee printed under the rewrite (:func:`dpinfer.pipelines.sanitize.guarantee_sentence`)."""
+    """The one-sentence guarantee printed under the rewrite (:func:`dpinfer.pipelines.sanitize.guarantee_sentence`)."""
     from dpinfer.pipelines.sanitize import guarantee_sentence as sentence
 
     return sentence(res)
+
+
+def guarantee_statement(res: Any, *, explain: bool = False) -> str:
+    """What is printed under the rewrite: the one-sentence guarantee, its caveats (a large ε, a seed), and with
+    ``explain`` the details, one paragraph each."""
+    from dpinfer.pipelines.sanitize import guarantee_caveats, guarantee_details
+
+    parts = [guarantee_sentence(res), *guarantee_caveats(res)]
+    details = guarantee_details(res) if explain else None
+    if details:
+        parts.append("Details: " + details)
+    return "\n".join(parts)

@@ -54,9 +54,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpinfer.checks import format_up
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.taggers.base import TAB_LABELS, Span, validate_spans
+from dpinfer.taggers.spans import ResolvedSpans, fill_uncovered
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
@@ -134,19 +136,16 @@ class SanitizeResult:
 
     @property
     def not_protected(self) -> tuple[str, ...]:
-        """What the guarantee leaves public (empty for ``original``, which protects nothing)."""
-        protects = method_plan(self.method).protects
-        if protects == "spans":
-            return NOT_PROTECTED if self.groups else ()  # nothing tagged: nothing protected
-        if protects == "document":
-            return BASELINE_NOT_PROTECTED
-        return ()
+        """What the guarantee leaves public (empty for ``original``, which protects nothing; :func:`not_protected`)."""
+        return not_protected(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The release as a JSON-ready dict: no data-dependent statistic unless the result was made with ``debug``."""
         g = self.guarantee.to_dict()
         g["not_protected"] = list(self.not_protected) if self.not_protected else "everything (no privacy protection)"
         g["sentence"] = guarantee_sentence(self)
+        g["details"] = guarantee_details(self)
+        g["caveats"] = guarantee_caveats(self)
         out: dict[str, Any] = {
             "text": self.text,
             "method": self.method,
@@ -336,7 +335,23 @@ def resolve_spans(
     label_map: Mapping[str, str | None] | None = None,
     method: str = SANITIZE.method,
     allow_untagged: bool = False,
+    tag_uncovered: bool = False,
 ) -> list[Span]:
+    """The private spans of ``text`` (:func:`resolve_span_source` without where they came from)."""
+    return resolve_span_source(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
+                               allow_untagged=allow_untagged, tag_uncovered=tag_uncovered).spans
+
+
+def resolve_span_source(
+    text: str,
+    *,
+    spans: Any = None,
+    tagger: Any = SANITIZE.tagger,
+    label_map: Mapping[str, str | None] | None = None,
+    method: str = SANITIZE.method,
+    allow_untagged: bool = False,
+    tag_uncovered: bool = False,
+) -> ResolvedSpans:
     """The private spans of ``text``: the user's ``spans`` checked against THIS document, or the tagger's; fail closed.
 
     Needs no model, so callers (the CLI) run it before loading one. User spans must fit the document; a spans file
@@ -345,34 +360,50 @@ def resolve_spans(
     (one span covering their union, labelled by the longest member, as the taggers do:
     :func:`~dpinfer.taggers.base.merge_overlaps`), never dropped. With no span at all, ``dp-fusion`` and
     ``ner-scrub`` would release the document without protecting anything, so they refuse unless ``allow_untagged``.
-    Errors name indices, offsets and labels, never text.
+    Errors name indices, offsets and labels, never text. With ``tag_uncovered`` (and a ``tagger``), given spans that
+    leave some entity types uncovered are completed by the tagger for those types
+    (:func:`~dpinfer.taggers.spans.fill_uncovered`). A :class:`~dpinfer.taggers.spans.ResolvedSpans` passed as
+    ``spans`` (resolved earlier, e.g. by the command line before the model loads) is returned as it is.
     """
     from dpinfer.taggers import Tagger, get_tagger, load_spans
     from dpinfer.taggers.base import merge_overlaps
 
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("the document is empty")
+    if isinstance(spans, ResolvedSpans):
+        validate_spans(spans.spans, len(text))
+        return spans
+
+    def build_tagger() -> Any:
+        kw = {"label_map": label_map} if label_map else {}
+        return tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **kw)
+
     if spans is not None:
         if isinstance(spans, Sequence) and not isinstance(spans, str) and all(isinstance(s, Span) for s in spans):
             loaded = list(spans)
         else:
             loaded = load_spans(spans, text=text, label_map=label_map)
-        found = merge_overlaps(validate_spans(loaded, len(text)))
-        source = "the spans given are empty"
+        given = merge_overlaps(validate_spans(loaded, len(text)))
+        if tag_uncovered and tagger is not None:
+            resolved = fill_uncovered(text, given, build_tagger())  # fail closed: a tagging error propagates
+            source = f"the spans given are empty and the {resolved.tagger} tagger found nothing"
+        else:
+            resolved = ResolvedSpans(given, "given")
+            source = "the spans given are empty"
     else:
         if tagger is None:
             raise ConfigurationError("give spans= or a tagger (e.g. tagger='presidio' or 'regex')")
-        kw = {"label_map": label_map} if label_map else {}
-        tg = tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **kw)
-        found = tg.tag(text)  # fail closed: any tagging error propagates here
-        source = f"the {getattr(tg, 'name', 'given')} tagger found nothing"
+        tg = build_tagger()
+        resolved = ResolvedSpans(tg.tag(text), "tagger", tagger=getattr(tg, "name", "given"))  # errors propagate
+        source = f"the {resolved.tagger} tagger found nothing"
+    found = resolved.spans
     if not found and method_plan(method).protects == "spans" and not allow_untagged:
         raise InvalidInputError(
             f"no private span to protect ({source}): the rewrite would read the whole document and protect nothing; "
             "give spans (--spans FILE) or another tagger, or pass --allow-untagged (API: allow_untagged=True) to "
             "rewrite it without protection"
         )
-    return found
+    return resolved
 
 
 INPUT_MARGIN = 4
@@ -440,6 +471,7 @@ def sanitize(
     debug: bool = False,
     ledger: Any = None,
     unit: str | None = None,
+    tag_uncovered: bool = False,
 ) -> SanitizeResult:
     """Rewrite ``text`` with a per-group differential-privacy guarantee (see the module docstring).
 
@@ -450,8 +482,9 @@ def sanitize(
         epsilon: target ε for every group (DP-Fusion) or the whole document (baselines); default 40 (see below).
         group_epsilon: per-group targets by group name or label, e.g. ``{"PERSON": 10, "DATETIME": 60}``.
         delta: δ of every guarantee.
-        spans: user-given spans (list of :class:`Span`, a spans file path, JSON string or parsed JSON); skips the
-            tagger. They are checked against this document (:func:`resolve_spans`); overlapping spans are merged.
+        spans: user-given spans (list of :class:`Span`, a spans file path, JSON string or parsed JSON); used instead
+            of the tagger unless ``tag_uncovered``. They are checked against this document (:func:`resolve_spans`);
+            overlapping spans are merged.
         tagger: ``"presidio"`` (default), ``"regex"``, or a :class:`~dpinfer.taggers.Tagger`.
         groups: group name → labels, to merge types into groups (``{"ID": ["PERSON", "CODE"]}``).
         instruction: the rewriting instruction (default :data:`DEFAULT_INSTRUCTION`).
@@ -488,6 +521,10 @@ def sanitize(
             the model loads (:mod:`dpinfer.pipelines.budget`; refused with
             :class:`~dpinfer.errors.BudgetExceededError` when the unit cannot afford it); None: no ledger.
         unit: the document's unit on the ledger (default: a keyed hash of the text, ``ledger.unit_for_text``).
+        tag_uncovered: with ``spans``, fail closed on partial spans: the ``tagger`` tags the document for the entity
+            types the given spans leave uncovered and its spans are merged in
+            (:func:`~dpinfer.taggers.spans.fill_uncovered`; the release records it in ``settings["spans"]``). The
+            command line does this unless ``--spans-only``.
 
     Choosing ε. The default ε = 40 per group bounds, for each group separately, how much the rewrite can change the
     odds of any conclusion about the content of that group's spans: by a factor e^40 (≈ 2·10^17), except with
@@ -509,7 +546,7 @@ def sanitize(
             tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
             temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
             label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
-            max_input_tokens=max_input_tokens, allow_untagged=allow_untagged, debug=debug,
+            max_input_tokens=max_input_tokens, allow_untagged=allow_untagged, debug=debug, tag_uncovered=tag_uncovered,
             on_groups=None if spend is None else lambda group_map: spend.reserve(
                 estimate_cost(method, group_map, epsilon, group_epsilon, delta, alpha), mechanism=method))
         if spend is not None:
@@ -599,6 +636,7 @@ def plan_sanitize(
     debug: bool = False,
     checked: bool = False,
     on_groups: Callable[[dict[str, list[str]]], None] | None = None,
+    tag_uncovered: bool = False,
 ) -> SanitizePlan:
     """Everything :func:`sanitize` does before the engine runs: every check, the spans, the prompt and its contexts,
     the calibrated mechanism and the ex-ante guarantee, as an :class:`~dpinfer.engine.EngineJob` (arguments: see
@@ -617,7 +655,7 @@ def plan_sanitize(
         check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, alpha=alpha,
                               temperature=temperature, top_k=top_k, max_new_tokens=max_new_tokens,
                               no_repeat_ngram=no_repeat_ngram, seed=seed, accounting=accounting,
-                              adjacency=adjacency, tagger=tagger if spans is None else None,
+                              adjacency=adjacency, tagger=tagger if spans is None or tag_uncovered else None,
                               groups=groups)  # all before the model loads
     plan = method_plan(method)
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
@@ -625,8 +663,9 @@ def plan_sanitize(
     k = SANITIZE.top_k if top_k == "default" else top_k
 
     # fail closed before the model loads: spans checked against this document, nothing tagged refused
-    used_spans = resolve_spans(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
-                               allow_untagged=allow_untagged)
+    resolved = resolve_span_source(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
+                                   allow_untagged=allow_untagged, tag_uncovered=tag_uncovered)
+    used_spans = resolved.spans
     group_map = resolve_groups(used_spans, groups)
     if max_input_tokens is not None:
         int_at_least(max_input_tokens, "max_input_tokens", 1, " (a public cap on the document's tokens)")
@@ -638,6 +677,12 @@ def plan_sanitize(
         cap = whole_document_cap(model, instruction, max_new_tokens=t_max, max_input_tokens=max_input_tokens)
         text, used_spans = _cut_document(model, text, used_spans, cap, instruction)
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
+    if max_new_tokens is not None:
+        t_max_from = "max_new_tokens"
+    elif plan.protects == "document":
+        t_max_from = "fixed default"
+    else:
+        t_max_from = "document length"
     if plan.protects != "document":
         # the length is public under DP-Fusion's adjacency
         t_max = default_max_new_tokens(prep.document_tokens) if max_new_tokens is None else int(max_new_tokens)
@@ -649,7 +694,8 @@ def plan_sanitize(
         )
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
-                                "model": model.name}  # never the seed (it would let anyone replay the noise)
+                                "model": model.name,  # never the seed (it would let anyone replay the noise)
+                                "max_new_tokens_from": t_max_from, "spans": resolved.to_dict()}
     if plan.protects == "document":
         settings["max_input_tokens"] = cap
     if plan.contexts == "fusion":
@@ -751,6 +797,7 @@ def record_error(exc: BaseException) -> str:
 SANITIZE_MANY_OPTIONS = frozenset({
     "method", "epsilon", "group_epsilon", "delta", "groups", "instruction", "max_new_tokens", "alpha", "temperature",
     "top_k", "accounting", "adjacency", "label_map", "min_new_tokens", "no_repeat_ngram", "allow_untagged",
+    "tag_uncovered",
 })
 """The :func:`sanitize` keyword arguments that :func:`sanitize_many` applies to every record."""
 
@@ -785,7 +832,8 @@ def sanitize_many(
                                  f"{', '.join(sorted(SANITIZE_MANY_OPTIONS))}")
     check_sanitize_params(seed=seed, tagger=tagger if isinstance(tagger, str) else None,
                           **{k: v for k, v in options.items()
-                             if k not in ("instruction", "label_map", "min_new_tokens", "allow_untagged")})
+                             if k not in ("instruction", "label_map", "min_new_tokens", "allow_untagged",
+                                          "tag_uncovered")})
     from dpinfer.engine import Engine
     from dpinfer.taggers import Tagger, get_tagger
 
@@ -806,7 +854,7 @@ def sanitize_many(
             raise InvalidInputError(f"record {i} must be a dpinfer.pipelines.sanitize.Record, got "
                                     f"{type(rec).__name__}")
         # a tagger that cannot be built stops the run (it is not a per-record error: every record would fail)
-        record_tg = record_tagger() if rec.spans is None else None
+        record_tg = record_tagger() if rec.spans is None or options.get("tag_uncovered") else None
         try:
             if isinstance(rec.spans, (str, bytes)):
                 raise InvalidInputError("the spans field must be a list of spans or an object (e.g. TAB entity "
@@ -826,11 +874,48 @@ def sanitize_many(
         plans[index] = (rid, None)  # type: ignore[assignment]  # free the finished job's contexts
 
 
-def guarantee_sentence(result: SanitizeResult) -> str:
-    """The plain-English guarantee of a :class:`SanitizeResult` (printed by ``dpinfer sanitize``, in ``--json`` as
-    ``guarantee.sentence``): ε rounded UP to the digits shown, and what the adjacency leaves public."""
-    from dpinfer.accounting._format import format_up
+def _span_words(result: SanitizeResult) -> tuple[str, str]:
+    """(what found the spans, what the guarantee cannot cover because of it), true for this run."""
+    spans_from = result.settings.get("spans", {}) if isinstance(result.settings.get("spans"), Mapping) else {}
+    source, tagger = spans_from.get("from", "tagger"), spans_from.get("tagger", "the")
+    if source == "given":
+        return "the spans given", "anything the given spans do not cover"
+    if source == "given+tagger":
+        return (f"the spans given, completed by the {tagger} tagger for the types they left out",
+                "anything the spans and the tagger missed")
+    return f"the {tagger} tagger", "anything the tagger missed"
 
+
+def _t_max_words(result: SanitizeResult) -> str:
+    """How T_max was set in this run, in words."""
+    t = result.guarantee.max_new_tokens
+    how = result.settings.get("max_new_tokens_from")
+    if how == "max_new_tokens":
+        return f"a limit of {t} generated tokens, set with max-new-tokens"
+    if how == "document length":
+        return (f"a limit of {t} generated tokens that follows the document's length (which this adjacency leaves "
+                "public)")
+    return f"a fixed limit of {t} generated tokens"
+
+
+def not_protected(result: SanitizeResult) -> tuple[str, ...]:
+    """What the guarantee of ``result`` leaves public, true for this run (given spans: what they do not cover; tagged:
+    what the tagger missed)."""
+    protects = method_plan(result.method).protects
+    if protects == "spans":
+        if not result.groups:
+            return ()
+        missed = _span_words(result)[1]
+        return tuple(missed if item == "anything the tagger missed" else item for item in NOT_PROTECTED)
+    if protects == "document":
+        return BASELINE_NOT_PROTECTED
+    return ()
+
+
+def guarantee_sentence(result: SanitizeResult) -> str:
+    """The guarantee of a :class:`SanitizeResult` in ONE plain sentence: what is protected, ε, what is not (printed by
+    ``dpinfer sanitize``, in ``--json`` as ``guarantee.sentence``). ε is rounded UP to the digits shown. The details
+    are :func:`guarantee_details`, the caveats :func:`guarantee_caveats`."""
     g = result.guarantee
     plan = method_plan(result.method)
     if plan.protects == "spans" and not result.groups:
@@ -839,24 +924,60 @@ def guarantee_sentence(result: SanitizeResult) -> str:
     if math.isinf(g.epsilon):
         return ("Guarantee: none. This output was generated from the full private document without a privacy "
                 "mechanism.")
-    public = "; ".join(result.not_protected)
-    if g.epsilon == 0:
-        return ("Guarantee: the rewrite was generated without reading the content of the tagged spans, so it reveals "
-                f"nothing about that content (ε = 0). Not protected: {public}.")
-    per = "; ".join(f"{gr.name} ε = {format_up(gr.epsilon)}" for gr in g.groups)
-    scope = f"the content of each group of tagged spans ({per})" if g.groups else "the whole document"
     flag = " (authors' published accounting, for comparison only)" if g.accounting == "as_published" else ""
-    if "replace-one" in (g.adjacency or ""):
-        scope += ", compared with any other values in the same spans"
-    if plan.protects == "spans":
-        limit = (f"a limit of {g.max_new_tokens} generated tokens (it follows the document's length, which this "
-                 "adjacency leaves public)")
+    if plan.protects != "spans":
+        return (f"Guarantee{flag}: the whole document is protected with ε = {format_up(g.epsilon)} "
+                f"(δ = {format_up(g.delta)}); not protected: {', and '.join(not_protected(result))}.")
+    types = [gr.name for gr in g.groups]
+    named = types[0] if len(types) == 1 else ", ".join(types[:-1]) + " and " + types[-1]
+    missed = _span_words(result)[1]
+    if g.epsilon == 0:
+        return (f"Guarantee: the rewrite reveals nothing about what the tagged {named} spans say (ε = 0: it was "
+                f"written without reading them); not protected: where the spans are and how long they are, and "
+                f"{missed}.")
+    values = {format_up(gr.epsilon) for gr in g.groups}
+    if len(values) == 1:
+        eps = f"ε = {values.pop()} for each entity type" if len(types) > 1 else f"ε = {format_up(g.epsilon)}"
     else:
-        limit = f"a fixed limit of {g.max_new_tokens} generated tokens"
-    return (f"Guarantee{flag}: whatever else anyone knows, this rewrite changes the odds of any conclusion about "
-            f"{scope} by a factor of at most e^ε, except with probability δ = {format_up(g.delta)} (worst "
-            f"ε = {format_up(g.epsilon)}). It was fixed before the document was read, from the method's settings and "
-            f"{limit}. Not protected: {public}.")
+        eps = "ε = " + ", ".join(f"{format_up(gr.epsilon)} ({gr.name})" for gr in g.groups)
+    return (f"Guarantee{flag}: what the tagged {named} spans say is protected with {eps} (δ = {format_up(g.delta)}); "
+            f"not protected: where the spans are and how long they are, and {missed}.")
+
+
+def guarantee_details(result: SanitizeResult) -> str | None:
+    """What the guarantee sentence means, in full (``dpinfer sanitize --explain``; ``guarantee.details`` in
+    ``--json``): the odds bound, how ε was fixed (T_max as set in this run) and everything left public."""
+    g = result.guarantee
+    plan = method_plan(result.method)
+    if math.isinf(g.epsilon) or (plan.protects == "spans" and not result.groups):
+        return None
+    if plan.protects == "spans":
+        scope = "the content of one entity type's spans"
+        if "replace-one" in (g.adjacency or ""):
+            scope += ", compared with any other values in the same spans"
+        found = f" The spans were found by {_span_words(result)[0]}."
+    else:
+        scope, found = "the document", ""
+    return (f"Whatever else anyone knows, this rewrite changes the odds of any conclusion about {scope} by a factor "
+            f"of at most e^ε, except with probability δ = {format_up(g.delta)}. ε was fixed before the document was "
+            f"read, from the method's settings and {_t_max_words(result)}.{found} Not protected: "
+            f"{'; '.join(not_protected(result))}.")
+
+
+def guarantee_caveats(result: SanitizeResult) -> list[str]:
+    """What a reader must know beside the sentence: a large ε (what e^ε means there, where to read how to choose
+    ε), and a seed (the guarantee then holds only while it is secret)."""
+    from dpinfer.accounting.guarantee import SEEDED_NOTE, epsilon_caveat
+
+    g = result.guarantee
+    out: list[str] = []
+    if not math.isinf(g.epsilon):
+        caveat = epsilon_caveat(g.epsilon, "the protected spans" if g.groups else "the document")
+        if caveat:
+            out.append(caveat)
+    if g.seeded and g.epsilon > 0:
+        out.append(SEEDED_NOTE)
+    return out
 
 
 def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: float, t_max: int) -> Guarantee:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import InvalidInputError
-from dpinfer.taggers.base import TAB_LABELS, Span, Tagger, validate_spans
+from dpinfer.taggers.base import TAB_LABELS, Span, Tagger, merge_overlaps, validate_spans
 from dpinfer.taggers.labels import LabelMap, validate_label_map
 
 SpansSource = str | Path | Sequence[Any] | Mapping[str, Any]
@@ -213,3 +214,78 @@ class SpansTagger(Tagger):
 
 
 _UNBOUNDED = 2**62
+
+
+@dataclass(frozen=True)
+class ResolvedSpans:
+    """The private spans of one document and where they came from (public facts about the run, no text).
+
+    ``source`` is ``"given"`` (the user's spans alone), ``"tagger"`` (the tagger's) or ``"given+tagger"`` (the user's
+    spans left some entity types uncovered: the tagger tagged the document for those types and its spans were merged
+    in, :func:`fill_uncovered`); ``tagger`` names the tagger that ran, ``tagged_labels`` the types it was asked for and
+    ``added`` how many spans it added (the number of spans is public under DP-Fusion's adjacency).
+
+    >>> r = ResolvedSpans([Span(0, 4, "PERSON")], "given+tagger", tagger="regex", tagged_labels=("CODE",), added=0,
+    ...                   given_labels=("PERSON",))
+    >>> print(r.note())
+    the spans given cover PERSON only: the regex tagger tagged the document for CODE too and added 0 spans \
+(--spans-only: use the given spans alone)
+    """
+
+    spans: list[Span]
+    source: str
+    tagger: str | None = None
+    tagged_labels: tuple[str, ...] = ()
+    added: int = 0
+    given_labels: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a release records about its spans (``settings["spans"]``): the source, never the spans."""
+        out: dict[str, Any] = {"from": self.source}
+        if self.tagger:
+            out["tagger"] = self.tagger
+        if self.source == "given+tagger":
+            out["tagged_for"] = list(self.tagged_labels)
+            out["tagger_added"] = self.added
+        return out
+
+    def note(self) -> str | None:
+        """One line for standard error when the tagger filled in types the given spans left out (else ``None``)."""
+        if self.source != "given+tagger":
+            return None
+        covered = ", ".join(self.given_labels) if self.given_labels else "no type"
+        return (f"the spans given cover {covered} only: the {self.tagger} tagger tagged the document for "
+                f"{', '.join(self.tagged_labels)} too and added {self.added} spans (--spans-only: use the given spans "
+                "alone)")
+
+
+def uncovered_labels(given: Iterable[Span], labels: Iterable[str] = TAB_LABELS) -> tuple[str, ...]:
+    """The entity types among ``labels`` that no given span has.
+
+    >>> uncovered_labels([Span(0, 4, "PERSON")], ("PERSON", "LOC", "DATETIME"))
+    ('LOC', 'DATETIME')
+    """
+    have = {s.label for s in given}
+    return tuple(label for label in labels if label not in have)
+
+
+def fill_uncovered(text: str, given: Sequence[Span], tagger: Tagger) -> ResolvedSpans:
+    """Fail closed on partial spans: tag ``text`` for the entity types the ``given`` spans leave uncovered and merge
+    the tagger's spans of those types with the given ones (overlaps merged, :func:`merge_overlaps`; a given span is
+    never dropped or shrunk). With every type of the tagger covered, the given spans are returned alone (source
+    ``"given"``) and the tagger does not run.
+
+    >>> from dpinfer.taggers.regex_tagger import RegexTagger
+    >>> r = fill_uncovered("Mr X, application no. 12345/06.", [Span(0, 4, "PERSON")], RegexTagger())
+    >>> r.source, r.added, [s.label for s in r.spans]
+    ('given+tagger', 1, ['PERSON', 'CODE'])
+    """
+    name = getattr(tagger, "name", "given")
+    missing = uncovered_labels(given, tagger.labels)
+    if not missing:
+        return ResolvedSpans(list(given), "given")
+    tagged = [s for s in tagger.tag(text) if s.label in missing]
+    merged = merge_overlaps([*given, *(Span(s.start, s.end, s.label, s.score, f"tagger:{name}") for s in tagged)])
+    given_labels = tuple(label for label in TAB_LABELS if any(s.label == label for s in given))
+    return ResolvedSpans(merged, "given+tagger", tagger=name, tagged_labels=missing, added=len(tagged),
+                         given_labels=given_labels)

@@ -57,12 +57,12 @@ def test_cli_zero_spans_file_is_refused(tiny_model_dir, tmp_path, capsys):
     doc.write_text(DOC, encoding="utf-8")
     spans = tmp_path / "spans.json"
     spans.write_text("[]")
-    rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir)])
+    rc = main(["sanitize", str(doc), "--spans", str(spans), "--spans-only", "--model", str(tiny_model_dir)])
     captured = capsys.readouterr()
     assert rc == 2 and "--allow-untagged" in captured.err and captured.err.count("\n") == 1
     assert "Smith" not in captured.out + captured.err
-    assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--allow-untagged",
-                 "--max-new-tokens", "3", "--json"]) == 0
+    assert main(["sanitize", str(doc), "--spans", str(spans), "--spans-only", "--model", str(tiny_model_dir),
+                 "--allow-untagged", "--max-new-tokens", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["guarantee"]["sentence"].startswith("Guarantee: none")
 
 
