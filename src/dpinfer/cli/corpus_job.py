@@ -172,12 +172,13 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
                         summary.errors += 1
                     else:
                         summary.done += 1
-                        completed += record.get("settings", {}).get("spans", {}).get("from") == "given+tagger"
+                        completed += record.get("settings", {}).get("span_source", {}).get("from") == "given+tagger"
                     progress(summary.done + summary.errors, summary.errors)
         if completed:
             print(f"dpinfer: sanitize --corpus: {completed} records had spans that left entity types uncovered: the "
-                  f"{args.tagger} tagger tagged them for those types and its spans were merged in (settings.spans of "
-                  "each record says which; --spans-only: use the given spans alone)", file=sys.stderr)
+                  f"{args.tagger} tagger tagged them for those types and its spans were merged in "
+                  "(settings.span_source of each record says which; --spans-only: use the given spans alone)",
+                  file=sys.stderr)
         ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
         line = summary.line(rec for key, rec in out.done.items() if key in ids)
         print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)

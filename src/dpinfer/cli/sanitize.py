@@ -263,7 +263,7 @@ def print_release(args: argparse.Namespace, text: str, res: Any, err: Any) -> No
     counts: dict[str, int] = {}
     for s in res.spans:
         counts[s.label] = counts.get(s.label, 0) + 1
-    spans_from = res.settings.get("spans", {})
+    spans_from = res.settings.get("span_source", {})
     source = {"given": "spans file", "given+tagger": f"spans file + {spans_from.get('tagger')} tagger"}.get(
         spans_from.get("from"), f"{args.tagger} tagger")
     if args.show_input:

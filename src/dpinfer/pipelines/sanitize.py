@@ -523,7 +523,7 @@ def sanitize(
         unit: the document's unit on the ledger (default: a keyed hash of the text, ``ledger.unit_for_text``).
         tag_uncovered: with ``spans``, fail closed on partial spans: the ``tagger`` tags the document for the entity
             types the given spans leave uncovered and its spans are merged in
-            (:func:`~dpinfer.taggers.spans.fill_uncovered`; the release records it in ``settings["spans"]``). The
+            (:func:`~dpinfer.taggers.spans.fill_uncovered`; the release records it in ``settings["span_source"]``). The
             command line does this unless ``--spans-only``.
 
     Choosing ε. The default ε = 40 per group bounds, for each group separately, how much the rewrite can change the
@@ -695,7 +695,7 @@ def plan_sanitize(
     settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name,  # never the seed (it would let anyone replay the noise)
-                                "max_new_tokens_from": t_max_from, "spans": resolved.to_dict()}
+                                "max_new_tokens_from": t_max_from, "span_source": resolved.to_dict()}
     if plan.protects == "document":
         settings["max_input_tokens"] = cap
     if plan.contexts == "fusion":
@@ -876,7 +876,7 @@ def sanitize_many(
 
 def _span_words(result: SanitizeResult) -> tuple[str, str]:
     """(what found the spans, what the guarantee cannot cover because of it), true for this run."""
-    spans_from = result.settings.get("spans", {}) if isinstance(result.settings.get("spans"), Mapping) else {}
+    spans_from = result.settings.get("span_source") or {}
     source, tagger = spans_from.get("from", "tagger"), spans_from.get("tagger", "the")
     if source == "given":
         return "the spans given", "anything the given spans do not cover"
@@ -939,9 +939,10 @@ def guarantee_sentence(result: SanitizeResult) -> str:
     if len(values) == 1:
         eps = f"ε = {values.pop()} for each entity type" if len(types) > 1 else f"ε = {format_up(g.epsilon)}"
     else:
-        eps = "ε = " + ", ".join(f"{format_up(gr.epsilon)} ({gr.name})" for gr in g.groups)
-    return (f"Guarantee{flag}: what the tagged {named} spans say is protected with {eps} (δ = {format_up(g.delta)}); "
-            f"not protected: where the spans are and how long they are, and {missed}.")
+        eps = ", ".join(f"{gr.name} ε = {format_up(gr.epsilon)}" for gr in g.groups)
+    against = ", against any other values in the same spans," if "replace-one" in (g.adjacency or "") else ""
+    return (f"Guarantee{flag}: what the tagged {named} spans say is protected{against} with {eps} "
+            f"(δ = {format_up(g.delta)}); not protected: where the spans are and how long they are, and {missed}.")
 
 
 def guarantee_details(result: SanitizeResult) -> str | None:

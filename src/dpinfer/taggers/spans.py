@@ -240,7 +240,7 @@ class ResolvedSpans:
     given_labels: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """What a release records about its spans (``settings["spans"]``): the source, never the spans."""
+        """What a release records about its spans (``settings["span_source"]``): the source, never the spans."""
         out: dict[str, Any] = {"from": self.source}
         if self.tagger:
             out["tagger"] = self.tagger

@@ -30,8 +30,9 @@ def test_sanitize_into_a_file_is_not_wrapped(tiny_model_dir, tmp_path, capsys):
                "--seed", "0"])
     cap = capsys.readouterr()
     assert rc == 0
-    sentence = cap.out.rstrip("\n").split("\n\n")[-1]
-    assert sentence.startswith("Guarantee") and "\n" not in sentence and len(sentence) > 80
+    statement = cap.out.rstrip("\n").split("\n\n")[-1].splitlines()
+    assert statement[0].startswith("Guarantee") and len(statement[0]) > 80
+    assert all(line.startswith(("Guarantee", "Caveat", "A random seed")) for line in statement)  # nothing wrapped
     notes = [line for line in cap.err.splitlines() if "private spans" in line]
     assert len(notes) == 1 and "tokens/s" in notes[0]  # the whole note on one line
 

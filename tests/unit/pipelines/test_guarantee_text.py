@@ -54,9 +54,9 @@ def test_gold_spans_do_not_mention_a_tagger(tiny_lm):
     sentence = guarantee_sentence(res)
     _sentence_is_plain(sentence)
     everything = " ".join([sentence, guarantee_details(res), *res.not_protected, json.dumps(res.to_dict())])
-    assert "tagger" not in everything.replace('"spans": {"from": "given"}', "")
+    assert "tagger" not in everything.replace('"span_source": {"from": "given"}', "")
     assert "anything the given spans do not cover" in sentence
-    assert res.settings["spans"] == {"from": "given"}
+    assert res.settings["span_source"] == {"from": "given"}
 
 
 def test_tagged_spans_say_what_the_tagger_missed(tiny_lm):
@@ -64,7 +64,7 @@ def test_tagged_spans_say_what_the_tagger_missed(tiny_lm):
     sentence = guarantee_sentence(res)
     assert "anything the tagger missed" in sentence and "given spans" not in sentence
     assert "found by the regex tagger" in guarantee_details(res)
-    assert res.settings["spans"] == {"from": "tagger", "tagger": "regex"}
+    assert res.settings["span_source"] == {"from": "tagger", "tagger": "regex"}
 
 
 def test_large_epsilon_carries_a_caveat_with_what_e_to_the_epsilon_means(tiny_lm):
@@ -81,13 +81,13 @@ def test_partial_spans_are_completed_by_the_tagger(tiny_lm):
     res = sanitize(DOC, lm=tiny_lm, spans=PERSON_ONLY, tagger="regex", tag_uncovered=True, max_new_tokens=3, seed=0)
     labels = {s.label for s in res.spans}
     assert "PERSON" in labels and {"CODE", "DATETIME"} <= labels  # the regex tagger found the number and the date
-    info = res.settings["spans"]
+    info = res.settings["span_source"]
     assert info["from"] == "given+tagger" and info["tagger"] == "regex" and info["tagger_added"] >= 2
     assert "PERSON" not in info["tagged_for"] and "DATETIME" in info["tagged_for"]
     assert "anything the spans and the tagger missed" in guarantee_sentence(res)
     # without tag_uncovered (the API default; the CLI's --spans-only) the given spans are used alone
     alone = sanitize(DOC, lm=tiny_lm, spans=PERSON_ONLY, tagger="regex", max_new_tokens=3, seed=0)
-    assert [s.label for s in alone.spans] == ["PERSON"] and alone.settings["spans"] == {"from": "given"}
+    assert [s.label for s in alone.spans] == ["PERSON"] and alone.settings["span_source"] == {"from": "given"}
 
 
 def test_full_gold_spans_do_not_run_the_tagger():
@@ -105,7 +105,7 @@ def test_partial_spans_in_a_corpus_are_completed(tiny_lm):
     records = [Record("a", DOC, PERSON_ONLY), Record("b", DOC, GOLD)]
     out = {o.id: o for o in sanitize_many(records, lm=tiny_lm, tagger="regex", tag_uncovered=True,
                                           max_new_tokens=3, seed=1)}
-    assert out["a"].result.settings["spans"]["from"] == "given+tagger"
+    assert out["a"].result.settings["span_source"]["from"] == "given+tagger"
     assert {"CODE", "DATETIME"} <= {s.label for s in out["a"].result.spans}
 
 
@@ -119,12 +119,12 @@ def test_cli_partial_spans_are_merged_with_a_note(tiny_model_dir, tmp_path, caps
     assert main(base) == 0
     cap = capsys.readouterr()
     release = json.loads(cap.out)
-    assert release["settings"]["spans"]["from"] == "given+tagger"
+    assert release["settings"]["span_source"]["from"] == "given+tagger"
     assert "the spans given cover PERSON only: the regex tagger tagged the document for" in cap.err
     assert "--spans-only" in cap.err and "Smith" not in cap.err
     assert main([*base, "--spans-only"]) == 0
     cap = capsys.readouterr()
-    assert json.loads(cap.out)["settings"]["spans"] == {"from": "given"} and "tagged the document" not in cap.err
+    assert json.loads(cap.out)["settings"]["span_source"] == {"from": "given"} and "tagged the document" not in cap.err
 
 
 def test_cli_corpus_partial_spans_are_merged_with_a_note(tiny_model_dir, tmp_path, capsys):
@@ -135,7 +135,7 @@ def test_cli_corpus_partial_spans_are_merged_with_a_note(tiny_model_dir, tmp_pat
                  str(tiny_model_dir), "--max-new-tokens", "3", "--seed", "0"]) == 0
     err = capsys.readouterr().err
     record = json.loads(out.read_text().splitlines()[-1])
-    assert record["settings"]["spans"]["from"] == "given+tagger"
+    assert record["settings"]["span_source"]["from"] == "given+tagger"
     assert "1 records had spans that left entity types uncovered" in err
 
 

@@ -179,7 +179,7 @@ def test_replace_one_adjacency_end_to_end(tiny_lm, tiny_model_dir, tmp_path, cap
     rc = main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "6",
                "--epsilon", "30", "--adjacency", "replace-one", "--seed", "0"])
     out = capsys.readouterr().out
-    assert rc == 0 and "compared with any other values" in " ".join(out.split())
+    assert rc == 0 and "against any other values in the same spans" in " ".join(out.split())
 
 
 # ---------------------------------------------------------------------------------------------------------- issue 10
@@ -223,12 +223,12 @@ def test_baselines_take_a_fixed_t_max_not_the_documents_length(tiny_lm):
         b = sanitize(long, lm=tiny_lm, method=method, tagger="regex", seed=0)
         assert a.max_new_tokens == b.max_new_tokens == 256  # BASELINE_MAX_NEW_TOKENS, documented
         assert a.guarantee.to_dict() == b.guarantee.to_dict()
-        assert "fixed limit of 256" in a.to_dict()["guarantee"]["sentence"]
+        assert "fixed limit of 256" in a.to_dict()["guarantee"]["details"]
     # DP-Fusion keeps T_max following the length (public under its adjacency), and says so
     fusion = sanitize(DOC, lm=tiny_lm, spans=SPANS, seed=0, epsilon=40.0)
     prep = prepare_contexts(tiny_lm, DOC, SPANS, resolve_groups(SPANS, None), DEFAULT_INSTRUCTION)
     assert fusion.max_new_tokens == default_max_new_tokens(prep.document_tokens)
-    assert "follows the document's length" in fusion.to_dict()["guarantee"]["sentence"]
+    assert "follows the document's length" in fusion.to_dict()["guarantee"]["details"]
 
 
 def test_whole_document_methods_cut_to_a_public_cap_and_say_nothing_about_the_length(tiny_model_dir, tmp_path,
@@ -321,10 +321,13 @@ def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
     from dpinfer.cli.sanitize import guarantee_sentence as _guarantee_sentence
 
     res = _result(15.2516)
+    from dpinfer.pipelines.sanitize import guarantee_details
+
     for make in (_guarantee_sentence, _pipeline_sentence):
         sentence = make(res)
         assert "15.25" not in sentence and "ε = 15.3" in sentence and "LOC ε = 12.4" in sentence  # 12.3401 → 12.4
-        assert "position and token length of each tagged span" in sentence and "tagger missed" in sentence
+        assert "where the spans are and how long they are" in sentence and "tagger missed" in sentence
+    assert "position and token length of each tagged span" in guarantee_details(res)
     g = res.to_dict()["guarantee"]
     assert any("position" in item for item in g["not_protected"])
     assert any("tagger missed" in item for item in g["not_protected"])
