@@ -99,6 +99,10 @@ class RagDefaults:
     theta: float = 0.9
     """distance-threshold: the largest Euclidean distance (unit vectors) kept."""
     static_sigma: float = 1.0
+    store_epsilon: float = 3300.0
+    """ε of the budget of a store's own ledger (``PrivateRAG(path)``, ``dpinfer rag ask``): about 100 answers at the
+    default ε = 64 each (their zCDP losses compose to ε ≈ 3,274 at δ = 1e-5; docs/budget.md). Set another with
+    ``dpinfer budget set store --epsilon E --ledger STORE/budget.db``."""
 
 
 @dataclass(frozen=True)

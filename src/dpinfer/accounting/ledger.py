@@ -646,6 +646,11 @@ class Ledger:
         spent = max(composed_epsilon(costs, delta).values()) if costs else 0.0
         after = max(composed_epsilon([*costs, price], delta).values())
         alone = price.epsilon(delta)
+        if math.isinf(alone):
+            raise BudgetExceededError(
+                f"unit {unit!r}: this release costs ε = ∞ (its method has no privacy guarantee), which no budget "
+                "affords; nothing was generated. Use a private method, or release without a ledger"
+            )
         if not after <= budget:
             pending = sum(1 for charge_id, _, state in rows if state == "pending" and charge_id != without)
             waiting = f", {pending} pending" if pending else ""

@@ -397,7 +397,7 @@ def run(config: RagBenchConfig, progress: Callable[[str], None] | None = None) -
     rouge = RougeL()
     lm = load_model(config.model, device=config.device)
     store = Path(config.store) if config.store else cache_dir() / f"bench-rag-{config.data}-{config.docs}"
-    rag = PrivateRAG(store, lm=lm)
+    rag = PrivateRAG(store, lm=lm, ledger=None)  # a measurement, not a release: no budget is charged
     t0 = time.perf_counter()
     report = rag.store.add(data.documents)
     say(f"store {store}: {report.added} added, {report.skipped} already there ({time.perf_counter() - t0:.0f} s)")

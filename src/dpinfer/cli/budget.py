@@ -37,6 +37,19 @@ def cli_spend(args: argparse.Namespace, *, scope: str, default_unit: Callable[[A
                        what=what)
 
 
+def report_charge(spend: Any) -> None:
+    """One line on standard error after a charged release: the unit, this release's ε, the unit's spend."""
+    import sys
+
+    if spend is None or spend.charge is None:
+        return
+    status = spend.ledger.status(spend.unit)
+    print(f"-- charged to unit {spend.unit} of ledger {spend.ledger.path}: this release ε = "
+          f"{_eps(spend.charge.epsilon)}; the unit has spent ε = {_eps(status.spent)} of its budget ε = "
+          f"{status.epsilon:g} (δ = {status.delta:g})",
+          file=sys.stderr)
+
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--ledger", default=None, metavar="PATH", help=f"the ledger file (default: ${LEDGER.env})")

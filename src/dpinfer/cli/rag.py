@@ -86,6 +86,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     ask.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     ask.add_argument("--device", default=None)
+    from dpinfer.cli.budget import add_ledger_options
+
+    add_ledger_options(ask, "the store's unit on the ledger (default: 'store' on the store's own ledger, else a keyed "
+                            "hash of the store's path)")
+    ask.add_argument("--no-ledger", action="store_true",
+                     help="charge no ledger (by default every answer is charged to the store's own ledger, "
+                          "STORE/budget.db, created at the first answer; see dpinfer budget)")
     q = ask.add_argument_group("a file of questions (one answer per JSONL record; resumable)")
     q.add_argument("--questions", default=None, metavar="Q.jsonl",
                    help="answer every record of this JSONL file (one JSON object per line) instead of QUESTION; "
@@ -175,13 +182,30 @@ def run_ask(args: argparse.Namespace) -> int:
                                 f"dpinfer rag add {args.store} FILES...")
     if args.questions is not None:
         return _run_ask_questions(args, support)
+    from dpinfer.accounting.ledger import Cost
+    from dpinfer.cli.budget import report_charge
     from dpinfer.models import load_model
+    from dpinfer.pipelines.rag import ask_guarantee, store_spend
 
-    lm = load_model(args.model, device=args.device)
+    # the answer's cost from its parameters alone: an unaffordable answer is refused before the model loads
+    spend = store_spend(args.store, *_rag_ledger(args))
+    if spend is not None:
+        spend.reserve(Cost.of(ask_guarantee(
+            args.mechanism, epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, sigma=args.sigma, support_top_k=support, adjacency=args.adjacency,
+            static_sigma=args.static_sigma)), mechanism=args.mechanism)
+    try:
+        lm = load_model(args.model, device=args.device)
+    except BaseException:
+        if spend is not None:
+            spend.cancel()
+        raise
     rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
     ans = rag.ask(args.question, mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
                   max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature, sigma=args.sigma,
-                  support_top_k=support, adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma)
+                  support_top_k=support, adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma,
+                  ledger=spend)
+    report_charge(spend)
     if args.json:
         _print_json(ans.to_dict(doc_ids=args.show_doc_ids, debug=args.debug_stats))
         return 0
@@ -193,6 +217,33 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.show_doc_ids:
         print(f"-- retrieved (not covered by the guarantee): {', '.join(ans.doc_ids) or 'none'}", file=sys.stderr)
     return 0
+
+
+def _probe_budget(args: argparse.Namespace, support: Any) -> None:
+    """Refuse (BudgetExceededError) when the ledger cannot afford one answer: reserved, then cancelled."""
+    from dpinfer.accounting.ledger import Cost
+    from dpinfer.pipelines.rag import ask_guarantee, store_spend
+
+    probe = store_spend(args.store, *_rag_ledger(args))
+    if probe is not None:
+        probe.reserve(Cost.of(ask_guarantee(
+            args.mechanism, epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, sigma=args.sigma, support_top_k=support, adjacency=args.adjacency,
+            static_sigma=args.static_sigma)), mechanism=args.mechanism)
+        probe.cancel()
+
+
+def _rag_ledger(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """(ledger, unit) of ``rag ask``: --no-ledger, else --ledger / $DPINFER_LEDGER, else the store's own."""
+    from dpinfer.cli.budget import ledger_path
+    from dpinfer.errors import LedgerError
+    from dpinfer.pipelines.rag import STORE_LEDGER
+
+    if args.no_ledger:
+        if args.ledger or args.unit:
+            raise LedgerError("--no-ledger contradicts --ledger/--unit; give one or the other")
+        return None, None
+    return ledger_path(args) or STORE_LEDGER, args.unit
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -272,8 +323,10 @@ def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
         todo = list(pending(records, out.done))
         summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
         if todo:
+            _probe_budget(args, support)  # a store that cannot afford one answer is refused before the model loads
             lm = load_model(args.model, device=args.device)
-            rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
+            book, unit = _rag_ledger(args)
+            rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n, ledger=book, unit=unit)
             with record_progress("rag ask --questions", len(todo)) as progress:
                 for i, ans, err in rag.ask_many(
                         [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,

@@ -246,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(res.to_dict())
     else:
         print_release(args, text, res, err)
+    from dpinfer.cli.budget import report_charge
+
+    report_charge(spend)
     if write_error is not None:
         return write_failure("--out", args.out, write_error, "the rewrite is on standard output")
     if args.out:

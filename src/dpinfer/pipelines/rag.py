@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee, PrivacyLoss
     from dpinfer.engine import EngineJob, EngineOutput
     from dpinfer.models import LM
+    from dpinfer.pipelines.budget import Spend
     from dpinfer.rag.store import AddReport, DocumentStore, Hit
 
 METHODS = ("pad", "pad-as-published", "static", "none", "public", "summarize", "distance-threshold")
@@ -207,11 +208,41 @@ def build_mechanism(method: str, *, epsilon: float | None, delta: float, max_new
 
 
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
-    from dpinfer.accounting import Guarantee
+    from dpinfer.accounting import Guarantee, PureDp
 
     return Guarantee(epsilon=0.0, delta=delta, mechanism="public",
                      adjacency="any change to the store (the question alone is decoded; nothing is retrieved)",
-                     parameters={"T_max": t_max}, max_new_tokens=t_max)
+                     parameters={"T_max": t_max}, max_new_tokens=t_max, loss=PureDp(0.0))
+
+
+def ask_guarantee(mechanism: str, **params: Any) -> Guarantee:
+    """The guarantee of one answer by ``mechanism`` from its parameters alone (``params``: :func:`build_mechanism`'s
+    keyword arguments), as :meth:`PrivateRAG.plan_ask` computes it: what a ledger charges before the model loads."""
+    mech = build_mechanism(mechanism, **params)
+    t_max = params["max_new_tokens"]
+    return _public_guarantee(params["delta"], t_max) if mechanism == "public" else mech.guarantee(t_max)
+
+
+STORE_LEDGER = "store"
+"""``PrivateRAG(ledger=STORE_LEDGER)`` (the default): the store's own ledger, ``budget.db`` in its folder."""
+
+
+def store_spend(store: str | Path, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Spend | None:
+    """A reservation for one answer from ``store`` on ``ledger`` (:class:`PrivateRAG`'s ``ledger``/``unit``), or None
+    without a ledger. The store's own ledger is created at the first answer, with its default budget."""
+    from dpinfer.accounting.ledger import Ledger
+    from dpinfer.pipelines.budget import start_spend
+
+    folder = Path(store)
+    if isinstance(ledger, str) and ledger == STORE_LEDGER:
+        if not folder.is_dir():
+            return None  # no store, nothing stored to protect (plan_ask refuses a private answer)
+        path = folder / "budget.db"
+        if not path.exists():
+            Ledger.init(path, epsilon=RAG.store_epsilon, delta=RAG.delta)
+        ledger, unit = Ledger(path), STORE_LEDGER if unit is None else unit
+    where = str(folder.resolve())
+    return start_spend(ledger, unit, scope="store", default_unit=lambda book: book.unit_for_text(where))
 
 
 @dataclass
@@ -247,11 +278,20 @@ class PrivateRAG:
         max_doc_tokens: each retrieved document is cut to this many tokens (a public bound on the private row's
             length, so the public row's padding never depends on it).
         template: the prompts (:class:`RagTemplate`).
+        ledger: the privacy-budget ledger every answer is charged to (:mod:`dpinfer.pipelines.budget`; the unit is
+            the store: the answers compose). ``"store"`` (default): the store's own, ``budget.db`` in its folder,
+            created at the first answer with a budget of ε = ``RAG.store_epsilon`` (δ = ``RAG.delta``) for the unit
+            ``"store"``, so the store's budget holds across processes (``dpinfer budget show --ledger
+            STORE/budget.db``); a :class:`~dpinfer.Ledger` or its path (unit: a keyed hash of the store's path); None:
+            no ledger (only :meth:`session_guarantee` adds the answers up). A mechanism without a guarantee
+            (``none``, ``static``, ...) costs ε = ∞ and is refused by every ledger.
+        unit: the store's unit on the ledger (default: see ``ledger``).
     """
 
     def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None,
                  top_k: int = RAG.top_k, top_n: int = RAG.top_n, reranker: str | Callable[..., Any] = "maxp",
-                 max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None) -> None:
+                 max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None,
+                 ledger: Any = STORE_LEDGER, unit: str | None = None) -> None:
         from dpinfer.rag.store import DocumentStore
 
         self.top_k = _int(top_k, "top_k")
@@ -269,6 +309,15 @@ class PrivateRAG:
         self._engine: Any = None
         self._session: list[tuple[str, PrivacyLoss | None, float, str]] = []
         self._deltas: list[float] = []
+        self._ledger_arg = ledger
+        self._unit = unit
+
+    # ------------------------------------------------------------------ budget
+    def _spend(self, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Spend | None:
+        """A reservation for one answer on the store's unit (None without a ledger)."""
+        if isinstance(ledger, str) and ledger == STORE_LEDGER:  # the object's own setting
+            ledger, unit = self._ledger_arg, self._unit if unit is None else unit
+        return store_spend(self.store.path, ledger, unit)
 
     # ------------------------------------------------------------------ store
     def add(self, texts_or_records: Sequence[str] | Sequence[Mapping[str, Any]], *, ids: Sequence[str] | None = None,
@@ -391,7 +440,8 @@ class PrivateRAG:
             delta: float = RAG.delta, max_new_tokens: int = RAG.max_new_tokens, seed: int | None = None,
             temperature: float = RAG.temperature, sigma: float = RAG.sigma,
             support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
-            theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0) -> RagAnswer:
+            theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
+            ledger: Any = STORE_LEDGER, unit: str | None = None) -> RagAnswer:
         """Answer ``question`` from the store with ``mechanism`` (see the module docstring).
 
         Args:
@@ -405,27 +455,43 @@ class PrivateRAG:
             adjacency: ``replace-by-null`` (default) or ``replace-one`` (sensitivity 2C).
             theta: ``distance-threshold``'s maximum Euclidean distance. static_sigma: ``static``'s noise.
             min_new_tokens: benchmarks only: EOS is masked (for every row alike) before this many tokens.
+            ledger, unit: the ledger and unit this answer is charged to (default: the object's, see the class);
+                the charge is reserved before the model loads and refused (:class:`~dpinfer.errors.
+                BudgetExceededError`) when the store's budget cannot afford it.
         """
-        plan = self.plan_ask(question, mechanism=mechanism, epsilon=epsilon, delta=delta,
-                             max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, sigma=sigma,
-                             support_top_k=support_top_k, adjacency=adjacency, theta=theta,
-                             static_sigma=static_sigma, min_new_tokens=min_new_tokens)
-        job = plan.job
-        g0 = time.perf_counter()
-        out = self.engine.generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                                   pad_width=job.pad_width, min_new_tokens=job.min_new_tokens)
-        return self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
+        spend = self._spend(ledger, unit)
+        try:
+            plan = self.plan_ask(question, mechanism=mechanism, epsilon=epsilon, delta=delta,
+                                 max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, sigma=sigma,
+                                 support_top_k=support_top_k, adjacency=adjacency, theta=theta,
+                                 static_sigma=static_sigma, min_new_tokens=min_new_tokens,
+                                 on_guarantee=None if spend is None else spend.settle)
+            job = plan.job
+            g0 = time.perf_counter()
+            out = self.engine.generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
+                                       pad_width=job.pad_width, min_new_tokens=job.min_new_tokens)
+            answer = self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
+        except BaseException:
+            if spend is not None:
+                spend.cancel()
+            raise
+        if spend is not None:
+            spend.commit()
+        return answer
 
     def plan_ask(self, question: str, *, mechanism: str = RAG.method, epsilon: float | None = None,
                  delta: float = RAG.delta, max_new_tokens: int = RAG.max_new_tokens, seed: int | None = None,
                  temperature: float = RAG.temperature, sigma: float = RAG.sigma,
                  support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
                  theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
-                 checked: bool = False, prepared: tuple[list[Hit], list[str]] | None = None) -> AskPlan:
+                 checked: bool = False, prepared: tuple[list[Hit], list[str]] | None = None,
+                 on_guarantee: Callable[[Guarantee], None] | None = None) -> AskPlan:
         """Everything :meth:`ask` does before the engine runs (arguments: see there): the checks, the calibrated
         mechanism and its guarantee, retrieval and the rows, as an :class:`~dpinfer.engine.EngineJob` with what
         :meth:`finish_ask` needs. ``checked=True`` skips the parameter checks (made once for many questions);
         ``prepared``: the (hits, documents) :meth:`ask_many` already retrieved (and summarised) for this question.
+        ``on_guarantee(guarantee)`` is called with the answer's guarantee before the store is read or the model loads
+        (a ledger's charge; :meth:`ask` and :meth:`ask_many` charge, a caller of plan_ask charges itself).
 
         Every job gets a PUBLIC padding width (:meth:`pad_width`; the question's own length for ``public``), so
         that jobs of every mechanism batch in :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`; a one-row
@@ -447,6 +513,8 @@ class PrivateRAG:
             guarantee = _public_guarantee(delta, max_new_tokens)
         else:
             guarantee = mech.guarantee(max_new_tokens)
+        if on_guarantee is not None:
+            on_guarantee(guarantee)
         if mechanism != "public" and self.store.count() == 0:
             raise InvalidInputError(f"the store {self.store.path} holds no documents; add some with: "
                                     f"dpinfer rag add {self.store.path} FILES...")
@@ -515,9 +583,14 @@ class PrivateRAG:
         could not be planned (``error``: one line, no private text). Every answer is charged to this session: the
         answers compose (:meth:`session_guarantee`), since they all read the same store. With a ``seed`` (tests and
         benchmarks only), question ``i`` uses ``record_seed(seed, ids[i])`` (``ids`` default: the indices), so its
-        answer does not depend on the other questions."""
+        answer does not depend on the other questions. With a ledger (``ledger``/``unit`` options, default: the
+        object's), each answer is reserved on the store's unit when it is planned (a question the budget cannot
+        afford is reported as refused, nothing generated for it) and committed when it is yielded."""
+        from dpinfer.pipelines.budget import Spend
         from dpinfer.pipelines.sanitize import record_error, record_seed
 
+        book = self._spend(options.pop("ledger", STORE_LEDGER), options.pop("unit", None))
+        spends: dict[int, Spend] = {}
         seed = options.pop("seed", None)
         check_ask_params(**{k: v for k, v in options.items() if k != "min_new_tokens"}, seed=seed)
         if ids is not None and len(ids) != len(questions):
@@ -536,19 +609,33 @@ class PrivateRAG:
             summaries = self._summaries_many([(questions[i], hits, seeds[i]) for i, hits in retrieved])
             prepared = {i: (hits, docs) for (i, hits), docs in zip(retrieved, summaries, strict=True)}
         plans: list[tuple[int, AskPlan]] = []
-        for i, question in enumerate(questions):
-            if i in failed:
-                continue
-            try:
-                plans.append((i, self.plan_ask(question, seed=seeds[i], checked=True, prepared=prepared.get(i),
-                                               **options)))
-            except Exception as exc:  # a per-question refusal: reported, the others go on
-                yield i, None, record_error(exc)
-        if not plans:
-            return
-        for j, out in self.engine.run_jobs([p.job for _, p in plans]):
-            i, plan = plans[j]
-            yield i, self.finish_ask(plan, out), None
+        try:
+            for i, question in enumerate(questions):
+                if i in failed:
+                    continue
+                spend = None if book is None else Spend(book.ledger, book.unit, book.scope)
+                try:
+                    plans.append((i, self.plan_ask(question, seed=seeds[i], checked=True, prepared=prepared.get(i),
+                                                   on_guarantee=None if spend is None else spend.settle, **options)))
+                except Exception as exc:  # a per-question refusal: reported, the others go on
+                    if spend is not None:
+                        spend.cancel()
+                    yield i, None, record_error(exc)
+                    continue
+                if spend is not None:
+                    spends[i] = spend
+            if not plans:
+                return
+            for j, out in self.engine.run_jobs([p.job for _, p in plans]):
+                i, plan = plans[j]
+                answer = self.finish_ask(plan, out)
+                spend = spends.pop(i, None)
+                if spend is not None:
+                    spend.commit()
+                yield i, answer, None
+        finally:  # what was reserved and never answered released nothing
+            for spend in spends.values():
+                spend.cancel()
 
     # ------------------------------------------------------------------ session
     @property

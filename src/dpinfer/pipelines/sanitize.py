@@ -567,7 +567,6 @@ def sanitize(
         raise
     if spend is not None:
         spend.commit()
-        result.settings["budget"] = spend.to_dict()
     return result
 
 

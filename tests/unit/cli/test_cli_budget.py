@@ -77,8 +77,9 @@ def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir
     argv = ["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
             "--epsilon", "20", "--seed", "0", "--unit", "case-7"]
     assert main([*argv, "--json"]) == 0
-    release = json.loads(capsys.readouterr().out)
-    assert release["settings"]["budget"]["unit"] == "case-7"
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["method"] == "dp-fusion"
+    assert "charged to unit case-7 of ledger" in captured.err
 
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded")

@@ -25,7 +25,8 @@ OTHER_DOCS = [
 
 
 def _rag(tmp_path, name, lm, embedder, docs):
-    rag = PrivateRAG(tmp_path / name, lm=lm, embedder=embedder, top_k=3, top_n=2, max_doc_tokens=24)
+    # no ledger: these tests compare mechanisms, baselines without a guarantee included (test_rag_budget.py charges)
+    rag = PrivateRAG(tmp_path / name, lm=lm, embedder=embedder, top_k=3, top_n=2, max_doc_tokens=24, ledger=None)
     rag.add(docs)
     return rag
 
