@@ -51,6 +51,11 @@ _MARKER = "dpinfer-cache.json"
 QUANTIZE_CHOICES = ("int8",)
 _CACHE_FORMAT = 1
 
+SLOT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "olmo2", "phi3", "smollm3"})
+"""Architectures whose decoder takes a caller's 4-D mask and per-row position ids as is (``create_causal_mask``) and
+stores keys/values through ``Cache.update``: the engine's slot runner serves them when no sliding window is active
+(:attr:`LM.supports_slot_cache`)."""
+
 
 @dataclass
 class LM:
@@ -91,6 +96,18 @@ class LM:
             if isinstance(value, int) and value > 0:
                 return value
         return int(getattr(self.tokenizer, "model_max_length", 2048))
+
+    @property
+    def supports_slot_cache(self) -> bool:
+        """Whether the engine's slot runner can serve this model (:data:`SLOT_MODEL_TYPES`, no sliding window);
+        otherwise the engine runs each job on its own Hugging Face cache."""
+        config = self.model.config
+        if getattr(config, "model_type", None) not in SLOT_MODEL_TYPES:
+            return False
+        if getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None):
+            return False
+        layer_types = getattr(config, "layer_types", None)
+        return not layer_types or all(t == "full_attention" for t in layer_types)
 
     @property
     def pad_token_id(self) -> int:

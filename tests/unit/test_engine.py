@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import pytest
@@ -17,6 +18,7 @@ PROMPTS = [
     "Mr Smith, a lawyer practising in London,",
     "The quick brown fox",
 ]
+RUNNERS = ("slots", "dynamic")
 
 
 class Recorder(Mechanism):
@@ -217,19 +219,26 @@ class _SameTokenEveryRow(Recorder):
         return StepResult(tokens=logits[0].argmax().repeat(logits.shape[0]))
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("with_prefix", [False, True])
-def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.MonkeyPatch, with_prefix: bool):
+def test_per_row_prefill_of_uneven_rows_is_exact(tiny_lm, monkeypatch: pytest.MonkeyPatch, with_prefix: bool,
+                                                 runner: str):
     """Rows of very different lengths are prefilled one at a time into the static cache; the logits of every step
     equal the batched, left-padded run."""
-    import dpinfer.engine as engine_module
+    import dpinfer.engine.prefill as engine_module
 
     head = tiny_lm.encode(PROMPTS[1]) if with_prefix else []
     rows = [head + tiny_lm.encode(PROMPTS[2]), head + tiny_lm.encode(PROMPTS[0] * 3), head + tiny_lm.encode("The")]
     assert sum(map(len, rows)) < engine_module.PER_ROW_PREFILL * 3 * max(map(len, rows))
     per_row, batched = _SameTokenEveryRow(), _SameTokenEveryRow()  # independent mode: no public row 0
-    o1 = Engine(tiny_lm).generate(rows, per_row, max_new_tokens=8, min_new_tokens=8)
+    calls = []
+    original = engine_module._prefill_one_by_one
+    monkeypatch.setattr(engine_module, "_prefill_one_by_one", lambda *a: calls.append(1) or original(*a))
+    o1 = Engine(tiny_lm, runner=runner).generate(rows, per_row, max_new_tokens=8, min_new_tokens=8)
+    assert calls
     monkeypatch.setattr(engine_module, "PER_ROW_PREFILL", 0.0)  # never per row: one left-padded batch
-    o2 = Engine(tiny_lm).generate(rows, batched, max_new_tokens=8, min_new_tokens=8)
+    o2 = Engine(tiny_lm, runner=runner).generate(rows, batched, max_new_tokens=8, min_new_tokens=8)
+    assert len(calls) == 1
     assert o1.shared_prefix == o2.shared_prefix and (o1.shared_prefix > 0) == with_prefix
     assert o1.sequences == o2.sequences
     for a, b in zip(per_row.logits, batched.logits, strict=True):
@@ -243,11 +252,12 @@ class _Columns(Recorder):
         return torch.topk(public_scores, 5).indices.sort().values
 
 
-def test_split_head_computes_the_requested_private_columns_exactly(tiny_lm):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_split_head_computes_the_requested_private_columns_exactly(tiny_lm, runner):
     rows = [tiny_lm.encode(p) for p in PROMPTS]
     split, full = _Columns(), _Columns()
-    o1 = Engine(tiny_lm, split_head=True).generate(rows, split, max_new_tokens=8, min_new_tokens=8)
-    o2 = Engine(tiny_lm, split_head=False).generate(rows, full, max_new_tokens=8, min_new_tokens=8)
+    o1 = Engine(tiny_lm, split_head=True, runner=runner).generate(rows, split, max_new_tokens=8, min_new_tokens=8)
+    o2 = Engine(tiny_lm, split_head=False, runner=runner).generate(rows, full, max_new_tokens=8, min_new_tokens=8)
     assert o1.sequences == o2.sequences
     torch.testing.assert_close(split.logits[0], full.logits[0])  # prefill: every column
     for a, b in zip(split.logits[1:], full.logits[1:], strict=True):
@@ -271,7 +281,8 @@ def test_invisibleink_is_the_same_with_and_without_the_split_head(tiny_lm):
     assert outs[0] == outs[1]
 
 
-def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypatch: pytest.MonkeyPatch, runner):
     """DP-Fusion with a public top-k support reads the private rows on S only: the split head gives the same tokens
     and mixing weights; without truncation it does not split (one head call for every row is cheaper)."""
     from dpinfer.mechanisms.dp_fusion import DPFusion
@@ -279,14 +290,15 @@ def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypa
 
     rows = [tiny_lm.encode(p) for p in PROMPTS]
     runs, calls = [], []
-    original = Engine._split_step
-    monkeypatch.setattr(Engine, "_split_step", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    module = importlib.import_module(f"dpinfer.engine.{'runner' if runner == 'slots' else 'dynamic'}")
+    original = module.split_logits
+    monkeypatch.setattr(module, "split_logits", lambda *a: calls.append(1) or original(*a))
     for split in (True, False):
         mech = DPFusion(bounds=[0.3, 0.1], group_names=["A", "B"], temperature=0.7, top_k=7)
         assert mech.restricts_private_columns
         calls.clear()
-        out = Engine(tiny_lm, split_head=split).generate(rows, mech, max_new_tokens=12, min_new_tokens=12, seed=5,
-                                                         processors=[NoRepeatNGram(2)])
+        out = Engine(tiny_lm, split_head=split, runner=runner).generate(
+            rows, mech, max_new_tokens=12, min_new_tokens=12, seed=5, processors=[NoRepeatNGram(2)])
         assert bool(calls) == split
         runs.append(out)
     assert runs[0].sequences == runs[1].sequences
@@ -295,16 +307,17 @@ def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypa
     assert not DPFusion(bounds=[0.3], group_names=["A"]).restricts_private_columns
 
 
-@pytest.mark.parametrize(("pad_width", "sharing", "static"),
-                         [(None, True, True), (None, False, False), (200, True, False), (200, False, True)])
-def test_public_row_layout_matches_each_row_alone(tiny_lm, pad_width, sharing, static):
+@pytest.mark.parametrize(("pad_width", "sharing", "static", "runner"),
+                         [(None, True, True, "dynamic"), (None, False, False, "dynamic"), (200, True, False, "dynamic"),
+                          (200, False, True, "dynamic"), (None, True, True, "slots"), (200, False, True, "slots")])
+def test_public_row_layout_matches_each_row_alone(tiny_lm, pad_width, sharing, static, runner):
     """With a public row (joint mode) the rows are prefilled one by one and decoded at the public width: rows longer
     than it (here row 1 when ``pad_width`` is None) go to a second batch. Every row still gets its own logits."""
     head = tiny_lm.encode(PROMPTS[0])
     rows = [head + tiny_lm.encode(" in Izmir"), head + tiny_lm.encode(PROMPTS[1] * 2), head + tiny_lm.encode(" The")]
     assert len(rows[1]) > len(rows[0]) > len(rows[2])
     batched = Recorder()
-    out = Engine(tiny_lm, prefix_sharing=sharing, static_cache=static).generate(
+    out = Engine(tiny_lm, prefix_sharing=sharing, static_cache=static, runner=runner).generate(
         rows, batched, max_new_tokens=6, min_new_tokens=6, pad_width=pad_width)
     assert out.shared_prefix == (len(head) if sharing else 0)
     for i, r in enumerate(rows):

@@ -1,11 +1,14 @@
-"""Rule 2: a joint mechanism's public row 0 never depends on the private rows, bit for bit.
+"""Rule 2: a joint mechanism's public row 0 never depends on any private row of any job in the batch, bit for bit.
 
-For every registered joint private mechanism and every model option (float32 / int8, split output head, prefix
-sharing, static / dynamic cache, public padding width), the engine runs the same public row with two different sets
-of private rows (other contents AND other lengths, shorter and longer than the public row) and the public row's logits
-must be ``torch.equal`` at every step. A spy wraps the mechanism: it records ``logits[0]``, delegates the step (and the
-split-head column choice) to the real mechanism, and then forces a fixed token sequence, so both runs append the same
-tokens (the mechanisms' own choices legitimately depend on the private rows).
+Enforced once, in the runner (:mod:`dpinfer.engine.runner`; the dynamic-cache runner of :mod:`dpinfer.engine.dynamic`
+too), and tested once, here. For every registered joint private mechanism and every model option (float32 / int8,
+split output head, prefix sharing, both runners, static / dynamic cache, public padding width), the engine runs a
+batch of three jobs twice: job A (the mechanism under test), job B (another public-row mechanism) and a one-row job.
+Between the two runs A's private rows AND B's private rows change (other contents, other lengths, shorter and longer
+than the public row, one over the batch's capacity); A's and B's public-row logits must be ``torch.equal`` at every
+step. A spy wraps each mechanism: it records ``logits[0]``, delegates the step (and the split-head column choice) to
+the real mechanism, and then forces a fixed token sequence, so both runs append the same tokens (the mechanisms' own
+choices legitimately depend on the private rows).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import pytest
 import torch
 
 from dpinfer import models
-from dpinfer.engine import Engine
+from dpinfer.engine import Engine, Job
 from dpinfer.mechanisms import available_mechanisms, get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.sampler import Sampler
 
 STEPS = 4
 PUBLIC = ("<|im_start|>user\nRewrite the document. The applicant, Mr ____, was born in ____ and lives in ____."
@@ -43,6 +47,11 @@ JOINT_PRIVATE = {
 }
 NOT_A_PUBLIC_ROW = {"sampler", "dp-decoding", "dp-prompt", "pad-as-published", "static"}
 """Registered mechanisms without private rows stepped beside a public one (one context, or local DP on it)."""
+LONG = " ".join(["The case originated in an application against the Republic of Turkey lodged with the Commission."]
+                * 6)
+OTHER_PRIVATE = (("Mr Smith, a lawyer practising in London, represented the applicants before the Court.", LONG),
+                 ("The quick brown fox", "<|im_start|>user\nThe applicant, Mr Jones, was born in 1961.<|im_end|>\n"))
+"""Job B's private rows in the two runs."""
 TESTED_ELSEWHERE = {"pad": "tests/unit/rag/test_pipeline.py (K = 2: one private row, through PrivateRAG.ask)"}
 
 
@@ -90,30 +99,40 @@ def test_every_registered_joint_private_mechanism_is_covered():
         assert mech.mode == "joint" and mech.public_row
 
 
-OPTIONS = list(itertools.product(["float32", "int8"], [True, False], [True, False], [True, False], [None, 128]))
+RUNNERS = (("slots", True), ("dynamic", True), ("dynamic", False))
+"""(runner, static_cache)."""
+OPTIONS = list(itertools.product(["float32", "int8"], [True, False], [True, False], RUNNERS, [None, 128]))
 
 
 @pytest.mark.parametrize("mechanism", sorted(JOINT_PRIVATE))
-@pytest.mark.parametrize(("model", "split_head", "prefix_sharing", "static_cache", "pad_width"), OPTIONS)
-def test_public_logits_never_depend_on_private_rows(lms, mechanism, model, split_head, prefix_sharing, static_cache,
+@pytest.mark.parametrize(("model", "split_head", "prefix_sharing", "runner", "pad_width"), OPTIONS)
+def test_public_logits_never_depend_on_private_rows(lms, mechanism, model, split_head, prefix_sharing, runner,
                                                     pad_width):
     lm = lms[model]
     public = lm.encode(PUBLIC)
+    other_public = lm.encode(PUBLIC.replace("document", "judgment"))
     eos = lm.eos_token_ids
     tokens = [t for t in range(5, 400, 7) if t not in eos][:STEPS]
+    other = "invisibleink" if mechanism == "dp-fusion" else "dp-fusion"
     runs = []
-    for private in PRIVATE_SETS:
-        rows = [public, *(lm.encode(p) for p in private)]
-        spy = Spy(JOINT_PRIVATE[mechanism](), tokens)
-        engine = Engine(lm, split_head=split_head, prefix_sharing=prefix_sharing, static_cache=static_cache)
-        out = engine.generate(rows, spy, max_new_tokens=STEPS, pad_width=pad_width)
-        assert out.sequences[0] == tokens
-        runs.append(spy.public)
+    for private, other_private in zip(PRIVATE_SETS, OTHER_PRIVATE, strict=True):
+        spies = [Spy(JOINT_PRIVATE[mechanism](), tokens), Spy(JOINT_PRIVATE[other](), tokens[:STEPS - 1])]
+        jobs = [Job([public, *(lm.encode(p) for p in private)], spies[0], STEPS, pad_width=pad_width),
+                Job([other_public, *(lm.encode(p) for p in other_private)], spies[1], STEPS - 1),
+                Job([lm.encode(private[0])], Sampler(temperature=0, mode="joint"), 3, pad_width=len(public))]
+        engine = Engine(lm, split_head=split_head, prefix_sharing=prefix_sharing, runner=runner[0],
+                        static_cache=runner[1], max_rows=8)
+        outs = dict(engine.run_jobs(jobs))
+        assert outs[0].sequences[0] == tokens and outs[1].sequences[0] == tokens[:STEPS - 1]
+        runs.append([spy.public for spy in spies])
     lengths = [[len(lm.encode(p)) for p in private] for private in PRIVATE_SETS]
     assert lengths[0] != lengths[1] and min(map(min, lengths)) < len(public) < max(map(max, lengths))
-    assert len(runs[0]) == len(runs[1]) == STEPS
-    for step, (a, b) in enumerate(zip(*runs, strict=True)):
-        assert torch.equal(a, b), f"public logits differ at step {step}"
+    assert len(lm.encode(LONG)) > 64  # over the pool's capacity without pad_width: a side row
+    for job in range(2):
+        a, b = runs[0][job], runs[1][job]
+        assert len(a) == len(b) == STEPS - job
+        for step, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"job {job}: public logits differ at step {step}"
 
 
 def test_synth_pads_to_a_public_width_that_fits_cut_references(tiny_lm):

@@ -1,10 +1,8 @@
-"""The slot engine (:mod:`dpinfer.slots`): many jobs in one forward per step, on the tiny random-weight Llama.
+"""Many jobs through one engine (``run_jobs``, ``submit``/``step``), on the tiny random-weight Llama.
 
 * greedy outputs through ``run_jobs`` equal :meth:`Engine.generate` per job, for mixed jobs (different K and lengths,
   joint / independent, public-row mechanisms with and without a split head, a solo job, a row over the capacity),
   with fewer slots than rows (jobs wait, join late, take freed slots);
-* rule 2 across jobs: a job's public row is bit-for-bit the same when another job's private rows or its own change
-  content and length;
 * a seed reproduces a run (same jobs, order, max_rows); every registered mechanism runs through ``run_jobs``;
 * the compiled decode step gives the eager step's greedy tokens (``slow``).
 """
@@ -15,12 +13,11 @@ import pytest
 import torch
 
 from dpinfer import models
-from dpinfer.engine import Engine, EngineJob
+from dpinfer.engine import Engine, EngineJob, SlotCache, bucket_capacity, public_width
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import REGISTRY, get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import Sampler
-from dpinfer.slots import SlotCache, bucket_capacity, public_width
 
 PUBLIC = ("<|im_start|>user\nRewrite the document. The applicant, Mr ____, was born in ____ and lives in ____."
           "<|im_end|>\n<|im_start|>assistant\n")
@@ -156,34 +153,6 @@ def lms(tiny_lm, tiny_model_dir):
     return {"float32": tiny_lm, "int8": models.load_model(str(tiny_model_dir), device="cpu", quantize="int8")}
 
 
-@pytest.mark.parametrize("model", ["float32", "int8"])
-@pytest.mark.parametrize("make", [fusion, ink], ids=["dp-fusion", "invisibleink"])
-def test_public_row_is_bit_identical_whatever_the_private_rows(lms, model, make):
-    """Job A's and job B's public rows, with other private rows in A (own job) and in B (other job): content AND
-    length change (shorter and longer than the public row, and one over the capacity), logits ``torch.equal``."""
-    lm = lms[model]
-    pub = lm.encode(PUBLIC)
-    other_pub = lm.encode(PUBLIC.replace("document", "judgment"))
-    priv = [lm.encode(p) for p in (*PRIVATE, LONG)]
-    assert min(map(len, priv)) < len(pub) < max(map(len, priv))
-    eos = lm.eos_token_ids
-    tokens = [t for t in range(5, 400, 7) if t not in eos][:6]
-    runs = []
-    for a_rows, b_rows in (((priv[0], priv[1]), (priv[2], priv[3])), ((priv[3], priv[4]), (priv[1], priv[0]))):
-        spies = [Spy(make(), tokens), Spy(make(), tokens)]
-        jobs = [EngineJob([pub, *a_rows], spies[0], max_new_tokens=6),
-                EngineJob([other_pub, *b_rows], spies[1], max_new_tokens=5),
-                EngineJob([priv[2]], Sampler(temperature=0, mode="joint"), max_new_tokens=4, pad_width=len(pub))]
-        outs = dict(Engine(lm).run_jobs(jobs, max_rows=8, compile=False))
-        assert outs[0].sequences[0] == tokens and outs[1].sequences[0] == tokens[:5]
-        runs.append([s.public for s in spies])
-    for job in range(2):
-        a, b = runs[0][job], runs[1][job]
-        assert len(a) == len(b) > 0
-        for step, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert torch.equal(x, y), f"job {job}: public logits differ at step {step}"
-
-
 def test_a_seed_reproduces_a_run_and_sampling_agrees_with_generate(tiny_lm):
     ids = [tiny_lm.encode(p) for p in PRIVATE]
     pub = tiny_lm.encode(PUBLIC)
@@ -310,3 +279,56 @@ def test_two_interleaved_run_jobs_on_one_engine_do_not_share_a_cache(tiny_lm):
     got_b.update(second)
     for i in range(len(jobs)):
         assert got_a[i].sequences == got_b[i].sequences == alone[i].sequences
+
+
+def test_jobs_submitted_between_steps_join_the_running_batch(tiny_lm):
+    """``submit``/``step``, as a server drives them: a job submitted while another runs joins the batch; each step
+    gives one event per running job and the jobs that finished; outputs are those each job gets alone."""
+    from dpinfer.engine import Job, JobStatus
+
+    pub = tiny_lm.encode(PUBLIC)
+    priv = [tiny_lm.encode(p) for p in PRIVATE]
+    engine = Engine(tiny_lm, max_rows=8, fixed_rows=True, min_capacity=128)
+    first = engine.submit(Job([pub, priv[0], priv[1]], Greedy(fusion()), max_new_tokens=8, seed=1))
+    assert first.status is JobStatus.WAITING and engine.busy
+    out = engine.step()
+    assert [j for j, _ in out.events] == [first] and not out.finished and first.status is JobStatus.RUNNING
+    engine.step()
+    second = engine.submit(Job([priv[2]], Sampler(temperature=0, mode="joint"), max_new_tokens=5, pad_width=40))
+    third = engine.submit(Job([priv[3], priv[0]], Sampler(temperature=0, mode="independent"), max_new_tokens=4))
+    seen: dict[int, list[int]] = {id(first): [], id(second): [], id(third): []}
+    finished = []
+    while engine.busy:
+        out = engine.step()
+        for job, event in out.events:
+            seen[id(job)].append(event.step)
+        finished += out.finished
+    assert finished[-1] is first and {id(j) for j in finished} == set(seen)
+    assert seen[id(second)] == list(range(5)) and seen[id(third)] == list(range(4))
+    assert seen[id(first)] == list(range(2, 8))
+    for job in (first, second, third):
+        alone = Engine(tiny_lm).generate(job.contexts, renew(job.mechanism) if job is first else job.mechanism,
+                                         max_new_tokens=job.max_new_tokens, pad_width=job.pad_width, seed=job.seed)
+        assert job.output.sequences == alone.sequences
+    with pytest.raises(ConfigurationError, match="runs once"):
+        engine.submit(first)
+    assert engine.step().events == []
+
+
+def test_interleaved_streams_and_cancel(tiny_lm):
+    ids = [tiny_lm.encode(p) for p in PRIVATE]
+    engine = Engine(tiny_lm)
+    a = engine.stream([ids[0]], Sampler(temperature=0, mode="joint"), max_new_tokens=6, min_new_tokens=6,
+                      pad_width=40)
+    b = engine.stream([ids[1]], Sampler(temperature=0, mode="joint"), max_new_tokens=4, min_new_tokens=4,
+                      pad_width=40)
+    got_a, got_b = [next(a)], [next(b)]
+    got_a += list(a)
+    got_b += list(b)
+    assert [e.step for e in got_a] == list(range(6)) and [e.step for e in got_b] == list(range(4))
+    assert a.output.sequences[0] == [e.tokens[0] for e in got_a]
+    assert b.output.sequences[0] == [e.tokens[0] for e in got_b]
+    c = engine.stream([ids[2]], Sampler(temperature=0, mode="joint"), max_new_tokens=6, pad_width=40)
+    next(c)
+    c.close()  # the job leaves the batch
+    assert not engine.busy and not c.finished

@@ -1,0 +1,330 @@
+"""The engine: jobs are submitted, and every :meth:`Engine.step` advances each admitted job by one token.
+
+The engine owns the model; a :class:`~dpinfer.mechanisms.Mechanism` owns the choice of tokens. Its parts, apart:
+
+* :class:`~dpinfer.engine.job.Job`: one job's arguments and state (its status, released tokens, randomness);
+* :class:`~dpinfer.engine.scheduler.Scheduler`: admission, public widths, the pool's shapes, side rows (plain Python);
+* a runner: prefill, KV cache, decode step and the ONE split output head. :class:`~dpinfer.engine.runner.SlotRunner`
+  (every job's rows in one forward per step) where the model supports the slot cache
+  (:attr:`LM.supports_slot_cache <dpinfer.models.LM.supports_slot_cache>`), else
+  :class:`~dpinfer.engine.dynamic.DynamicRunner` (each job on its own Hugging Face cache).
+
+One step: the scheduler admits what fits (each admitted job is prefilled alone); each running job's mechanism turns
+its pending logits (float64, unclamped) into its token(s), which are recorded (joint mode: one token for every row,
+the job stops at EOS or ``T_max``; independent mode: one token per row, a row stops at its own EOS); finished jobs
+leave; one forward computes the next logits of the others. :meth:`Engine.stream`, :meth:`Engine.generate` and
+:meth:`Engine.run_jobs` are loops over :meth:`Engine.step`; jobs may be submitted between steps (a server).
+
+Randomness comes only from each job's :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
+CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dpinfer.engine.cache import resolve_compile
+from dpinfer.engine.dynamic import DynamicRunner
+from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent, Vocabulary
+from dpinfer.engine.runner import SlotRunner
+from dpinfer.engine.scheduler import Scheduler, check_max_rows, public_width
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms.base import Mechanism
+from dpinfer.mechanisms.randomness import Randomness
+from dpinfer.mechanisms.transforms import LogitsProcessor
+from dpinfer.models import LM
+
+RUNNERS = ("auto", "slots", "dynamic")
+
+
+@dataclass
+class StepOutput:
+    """What one :meth:`Engine.step` did: each job's event (in admission order) and the jobs that finished (their
+    :attr:`Job.output` is set)."""
+
+    events: list[tuple[Job, StepEvent]] = field(default_factory=list)
+    finished: list[Job] = field(default_factory=list)
+
+
+class Engine:
+    """Decodes submitted jobs together, one token per :meth:`step`.
+
+    >>> # engine = Engine(dpinfer.load_model())
+    >>> # out = engine.generate([ids_a, ids_b], mechanism, max_new_tokens=64, seed=0)
+    >>> # job = engine.submit(Job([ids], mechanism, max_new_tokens=64)); while engine.busy: engine.step()
+
+    Args:
+        lm: the loaded model.
+        prefix_sharing: prefill a prefix common to a job's rows once (exact: same positions, same cache values).
+        static_cache: dynamic-cache runner and batched prefill: pre-allocate the KV cache of K > 1 rows for prompt +
+            ``max_new_tokens`` (written in place) instead of growing it by concatenation.
+        split_head: let mechanisms read their private rows on some columns only (:mod:`dpinfer.engine.head`).
+        max_rows: slot count of the shared batch (public; default per device,
+            :data:`~dpinfer.engine.scheduler.DEFAULT_MAX_ROWS`, capped by the waiting jobs' total K unless
+            ``fixed_rows``, at least their largest K).
+        compile: compile the pooled decode step (``torch.compile``, once per slot-count and capacity bucket): ``True``,
+            ``False`` or ``"auto"`` (on CUDA; on CPU :data:`~dpinfer.engine.cache.COMPILE_CPU_DEFAULT`).
+        fixed_rows, min_capacity: for a server (:class:`~dpinfer.engine.scheduler.Scheduler`).
+        runner: ``"auto"`` (the slot runner where :attr:`LM.supports_slot_cache`), ``"slots"`` or ``"dynamic"``.
+    """
+
+    def __init__(self, lm: LM, *, prefix_sharing: bool = True, static_cache: bool = True, split_head: bool = True,
+                 max_rows: int | None = None, compile: bool | str = "auto", fixed_rows: bool = False,
+                 min_capacity: int = 0, runner: str = "auto") -> None:
+        if runner not in RUNNERS:
+            raise ConfigurationError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        self.lm = lm
+        self.prefix_sharing = prefix_sharing
+        self.static_cache = static_cache
+        self.split_head = split_head
+        device = torch.device(lm.device)
+        slots = runner == "slots" or (runner == "auto" and lm.supports_slot_cache)
+        self.runner: SlotRunner | DynamicRunner = (
+            SlotRunner(lm, prefix_sharing=prefix_sharing, static_cache=static_cache, split_head=split_head,
+                       compile=resolve_compile(compile, device)) if slots else
+            DynamicRunner(lm, prefix_sharing=prefix_sharing, static_cache=static_cache, split_head=split_head))
+        self.scheduler = Scheduler(device_type=device.type, context_window=lm.context_window, max_rows=max_rows,
+                                   fixed_rows=fixed_rows, min_capacity=min_capacity,
+                                   shared_pool=self.runner.shared_pool)
+        self.vocab = Vocabulary(vocab_size=lm.vocab_size, eos_ids=frozenset(lm.eos_token_ids), eos=self.runner.eos,
+                                pad_id=lm.pad_token_id, device=lm.device, context_window=lm.context_window)
+
+    # ------------------------------------------------------------------ the core: submit and step
+    def submit(self, job: Job) -> Job:
+        """Check ``job`` (before the model runs; refused with :class:`~dpinfer.errors.ConfigurationError` or
+        :class:`~dpinfer.errors.InvalidInputError`) and queue it; it joins the batch at a later :meth:`step`."""
+        job.check(self.lm.context_window)
+        job.width = public_width(job, job.rows)
+        job.status = JobStatus.WAITING
+        self.scheduler.add(job)
+        return job
+
+    @property
+    def busy(self) -> bool:
+        """Whether a submitted job has not finished yet."""
+        return self.scheduler.has_work
+
+    def step(self) -> StepOutput:
+        """Admit what fits, then advance every running job by one token (module docstring). A mechanism that raises
+        fails its job only (:attr:`Job.error`); the error is raised once every other job has advanced."""
+        out = StepOutput()
+        if not self.scheduler.has_work:
+            return out
+        error: BaseException | None = None
+        with torch.inference_mode():
+            decision = self.scheduler.schedule()
+            if decision.pool is not None:
+                self.runner.use_pool(decision.pool)
+            for adm in decision.admitted:
+                adm.job.start(self.vocab, self.runner.split_head)
+                self.runner.admit(adm.job, adm.slots, adm.side_rows)
+            going = []
+            for job in list(self.scheduler.running):
+                try:
+                    event, next_ids = job.decide(self.vocab)
+                except Exception as err:
+                    error = error or err
+                    job.error = err
+                    event, next_ids = None, None
+                if event is not None:
+                    out.events.append((job, event))
+                    if job.events is not None:
+                        job.events.append(event)
+                if next_ids is None:
+                    self._leave(job)
+                    out.finished.append(job)
+                else:
+                    going.append((job, next_ids))
+            if going:
+                self.runner.forward(going)
+        if error is not None:
+            raise error
+        return out
+
+    def _leave(self, job: Job) -> None:
+        self.runner.release(job)
+        self.scheduler.finish(job)
+        job.finish()
+
+    def cancel(self, job: Job) -> None:
+        """Stop a submitted job (a client gone): it leaves the batch at once; its :attr:`Job.output` stays unset."""
+        if job.status is JobStatus.WAITING:
+            self.scheduler.cancel(job)
+        elif job.status is JobStatus.RUNNING:
+            with torch.inference_mode():
+                self.runner.release(job)
+            self.scheduler.finish(job)
+        job.status = JobStatus.FINISHED
+        job.placement = job.logits = None
+
+    def _wait(self, job: Job) -> EngineOutput:
+        """Step until ``job`` has finished (other jobs advance too); its output."""
+        while job.status is not JobStatus.FINISHED:
+            self.step()
+        if job.error is not None:
+            raise job.error
+        return job.output
+
+    # ------------------------------------------------------------------ loops over step()
+    def stream(
+        self,
+        contexts: Sequence[Sequence[int]],
+        mechanism: Mechanism,
+        *,
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        seed: int | None = None,
+        generator: Randomness | None = None,
+        stop_on_eos: bool = True,
+        processors: Sequence[LogitsProcessor] = (),
+        pad_width: int | None = None,
+        result: list[EngineOutput] | None = None,
+    ) -> EngineStream:
+        """Generate step by step: an :class:`EngineStream` that yields a :class:`StepEvent` per token and, once
+        exhausted, holds the :class:`EngineOutput` in :attr:`EngineStream.output`. Arguments are checked here, before
+        the model runs.
+
+        Args:
+            contexts: K token-id sequences (already tokenised; no special tokens are added).
+            mechanism: turns the K rows of logits into token(s); its ``mode`` picks joint or independent decoding.
+            max_new_tokens: ``T_max``.
+            min_new_tokens: EOS is masked out (for every row alike) before this many tokens (benchmarks).
+            seed / generator: source of all randomness: by default a secure source (``os.urandom``); ``seed`` (tests
+                and benchmarks only) a reproducible one; ``generator`` a source or ``torch.Generator`` to use as is.
+            stop_on_eos: stop at EOS (else always run ``max_new_tokens`` steps; EOS is then an ordinary token).
+            processors: :class:`~dpinfer.mechanisms.transforms.LogitsProcessor` objects, each called as
+                ``processor(generated, logits)`` before the mechanism, where ``generated`` holds the tokens generated
+                so far (one list in joint mode, applied to every row alike; one list per row in independent mode).
+                They see released tokens only, never a prompt.
+            pad_width: a PUBLIC bound on the private rows' lengths (from parameters, never from the private rows).
+                With a public row (:attr:`Mechanism.public_row`, K > 1) the job's public width is
+                ``max(len(row 0), pad_width)``; without one, ``pad_width`` lets the job share the batch with others.
+                A private row longer than it is decoded in a side batch (slower, still exact).
+            result: deprecated; the output is also appended to this list when the stream ends (use
+                :attr:`EngineStream.output`).
+        """
+        job = Job(contexts, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos, processors,
+                  pad_width)
+        self.submit(job)
+        job.events = deque()
+        return EngineStream(self._events(job), result)
+
+    def _events(self, job: Job) -> Generator[StepEvent, None, EngineOutput]:
+        try:
+            while True:
+                while job.events:
+                    yield job.events.popleft()
+                if job.status is JobStatus.FINISHED:
+                    break
+                self.step()
+        finally:
+            if job.status is not JobStatus.FINISHED:
+                self.cancel(job)  # the stream was closed early
+        if job.error is not None:
+            raise job.error
+        return job.output
+
+    def generate(self, contexts: Sequence[Sequence[int]], mechanism: Mechanism, **kwargs: Any) -> EngineOutput:
+        """Run :meth:`stream` to the end and return the :class:`EngineOutput` (same arguments)."""
+        kwargs.pop("result", None)
+        job = self.submit(Job(contexts, mechanism, **kwargs))
+        return self._wait(job)
+
+    def run_jobs(self, jobs: Sequence[Job], *, max_rows: int | None = None, compile: bool | str | None = None,
+                 slots: bool = True) -> Iterator[tuple[int, EngineOutput]]:
+        """Run several independent jobs; yield ``(index in jobs, output)`` as each job finishes (not necessarily in
+        order). Every job is checked before any runs (a bad job raises, naming its index); each runs as a fresh copy
+        (:meth:`Job.fresh`), so a job may be passed again.
+
+        Args:
+            jobs: the jobs; each keeps its own mechanism, processors, randomness and ``max_new_tokens``.
+            max_rows, compile: the engine's settings (see :class:`Engine`) for the pools planned during this call.
+            slots: submit every job at once (they share the batch); False: one job after another.
+        """
+        check_max_rows(max_rows)
+        compiled = None if compile is None else resolve_compile(compile, self.lm.device)
+        copies = []
+        for i, job in enumerate(jobs):
+            copy = job.fresh()
+            try:
+                copy.check(self.lm.context_window)
+            except (ConfigurationError, InvalidInputError) as err:
+                raise type(err)(f"job {i}: {err}") from None
+            copy.rows = []  # checked again by submit
+            copies.append(copy)
+        saved = self.scheduler.max_rows, getattr(self.runner, "compile", None)
+        if max_rows is not None:
+            self.scheduler.max_rows = max_rows
+        if compiled is not None and isinstance(self.runner, SlotRunner):
+            self.runner.compile = compiled
+        try:
+            if not slots:
+                for i, copy in enumerate(copies):
+                    yield i, self._wait(self.submit(copy))
+                return
+            index = {id(self.submit(copy)): i for i, copy in enumerate(copies)}
+            pending = set(index)
+            while pending:
+                for job in copies:
+                    if id(job) in pending and job.status is JobStatus.FINISHED:
+                        pending.discard(id(job))
+                        if job.error is not None:
+                            raise job.error
+                        yield index[id(job)], job.output
+                if pending:
+                    self.step()
+        finally:
+            self.scheduler.max_rows = saved[0]
+            if isinstance(self.runner, SlotRunner):
+                self.runner.compile = saved[1]
+            for job in copies:
+                if job.status is not JobStatus.FINISHED:
+                    self.cancel(job)
+
+
+class EngineStream(Iterator[StepEvent]):
+    """The events of one :meth:`Engine.stream` run; :attr:`output` holds the :class:`EngineOutput` once the stream
+    is exhausted (the return value of the underlying generator).
+
+    >>> # run = engine.stream([ids], mechanism, max_new_tokens=32, seed=0)
+    >>> # tokens = [event.tokens for event in run]; run.output.finish_reasons
+    """
+
+    def __init__(self, gen: Generator[StepEvent, None, EngineOutput], result: list[EngineOutput] | None = None):
+        self._gen = gen
+        self._result = result
+        self._output: EngineOutput | None = None
+
+    def __iter__(self) -> EngineStream:
+        return self
+
+    def __next__(self) -> StepEvent:
+        try:
+            return next(self._gen)
+        except StopIteration as stop:
+            if self._output is None:
+                self._output = stop.value
+                if self._result is not None:
+                    self._result.append(stop.value)
+            raise
+
+    def close(self) -> None:
+        """Stop the run early (the output stays unset)."""
+        self._gen.close()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (and :attr:`output` is set)."""
+        return self._output is not None
+
+    @property
+    def output(self) -> EngineOutput:
+        """The :class:`EngineOutput` of the finished run; refused before the stream is exhausted."""
+        if self._output is None:
+            raise RuntimeError("the stream has not finished: iterate it to the end before reading its output")
+        return self._output

@@ -1,0 +1,190 @@
+"""Prefill: the prompts of one job run through the model, exactly (padding and shared prefixes change nothing).
+
+* :func:`prefill_rows` (no public row): rows of different lengths are left-padded, with an attention mask and position
+  ids counted from each row's first real token. When all rows share a prefix (the instruction before the first private
+  token, or K copies of one prompt) it is run once and its cache copied to the K rows (``prefix_sharing``); rows of
+  very different lengths are prefilled one at a time (:data:`PER_ROW_PREFILL`).
+* :func:`prefill_public` (a mechanism with a public row 0, K > 1): the public row is prefilled alone, in one forward
+  pass over its own tokens (no shared-prefix split, no padding); each private row is prefilled alone too, reusing the
+  public row's keys for the prefix it shares with it. Nothing the public row computes reads a private row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dpinfer.engine.cache import cache_kwargs
+
+MIN_SHARED_PREFIX = 8
+"""Shortest common prefix worth a separate prefill (below it, batching everything is as fast)."""
+
+PER_ROW_PREFILL = 0.7
+"""With the static cache, rows are prefilled one at a time when their real tokens fill less than this share of the
+left-padded batch (e.g. references of very different lengths): the padding would cost more than the lost batching."""
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+"""One row's cache: per layer (keys, values)."""
+
+
+def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    first = rows[0]
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        t = first[i]
+        if any(r[i] != t for r in rows[1:]):
+            return i
+    return n
+
+
+def forward(lm: Any, **kwargs: Any) -> Any:
+    """The full model on some positions, last-position logits only."""
+    return lm.model(use_cache=True, logits_to_keep=1, return_dict=True, **cache_kwargs(lm.model, kwargs))
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def prefill_public(lm: Any, rows: Sequence[Sequence[int]], prefix_sharing: bool
+                   ) -> tuple[list[torch.Tensor], list[list[tuple[torch.Tensor, torch.Tensor]]], int]:
+    """The public row prefilled alone, then each private row alone (reusing the public row's keys for a shared
+    prefix): (last logits per row, per row and layer (keys, values) of shape (1, H, L, D), the shortest prefix a
+    private row reuses)."""
+    from transformers import DynamicCache
+
+    device, config = lm.device, lm.model.config
+    public = rows[0]
+    pub_cache = DynamicCache(config=config)
+    ids = torch.as_tensor([public], dtype=torch.long, device=device)
+    out = forward(lm, input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=pub_cache)
+    last = [out.logits[0, -1, :]]
+    layers = [[(layer.keys, layer.values) for layer in pub_cache.layers]]
+    reused = []
+    for row in rows[1:]:
+        shared = 0
+        if prefix_sharing:  # the private row reads the public row's keys; the public row reads nothing
+            shared = min(common_prefix_length([row, public]), len(row) - 1)
+            shared = shared if shared >= MIN_SHARED_PREFIX else 0
+        reused.append(shared)
+        row_cache = DynamicCache(config=config)
+        for j, layer in enumerate(pub_cache.layers):
+            if shared:
+                row_cache.update(layer.keys[:, :, :shared], layer.values[:, :, :shared], j)
+        ids = torch.as_tensor([row[shared:]], dtype=torch.long, device=device)
+        positions = torch.arange(shared, len(row), device=device).unsqueeze(0)
+        out = forward(lm, input_ids=ids, attention_mask=torch.ones((1, len(row)), dtype=torch.long, device=device),
+                      position_ids=positions, past_key_values=row_cache)
+        last.append(out.logits[0, -1, :])
+        layers.append([(layer.keys, layer.values) for layer in row_cache.layers])
+    return last, layers, min(reused, default=0)
+
+
+def prefill_rows(lm: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, *, prefix_sharing: bool,
+                 static_cache: bool) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, int]:
+    """Run the prompts, left-padded; return (last logits (K, V), cache, attention mask, next position ids (K,),
+    shared prefix). With ``static_cache`` and K > 1 the cache is pre-allocated for ``max_new_tokens`` more."""
+    from transformers import DynamicCache, StaticCache
+
+    device, pad, config = lm.device, lm.pad_token_id, lm.model.config
+    k = len(rows)
+    shared = 0
+    if prefix_sharing and k > 1:
+        shared = min(common_prefix_length(rows), min(len(r) for r in rows) - 1)
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+    width = max(len(r) for r in rows) - shared
+    static = static_cache and k > 1
+    cache = (StaticCache(config=config, max_cache_len=shared + width + max_new_tokens) if static
+             else DynamicCache(config=config))
+    suffixes = [r[shared:] for r in rows]
+    per_row = static and sum(map(len, suffixes)) < PER_ROW_PREFILL * k * width
+    prefix_cache = None
+    if shared:
+        prefix = torch.as_tensor([rows[0][:shared]], dtype=torch.long, device=device)
+        prefix_cache = DynamicCache(config=config)
+        forward(lm, input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=prefix_cache)
+        if per_row:
+            pass  # _prefill_one_by_one writes prefix and suffixes at once
+        elif static:  # copy the one prefix into every row of the pre-allocated cache
+            for i, layer in enumerate(prefix_cache.layers):
+                cache.update(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1), i)
+        else:
+            prefix_cache.batch_repeat_interleave(k)
+            cache = prefix_cache
+    ids, mask = left_pad(suffixes, pad, device)
+    full_mask = torch.cat([torch.ones((k, shared), dtype=mask.dtype, device=device), mask], dim=1)
+    next_pos = torch.as_tensor([len(r) for r in rows], dtype=torch.long, device=device)
+    if per_row:
+        logits = _prefill_one_by_one(lm, suffixes, shared, width, prefix_cache, cache)
+        return logits, cache, full_mask, next_pos, shared
+    positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
+    out = forward(lm, input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=cache)
+    cache = out.get("cache") if out.get("cache") is not None else out.past_key_values
+    return out.logits[:, -1, :], cache, full_mask, next_pos, shared
+
+
+def _prefill_one_by_one(lm: Any, suffixes: Sequence[Sequence[int]], shared: int, width: int, prefix_cache: Any,
+                        cache: Any) -> torch.Tensor:
+    """Prefill rows of very different lengths one at a time (no compute on padding), then write their keys and
+    values, left-aligned as the batched layout expects, into the pre-allocated cache. Exact: each row's keys are
+    computed at its own positions, and the padding slots stay masked."""
+    from transformers import DynamicCache
+
+    device, config = lm.device, lm.model.config
+    k = len(suffixes)
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    last: list[torch.Tensor] = []
+    for i, row in enumerate(suffixes):
+        row_cache = DynamicCache(config=config)
+        if prefix_cache is not None:
+            for j, layer in enumerate(prefix_cache.layers):
+                row_cache.update(layer.keys, layer.values, j)
+        ids = torch.as_tensor([row], dtype=torch.long, device=device)
+        positions = torch.arange(shared, shared + len(row), device=device).unsqueeze(0)
+        out = forward(lm, input_ids=ids, attention_mask=torch.ones((1, shared + len(row)), dtype=torch.long,
+                                                                   device=device),
+                      position_ids=positions, past_key_values=row_cache)
+        last.append(out.logits[0, -1, :])
+        for j, layer in enumerate(row_cache.layers):
+            if i == 0:
+                shape = (k, layer.keys.shape[1], shared + width, layer.keys.shape[-1])
+                keys.append(layer.keys.new_zeros(shape))
+                values.append(layer.values.new_zeros((*shape[:3], layer.values.shape[-1])))
+                if shared:
+                    keys[j][:, :, :shared] = layer.keys[0, :, :shared]
+                    values[j][:, :, :shared] = layer.values[0, :, :shared]
+            start = shared + width - len(row)
+            keys[j][i, :, start:] = layer.keys[0, :, shared:]
+            values[j][i, :, start:] = layer.values[0, :, shared:]
+    for j in range(len(keys)):
+        cache.update(keys[j], values[j], j)
+    return torch.stack(last)
+
+
+def prefill_job(lm: Any, job: Any, prefix_sharing: bool, static_cache: bool) -> tuple[torch.Tensor, list[KV], int]:
+    """A job's prefill for the slot cache: (last logits (K, V), per row its cache with keys (H, L, D), shared
+    prefix): :func:`prefill_public` for a public-row mechanism, :func:`prefill_rows` otherwise."""
+    rows = job.rows
+    if job.joint and job.k > 1 and job.mechanism.public_row:
+        last, layers, shared = prefill_public(lm, rows, prefix_sharing)
+        return torch.stack(last), [[(k[0], v[0]) for k, v in row] for row in layers], shared
+    logits, pcache, mask, _, shared = prefill_rows(lm, rows, 1, prefix_sharing=prefix_sharing,
+                                                   static_cache=static_cache)
+    width = mask.shape[1]
+    kv = []
+    for i in range(len(rows)):
+        keep = mask[i].bool()
+        kv.append([(layer.keys[i, :, :width][:, keep], layer.values[i, :, :width][:, keep])
+                   for layer in pcache.layers])
+    return logits, kv, shared

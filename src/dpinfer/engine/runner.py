@@ -1,0 +1,158 @@
+"""The slot runner: every running job's rows decoded in ONE forward per step over a pool of row slots.
+
+A job admitted by the :class:`~dpinfer.engine.scheduler.Scheduler` is prefilled on its own
+(:func:`~dpinfer.engine.prefill.prefill_job`) and its rows written to its slots of the :class:`SlotCache`; rows the
+scheduler keeps out of the pool (side rows, or every row of an own-cache job) go to a small cache of the job's own.
+Per step: one forward of the decoder over the S slots (:class:`DecodeStep`, compiled once per (S, C) when ``compile``
+is on), one per job with rows outside the pool, then the output head: one call for every row that needs all columns
+and, for a job whose mechanism reads its private rows on some columns only, the split head of
+:func:`~dpinfer.engine.head.split_logits`.
+
+Rule 2 (a public row never depends on a private row), enforced here
+--------------------------------------------------------------------
+Every shape of the pooled forward is public (S, C, the slot of each row: see the scheduler). A row's attention reads
+its own slot only: its mask comes from its own length, its position ids are its own, and a slot is zeroed beyond the
+prefill when a job takes it. Every other operation of the step is row-wise for fixed shapes, and the public row's
+logits come from the full head on its own hidden state. So the public row of every job is bit-for-bit independent of
+every private row in the batch, its own job's and other jobs' (content AND length): ``tests/unit/test_public_row.py``
+checks it with ``torch.equal``. With int8 layers every row has its own quantisation scale
+(:func:`dpinfer.models.quantize_int8`).
+
+What a seed reproduces
+----------------------
+Batched kernels are not bit-identical across batch compositions (a row's floating-point rounding may depend on S, C
+and where its slot sits). The same jobs, submitted in the same order, with the same seeds, settings, model and machine
+give the same outputs, token for token; a job in another mix gives the same tokens up to that rounding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpinfer.engine.cache import DecodeStep, SlotCache
+from dpinfer.engine.head import head_splits, split_logits
+from dpinfer.engine.prefill import prefill_job
+from dpinfer.engine.scheduler import Pool
+
+
+@dataclass
+class Placement:
+    """Where a job's rows live: ``slots[i]`` is row i's pool slot (``[]``: no pool slot), ``side_rows`` the rows
+    decoded in the job's own cache ``side``."""
+
+    slots: list[int]
+    side_rows: list[int]
+    side: tuple[SlotCache, DecodeStep] | None = None
+
+
+class SlotRunner:
+    """Runs admitted jobs on the slot cache (module docstring)."""
+
+    shared_pool = True
+
+    def __init__(self, lm: Any, *, prefix_sharing: bool, static_cache: bool, split_head: bool, compile: bool) -> None:
+        self.lm = lm
+        self.prefix_sharing = prefix_sharing
+        self.static_cache = static_cache
+        self.split_head = split_head and head_splits(lm.model)
+        self.compile = compile
+        self.eos = torch.as_tensor(sorted(lm.eos_token_ids), dtype=torch.long, device=lm.device)
+        self._pools: dict[tuple[int, int, bool], tuple[SlotCache, DecodeStep]] = {}
+        self.cache: SlotCache | None = None
+        self.step: DecodeStep | None = None
+        self.ids: torch.Tensor | None = None
+
+    def _new_cache(self, slots: int, capacity: int) -> SlotCache:
+        return SlotCache(self.lm.model.config.num_hidden_layers, slots, capacity, self.lm.device)
+
+    def use_pool(self, pool: Pool) -> None:
+        """Allocate the pool's cache and decode step (one (S, C) bucket held at a time; reused, so compiled once)."""
+        key = (pool.slots, pool.capacity, self.compile)
+        if key not in self._pools:
+            self._pools.clear()  # memory: no job runs in the old pool (the scheduler plans only then)
+            cache = self._new_cache(pool.slots, pool.capacity)
+            self._pools[key] = (cache, DecodeStep(self.lm, cache, self.compile))
+        self.cache, self.step = self._pools[key]
+        self.cache.lengths.zero_()
+        self.ids = torch.full((pool.slots, 1), self.lm.pad_token_id, dtype=torch.long, device=self.lm.device)
+
+    def admit(self, job: Any, slots: Sequence[int], side_rows: Sequence[int]) -> None:
+        """Prefill a job alone; its rows go to their slots, or to a cache of the job's own (``side_rows``)."""
+        t0 = time.perf_counter()
+        logits, kv, job.shared = prefill_job(self.lm, job, self.prefix_sharing, self.static_cache)
+        job.logits = logits
+        side = list(side_rows)
+        if slots:
+            for i, row in enumerate(job.rows):
+                if i in side:
+                    self.cache.release([slots[i]])
+                else:
+                    self.cache.write(slots[i], kv[i], len(row))
+        placement = Placement(list(slots), side)
+        if side:
+            need = max(len(job.rows[i]) for i in side) + job.max_new_tokens
+            side_cache = self._new_cache(len(side), need)
+            for j, i in enumerate(side):
+                side_cache.write(j, kv[i], len(job.rows[i]))
+            placement.side = (side_cache, DecodeStep(self.lm, side_cache, False))
+        job.placement = placement
+        job.started = time.perf_counter()
+        job.prefill_seconds = job.started - t0
+
+    def release(self, job: Any) -> None:
+        """The job has left: its pool slots go idle (length 0: an idle slot attends to its position 0 only)."""
+        if job.placement is not None and job.placement.slots:
+            self.cache.release(job.placement.slots)
+
+    def forward(self, going: Sequence[tuple[Any, torch.Tensor]]) -> None:
+        """One decode step for these jobs (each with its next input ids ``(K, 1)``): sets each job's logits."""
+        lm = self.lm
+        pooled = [job for job, _ in going if job.placement.slots]
+        parts: list[torch.Tensor] = []
+        if pooled:
+            for job, next_ids in going:
+                if job.placement.slots:
+                    self.ids[job.placement.slots] = next_ids
+            parts.append(self.step(self.ids))
+            advance = torch.zeros(self.cache.slots, dtype=torch.long, device=lm.device)
+            for job in pooled:
+                advance[job.placement.slots] = 1
+                for r in job.placement.side_rows:
+                    advance[job.placement.slots[r]] = 0  # idle filler
+            self.cache.lengths += advance
+        offset = parts[0].shape[0] if parts else 0
+        where: list[list[int]] = []
+        for job, next_ids in going:
+            p = job.placement
+            loc = list(p.slots) if p.slots else [-1] * job.k
+            if p.side is not None:
+                side_cache, side_step = p.side
+                h = side_step(next_ids[p.side_rows])
+                side_cache.lengths += 1
+                parts.append(h)
+                for j, r in enumerate(p.side_rows):
+                    loc[r] = offset + j
+                offset += h.shape[0]
+            where.append(loc)
+        states = torch.cat(parts) if len(parts) > 1 else parts[0]
+        head = lm.model.get_output_embeddings()
+        full_rows: list[int] = []
+        for (job, _), loc in zip(going, where, strict=True):
+            full_rows.extend(loc[:1] if job.split else loc)
+        full = head(states[full_rows])
+        at = 0
+        for (job, _), loc in zip(going, where, strict=True):
+            if not job.split:
+                job.logits = full[at:at + job.k]
+                at += job.k
+                continue
+            public = full[at:at + 1]
+            at += 1
+            job.logits = split_logits(job, public, states[loc[1:]], head, self.eos)
+        for job in pooled:
+            self.ids[job.placement.slots] = lm.pad_token_id
