@@ -7,7 +7,6 @@ top-p = 0.9), the same as ``dpinfer generate``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,25 +15,10 @@ from dpinfer.defaults import GENERATE
 from dpinfer.engine import Engine, EngineOutput
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.sampler import Sampler
-from dpinfer.models import LM, load_model
+from dpinfer.models import LM, default_lm, load_model, resolve_lm  # noqa: F401 - default_lm, load_model: re-exported
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
-
-
-@functools.lru_cache(maxsize=1)
-def default_lm() -> LM:
-    """The embedded default model, loaded once per process."""
-    return load_model()
-
-
-def resolve_lm(lm: LM | str | None) -> LM:
-    """``None`` → the embedded default (cached), a string → :func:`load_model`, an :class:`LM` → itself."""
-    if lm is None:
-        return default_lm()
-    if isinstance(lm, str):
-        return load_model(lm)
-    return lm
 
 
 @dataclass

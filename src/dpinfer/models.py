@@ -518,6 +518,21 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
     return lm
 
 
+@functools.lru_cache(maxsize=1)
+def default_lm() -> LM:
+    """The embedded default model, loaded once per process."""
+    return load_model()
+
+
+def resolve_lm(lm: LM | str | None) -> LM:
+    """``None`` → the embedded default (cached), a string → :func:`load_model`, an :class:`LM` → itself."""
+    if lm is None:
+        return default_lm()
+    if isinstance(lm, str):
+        return load_model(lm)
+    return lm
+
+
 def model_name(name_or_path: str | os.PathLike[str] | None) -> str:
     """The name :func:`load_model` gives the model (``lm.name``), without loading anything: the embedded model's
     name for ``None`` or one of its aliases, else the path as given (``~`` expanded).

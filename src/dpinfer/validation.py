@@ -2,8 +2,8 @@
 
 Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
 plain Python: no model, no torch, a few microseconds (the method list is read without importing the mechanisms:
-:mod:`dpinfer.methods`). Budget checks
-(:func:`check_sanitize_budget`, :func:`check_synth_budget`) calibrate the mechanism from the parameters alone (they
+:mod:`dpinfer.methods`). Budget checks (:func:`check_sanitize_budget`; for synthesis
+:func:`dpinfer.pipelines.synthesize.check_synth_budget`) calibrate the mechanism from the parameters alone (they
 import torch, still no model).
 Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
 results atomically (a temporary file in the same folder, then :func:`os.replace`).
@@ -243,15 +243,6 @@ def check_corpus_size(*, method: str, references: int, batch_size: int) -> None:
     if not is_baseline("synthesize", method) and references < batch_size:
         raise InvalidInputError(f"{references} references are fewer than one batch of B = {batch_size}; lower "
                                 "--batch-size or add references")
-
-
-def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
-                       top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> None:
-    """Calibrate the synthesis mechanism from the parameters alone (refuses an unreachable ε before the model loads)."""
-    from dpinfer.pipelines.synthesize import build_mechanism
-
-    build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore[arg-type]
-                    max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
 
 
 def check_generate_params(*, max_new_tokens: object = GENERATE.max_new_tokens,

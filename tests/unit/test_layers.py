@@ -22,7 +22,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "checks.py": (*UPPER, "accounting", "mechanisms", "engine", "models"),
     "accounting": (*UPPER, "mechanisms", "engine", "models"),
     "mechanisms": (*UPPER, "engine", "models"),
-    "engine.py": UPPER,
+    "engine": UPPER,
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 

@@ -34,7 +34,7 @@ def test_pool_is_planned_from_public_quantities_and_jobs_join_first_fit():
     assert admitted == [(jobs[0], [0, 1, 2], []), (jobs[2], [3, 4], []), (jobs[3], [], [0])]
     assert s.waiting == [jobs[1]]
     s.finish(jobs[0])
-    d = s.schedule()
+    d = s.schedule()  # job 2 still runs: the pool stays
     assert d.pool is None and [(a.job, a.slots) for a in d.admitted] == [(jobs[1], [0, 1, 2])]
     assert s.free == []
 

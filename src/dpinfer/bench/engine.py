@@ -11,12 +11,12 @@ exactly ``N``), it times
 Throughput is generated tokens per second of wall-clock time, prefill included; ratios are to ``hf`` in the same run.
 Runs are interleaved over ``--repeats`` rounds and the median is reported (this machine is noisy).
 
-``--jobs N`` (the slot engine, :mod:`dpinfer.slots`): N jobs, each K copies of a different ~``--prompt-tokens`` window
-of the document (joint greedy, exactly ``--new-tokens`` each), timed one by one (:meth:`Engine.generate`) and through
-``Engine.run_jobs`` (one forward per step for every job) in the same run, with the ratio; ``--compile`` adds the
-compiled decode step (its first call, which compiles, is timed apart) and Hugging Face ``generate`` with a static
-cache and ``torch.compile``; Hugging Face eager ``generate`` on one prompt is always the baseline row. Tokens/s count
-released tokens (one per job per step).
+``--jobs N`` (the slot runner, :mod:`dpinfer.engine.runner`): N jobs, each K copies of a different
+~``--prompt-tokens`` window of the document (joint greedy, exactly ``--new-tokens`` each), timed one by one
+(:meth:`Engine.generate`) and through ``Engine.run_jobs`` (one forward per step for every job) in the same run, with
+the ratio; ``--compile`` adds the compiled decode step (its first call, which compiles, is timed apart) and Hugging
+Face ``generate`` with a static cache and ``torch.compile``; Hugging Face eager ``generate`` on one prompt is always
+the baseline row. Tokens/s count released tokens (one per job per step).
 
 ``--device cuda --dtype bf16 --shape qwen2.5-7b`` runs a random-weight model of a named shape (:data:`SHAPES`; built
 from its config on the device, nothing downloaded) with the embedded model's tokenizer for the prompts.
@@ -163,11 +163,12 @@ def _sync(lm: Any) -> None:
 def slot_decode_step(lm: Any, job: Any) -> str:
     """How ``Engine.run_jobs(compile="auto")`` decodes ``job`` on ``lm``: ``"compiled"`` or ``"eager"`` in the shared
     slot batch, ``"eager (runs alone)"`` for a job without a public width (it is never mixed with others, see
-    :mod:`dpinfer.slots`), ``"eager (one job after another)"`` for an architecture the slot engine does not serve."""
-    from dpinfer.slots import public_width, resolve_compile, slots_supported
+    :mod:`dpinfer.engine.scheduler`), ``"eager (dynamic cache)"`` for an architecture the slot runner does not serve
+    (:attr:`LM.supports_slot_cache <dpinfer.models.LM.supports_slot_cache>`)."""
+    from dpinfer.engine import public_width, resolve_compile
 
-    if not slots_supported(lm.model):
-        return "eager (one job after another)"
+    if not lm.supports_slot_cache:
+        return "eager (dynamic cache)"
     if public_width(job, [list(c) for c in job.contexts]) is None:
         return "eager (runs alone)"
     return "compiled" if resolve_compile("auto", lm.device) else "eager"
@@ -297,7 +298,7 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
 
     step_ab = None
     if compile:  # the decode step alone, eager vs compiled, interleaved (S = the jobs' slot count)
-        from dpinfer.slots import DEFAULT_MAX_ROWS, bucket_capacity
+        from dpinfer.engine import DEFAULT_MAX_ROWS, bucket_capacity
 
         if progress:
             progress("decode step eager vs compiled")
@@ -337,7 +338,7 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
         rows.append({"config": label, "contexts": k, "seconds": round(t, 3), "tokens_per_s": round(tokens / t, 2),
                      "ratio_vs_one_by_one": None if base is None or "first call" in label else round(base / t, 3),
                      **{x: y for x, y in extra.get(label, {}).items() if x not in ("contexts", "first_call")}})
-    from dpinfer.slots import DEFAULT_MAX_ROWS
+    from dpinfer.engine import DEFAULT_MAX_ROWS
 
     return {
         "settings": {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
@@ -355,7 +356,7 @@ def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dic
     per step, and the seconds of the first compiled call (the compilation)."""
     import torch
 
-    from dpinfer.slots import DecodeStep, SlotCache
+    from dpinfer.engine import DecodeStep, SlotCache
 
     config = lm.model.config
     heads = config.num_key_value_heads

@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     loads; then the batches not yet in ``--out``, each text appended as its batch finishes (docs/corpus.md)."""
     from dpinfer.errors import ConfigurationError
     from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
-    from dpinfer.validation import check_corpus_size, check_output_path, check_synth_budget, check_synth_params
+    from dpinfer.pipelines.synthesize import check_synth_budget
+    from dpinfer.validation import check_corpus_size, check_output_path, check_synth_params
 
     # every parameter and path is checked here, before the corpus is read and before the model loads
     top_k = cli_k(args.top_k, "--top-k")

@@ -28,6 +28,7 @@ give the same outputs, token for token; a job in another mix gives the same toke
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,11 @@ from dpinfer.engine.cache import DecodeStep, SlotCache
 from dpinfer.engine.head import head_splits, split_logits
 from dpinfer.engine.prefill import prefill_job
 from dpinfer.engine.scheduler import Pool
+
+_POOLS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int, bool], tuple[SlotCache, DecodeStep]]] = (
+    weakref.WeakKeyDictionary())
+"""Per model, the pool cache and decode step of the last (S, C) bucket: reused by every engine on that model (a new
+engine per call compiles nothing again); an engine that finds it busy with another engine's jobs makes its own."""
 
 
 @dataclass
@@ -62,7 +68,7 @@ class SlotRunner:
         self.split_head = split_head and head_splits(lm.model)
         self.compile = compile
         self.eos = torch.as_tensor(sorted(lm.eos_token_ids), dtype=torch.long, device=lm.device)
-        self._pools: dict[tuple[int, int, bool], tuple[SlotCache, DecodeStep]] = {}
+        self.pooled = 0
         self.cache: SlotCache | None = None
         self.step: DecodeStep | None = None
         self.ids: torch.Tensor | None = None
@@ -72,12 +78,19 @@ class SlotRunner:
 
     def use_pool(self, pool: Pool) -> None:
         """Allocate the pool's cache and decode step (one (S, C) bucket held at a time; reused, so compiled once)."""
+        if self.cache is not None:
+            self.cache.busy = False  # no job runs in the old pool (the scheduler plans only then)
+        pools = _POOLS.setdefault(self.lm.model, {})
         key = (pool.slots, pool.capacity, self.compile)
-        if key not in self._pools:
-            self._pools.clear()  # memory: no job runs in the old pool (the scheduler plans only then)
+        pair = pools.get(key)
+        if pair is None or pair[0].busy:
             cache = self._new_cache(pool.slots, pool.capacity)
-            self._pools[key] = (cache, DecodeStep(self.lm, cache, self.compile))
-        self.cache, self.step = self._pools[key]
+            pair = (cache, DecodeStep(self.lm, cache, self.compile))
+            if key not in pools:
+                pools.clear()  # memory: one bucket kept per model
+                pools[key] = pair
+        self.cache, self.step = pair
+        self.cache.busy = True
         self.cache.lengths.zero_()
         self.ids = torch.full((pool.slots, 1), self.lm.pad_token_id, dtype=torch.long, device=self.lm.device)
 
@@ -88,6 +101,7 @@ class SlotRunner:
         job.logits = logits
         side = list(side_rows)
         if slots:
+            self.pooled += 1
             for i, row in enumerate(job.rows):
                 if i in side:
                     self.cache.release([slots[i]])
@@ -108,6 +122,9 @@ class SlotRunner:
         """The job has left: its pool slots go idle (length 0: an idle slot attends to its position 0 only)."""
         if job.placement is not None and job.placement.slots:
             self.cache.release(job.placement.slots)
+            self.pooled -= 1
+            if not self.pooled:
+                self.cache.busy = False  # another engine on this model may take the pool
 
     def forward(self, going: Sequence[tuple[Any, torch.Tensor]]) -> None:
         """One decode step for these jobs (each with its next input ids ``(K, 1)``): sets each job's logits."""

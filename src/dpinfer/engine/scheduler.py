@@ -88,7 +88,8 @@ class Admission:
 
 @dataclass
 class Decision:
-    """What :meth:`Scheduler.schedule` decided for the next step: a new pool (or None: keep), the admissions."""
+    """What :meth:`Scheduler.schedule` decided for the next step: the pool planned now (None: the running one stays),
+    the admissions."""
 
     pool: Pool | None
     admitted: list[Admission] = field(default_factory=list)
@@ -158,10 +159,8 @@ class Scheduler:
         decision = Decision(pool=None)
         mixed_waiting = [j for j in self.waiting if self.mixed(j)]
         if mixed_waiting and not any(self.mixed(j) for j in self.running):
-            pool = self.plan(mixed_waiting)
-            if pool != self.pool:
-                decision.pool = self.pool = pool
-            self.free = list(range(pool.slots))
+            decision.pool = self.pool = self.plan(mixed_waiting)
+            self.free = list(range(self.pool.slots))
         own = sum(not self.mixed(j) for j in self.running)
         blocked = False
         for job in list(self.waiting):

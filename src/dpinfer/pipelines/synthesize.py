@@ -469,6 +469,13 @@ def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float,
     return BUILDERS.get(method, _build_calibrated(method))(args)
 
 
+def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
+                       top_k: int | None, temperature: float, options: Mapping[str, Any] | None = None) -> None:
+    """Calibrate the synthesis mechanism from the parameters alone (refuses an unreachable ε before the model loads)."""
+    build_mechanism(method, lm=None, epsilon=epsilon, delta=delta, batch_size=batch_size,  # type: ignore[arg-type]
+                    max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature, options=options)
+
+
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
     from dpinfer.accounting import Guarantee
 
@@ -638,7 +645,7 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
     index in the plan, so a batch draws the same randomness whichever other batches run with it (the engine's
     batched rounding aside: :mod:`dpinfer.slots`). ``progress(done, total)`` counts the skipped batches as done."""
     from dpinfer.engine import Engine, EngineJob
-    from dpinfer.generation import resolve_lm
+    from dpinfer.models import resolve_lm
 
     skip = set()
     for b in skip_batches:
@@ -742,7 +749,7 @@ def synthesize(
                           max_new_tokens=max_new_tokens, top_k=top_k, temperature=temperature,
                           prompt_template=prompt_template, seed=seed, max_texts=max_texts,
                           max_reference_tokens=max_reference_tokens, options=options)
-    from dpinfer.generation import resolve_lm
+    from dpinfer.models import resolve_lm
 
     model = resolve_lm(lm)
     t0 = time.perf_counter()

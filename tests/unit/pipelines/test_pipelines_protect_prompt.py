@@ -203,14 +203,13 @@ def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
 
 # ------------------------------------------------------------------------------------------------ errors
 def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpinfer.generation
     import dpinfer.models
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(dpinfer.models, "load_model", refuse)
-    monkeypatch.setattr(dpinfer.generation, "default_lm", refuse)
+    monkeypatch.setattr(dpinfer.models, "default_lm", refuse)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
