@@ -15,7 +15,10 @@ Documents are cut at a paragraph boundary to at most ``--max-chars`` characters 
 keep CPU runs short; ``--max-new-tokens`` bounds every release (it is the T_max of every guarantee).
 
 ``--perf``: DP-Fusion tokens/s with m = 1 and m = 4 privacy groups against ``original`` (plain generation of the same
-length on the same document), EOS masked so every run makes exactly ``--max-new-tokens`` tokens, in one run.
+length on the same document), EOS masked so every run makes exactly ``--max-new-tokens`` tokens, in one run. Each
+configuration runs through :func:`~dpinfer.pipelines.sanitize.sanitize` (the engine, ``Engine.step``) and, as its
+baseline in the same run, through the former one-job path (the same job on the dynamic-cache runner,
+``Engine(runner="dynamic")``: one Hugging Face cache per job, the decoding the one-job engine did).
 """
 
 from __future__ import annotations
@@ -196,14 +199,16 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     repeats; with ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache +
     ``torch.compile``, its first, compiling call timed apart) in the same run.
 
-    Every row runs :func:`~dpinfer.pipelines.sanitize.sanitize` (the one-job engine, ``Engine.stream``). With
+    Every row runs :func:`~dpinfer.pipelines.sanitize.sanitize` (the engine, ``Engine.stream`` over
+    ``Engine.step``); each configuration also runs through the former one-job path (:func:`_former_sanitize`), rows
+    ``<name> (former path)``, with ``ratio_vs_former`` on the engine's row. With
     ``slot_engine``, each configuration also runs as ONE job through ``Engine.run_jobs`` (the slot engine:
     :func:`~dpinfer.pipelines.sanitize.plan_sanitize`, ``run_jobs``, ``finish_sanitize``, what ``sanitize_many`` does
     per document), on an engine of its own so that its compiled decode step is reused across repeats; its first call
     (which compiles on CUDA) is timed apart (``settings["slot_first_call_seconds"]``). Rows carry their ``path`` and
     ``decode_step`` (``"compiled"`` or ``"eager"``)."""
-    from dpinfer.bench.engine import _time_hf
-    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, prepare_contexts, resolve_groups, sanitize
+    from dpinfer.bench.engine import _time_hf, slot_decode_step
+    from dpinfer.pipelines import sanitize as pipeline
 
     labels = sorted({s.label for s in doc.spans})
     configs: list[tuple[str, dict[str, list[str]] | None]] = [("original", None)]
@@ -216,6 +221,16 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
             "epsilon": 40.0}
     slot_runs: dict[str, tuple[Callable[[], float], str]] = {}
     first_calls: dict[str, float] = {}
+    former = {name: _former_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
+    steps = {name: slot_decode_step(lm, pipeline.plan_sanitize(
+        doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).job)
+        for name, groups in configs}
+    for name, groups in configs:  # first calls timed apart (the engine's decode step compiles on CUDA)
+        times[f"{name} (former path)"] = []
+        if progress:
+            progress(f"{name}, first call")
+        first_calls[name] = round(pipeline.sanitize(
+            doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).seconds, 3)
     if slot_engine:
         slot_runs = {name: _slot_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
         for name, _ in configs:
@@ -228,12 +243,18 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         for name, groups in configs:
             if progress:
                 progress(name)
-            res = sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups,
-                           **opts)
+            res = pipeline.sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion",
+                                    groups=groups, **opts)
             assert res.generated_tokens == max_new_tokens
             times[name].append(res.seconds)
             info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens,
-                          "path": "one-job engine (sanitize)", "decode_step": "eager"}
+                          "path": "engine (sanitize, Engine.step)",
+                          "decode_step": steps[name]}
+            label = f"{name} (former path)"
+            if progress:
+                progress(label)
+            times[label].append(former[name]())
+            info[label] = {**info[name], "path": "former one-job path (dynamic-cache runner)", "decode_step": "eager"}
             if slot_engine:
                 label = f"{name} (run_jobs)"
                 if progress:
@@ -241,12 +262,13 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                 timer, step = slot_runs[name]
                 times[label].append(timer())
                 info[label] = {**info[name], "path": "slot engine (run_jobs, 1 job)", "decode_step": step}
-    names = [c[0] for c in configs]
+    names = [n for c in configs for n in (c[0], f"{c[0]} (former path)")]
     if slot_engine:
         names += [f"{c[0]} (run_jobs)" for c in configs]
     compile_seconds = None
     if hf_baselines:  # the prompt `original` decodes, through transformers' own generate loop
-        ids = prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None), DEFAULT_INSTRUCTION).original
+        ids = pipeline.prepare_contexts(lm, doc.text, doc.spans, pipeline.resolve_groups(doc.spans, None),
+                                        pipeline.DEFAULT_INSTRUCTION).original
         if progress:
             progress("hf generate static+compile (first call: compiles)")
         compile_seconds = _time_hf(lm, ids, max_new_tokens, compiled=True)
@@ -266,13 +288,42 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         rows.append({"config": name, "groups": info[name]["groups"], "seconds": round(t, 3),
                      "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3),
                      "path": info[name]["path"], "decode_step": info[name]["decode_step"]})
+        if f"{name} (former path)" in times:
+            rows[-1]["ratio_vs_former"] = round(statistics.median(times[f"{name} (former path)"]) / t, 3)
     settings = {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
                 "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
                 "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
                 "hf_compile_first_call_seconds": compile_seconds and round(compile_seconds, 2)}
+    settings["first_call_seconds"] = first_calls
     if slot_engine:
-        settings["slot_first_call_seconds"] = first_calls
+        settings["slot_first_call_seconds"] = {k: v for k, v in first_calls.items() if k.endswith("(run_jobs)")}
     return {"settings": settings, "rows": rows, "runs": times}
+
+
+def _former_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts: dict[str, Any]
+                     ) -> Callable[[], float]:
+    """A timer of one document through the former one-job path: what :func:`sanitize` does (plan, a new engine,
+    ``stream`` to the end, finish), on the dynamic-cache runner (one Hugging Face cache per job: the one-job engine's
+    decoding); the timer returns the seconds :func:`sanitize`'s ``seconds`` measures."""
+    from dpinfer.engine import Engine
+    from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
+
+    method = "original" if groups is None else "dp-fusion"
+
+    def once() -> float:
+        plan = plan_sanitize(text, lm=lm, method=method, groups=groups, **opts)
+        job = plan.job
+        t0 = time.perf_counter()
+        run = Engine(plan.lm, runner="dynamic").stream(
+            job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed, processors=job.processors,
+            min_new_tokens=job.min_new_tokens)
+        for _ in run:
+            pass
+        seconds = time.perf_counter() - t0
+        assert finish_sanitize(plan, run.output).generated_tokens == job.max_new_tokens
+        return seconds
+
+    return once
 
 
 def _slot_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts: dict[str, Any]
@@ -346,10 +397,12 @@ def format_perf(res: dict[str, Any]) -> str:
              f"({s.get('dtype', 'float32')}), TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
              f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}"
              + (f"; HF static+compile's first (compiling) call took {compiled:.1f} s" if compiled else ""),
-             "", "| config | groups | seconds | tokens/s | ratio vs original |", "|---|---:|---:|---:|---:|"]
+             "", "| config | path | decode step | groups | seconds | tokens/s | ratio vs original | vs former path |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        lines.append(f"| {r['config']} | {r['groups']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} "
-                     f"| {r['ratio_vs_original']:.2f} |")
+        former = f"{r['ratio_vs_former']:.2f}×" if r.get("ratio_vs_former") is not None else ""
+        lines.append(f"| {r['config']} | {r.get('path', '')} | {r.get('decode_step', '')} | {r['groups']} "
+                     f"| {r['seconds']:.2f} | {r['tokens_per_s']:.2f} | {r['ratio_vs_original']:.2f} | {former} |")
     return "\n".join(lines)
 
 

@@ -5,16 +5,17 @@ built on the GPU, nothing downloaded), one ~``--prompt-tokens`` document prompt 
 release (EOS masked, so every run makes exactly that many), it measures
 
 1. **plain single stream** (target ≥ 165 tok/s): greedy generation of the document's rewriting prompt through the
-   one-job engine (``Engine.generate``) and as one job through the slot engine (``Engine.run_jobs``), beside Hugging
-   Face ``generate`` eager and with a static cache + ``torch.compile`` on the same prompt;
+   engine (``Engine.generate``: a job without a public width, in a cache of its own) and as one job with a public
+   width through ``Engine.run_jobs`` (the slot runner's pooled batch), beside Hugging Face ``generate`` eager and
+   with a static cache + ``torch.compile`` on the same prompt;
 2. **DP-Fusion m = 4 on one document** (target ≥ 100 tok/s; 4 privacy groups, K = 5 rows): the run of
-   ``dpinfer bench sanitize --perf`` through ``sanitize`` (the one-job engine) and as one job through ``run_jobs``,
+   ``dpinfer bench sanitize --perf`` through ``sanitize`` (the engine) and as one job through ``run_jobs``,
    each beside ``original`` (plain generation of the same length, same sampler) on the same path;
 3. **DP-Fusion m = 4 over a corpus** (target ≥ 2,000 released tok/s): ``--corpus-docs`` documents through
    ``sanitize_many`` (one ``run_jobs`` call: the slot engine), the corpus path of ``dpinfer bench sanitize --corpus``,
    compared with the one-document m = 4 rate through ``sanitize``;
 4. **InvisibleInk B = 8** (target ≥ 0.8× plain generation of the same length): the run of ``dpinfer bench synth
-   --perf`` on 8 references, through the one-job engine and as one job through ``run_jobs``, each against plain
+   --perf`` on 8 references, through ``Engine.generate`` and as one job through ``run_jobs``, each against plain
    generation on the same path.
 
 Tokens/s are generated (released) tokens per second of wall-clock time, prefill included, median of ``--repeats``
@@ -238,7 +239,7 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
     if hf_baselines:
         paths["hf generate eager"] = hf(False)
         paths["hf generate static+compile"] = hf(True)
-    paths["one-job engine (Engine.generate)"] = one_job
+    paths["engine (Engine.generate)"] = one_job
     paths["slot engine (run_jobs, 1 job)"] = through_slots
     if progress:
         progress("1. plain: first calls")
@@ -362,8 +363,8 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
             decode = plain_info["slot_decode_step"] if label.startswith("slot") else "eager"
             rows.append(_row(1, "plain", label, decode, runs, n, baseline="HF eager" if hf_eager else None,
                              base_seconds=hf_eager))
-    for config_name, path in (("original", "sanitize (one-job engine)"),
-                              (fusion, "sanitize (one-job engine)"),
+    for config_name, path in (("original", "sanitize (engine)"),
+                              (fusion, "sanitize (engine)"),
                               ("original (run_jobs)", "slot engine (run_jobs, 1 job)"),
                               (f"{fusion} (run_jobs)", "slot engine (run_jobs, 1 job)")):
         is_fusion = config_name.startswith("dp-fusion")
@@ -381,7 +382,7 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
                      corpus["settings"]["released_tokens"], baseline="one document through sanitize",
                      base_rate=n / fusion_one))
     for path, seconds, steps in (
-            ("one-job engine (Engine.generate)", ink["seconds"], {"public": "eager", "invisibleink": "eager"}),
+            ("engine (Engine.generate)", ink["seconds"], {"public": "eager", "invisibleink": "eager"}),
             ("slot engine (run_jobs, 1 job)", ink["slot_engine"]["seconds"], ink["slot_engine"]["decode_step"])):
         rows.append(_row(4, None, f"plain (public prompt), {path}", steps["public"], seconds["public"], n))
         rows.append(_row(4, "invisibleink", f"InvisibleInk B = {BATCH_SIZE}, {path}", steps["invisibleink"],

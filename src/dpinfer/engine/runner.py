@@ -42,8 +42,12 @@ from dpinfer.engine.scheduler import Pool
 
 _POOLS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int, bool], tuple[SlotCache, DecodeStep]]] = (
     weakref.WeakKeyDictionary())
-"""Per model, the pool cache and decode step of the last (S, C) bucket: reused by every engine on that model (a new
-engine per call compiles nothing again); an engine that finds it busy with another engine's jobs makes its own."""
+"""Per model, the pool caches and decode steps of the last :data:`POOLS_PER_MODEL` (S, C) buckets: reused by every
+engine on that model (a new engine per call compiles nothing again); an engine that finds one busy with another
+engine's jobs makes its own."""
+
+POOLS_PER_MODEL = 3
+"""(S, C) buckets kept per model, least recently used dropped (each holds a KV cache of S × C positions)."""
 
 
 @dataclass
@@ -82,12 +86,15 @@ class SlotRunner:
             self.cache.busy = False  # no job runs in the old pool (the scheduler plans only then)
         pools = _POOLS.setdefault(self.lm.model, {})
         key = (pool.slots, pool.capacity, self.compile)
-        pair = pools.get(key)
+        pair = pools.pop(key, None)
+        if pair is not None:
+            pools[key] = pair  # most recently used last
         if pair is None or pair[0].busy:
             cache = self._new_cache(pool.slots, pool.capacity)
             pair = (cache, DecodeStep(self.lm, cache, self.compile))
             if key not in pools:
-                pools.clear()  # memory: one bucket kept per model
+                while len(pools) >= POOLS_PER_MODEL:
+                    pools.pop(next(iter(pools)))
                 pools[key] = pair
         self.cache, self.step = pair
         self.cache.busy = True

@@ -11,7 +11,7 @@ Batching across requests (:class:`Batcher`): jobs queued by concurrent requests 
 first are run through one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call, the slot engine's
 continuous batching (one forward per decode step for every job; a job leaves when it finishes). Jobs queued while a
 batch runs wait for the next batch. The batch is made of jobs and public settings only; what the slot engine
-guarantees about public rows and shapes (rule 2, across jobs) is stated in :mod:`dpinfer.slots`.
+guarantees about public rows and shapes (rule 2, across jobs) is stated in :mod:`dpinfer.engine.runner`.
 """
 
 from __future__ import annotations

@@ -115,8 +115,14 @@ def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monke
     doc = load_tab(shared_data / "tab" / "tab_echr_docs.jsonl", 1, 300)[0]
     res = run_perf(tiny_lm, doc, max_new_tokens=3, seed=0)
     names = [r["config"] for r in res["rows"]]
-    assert names == ["original", "dp-fusion m=1", "dp-fusion m=4", "hf generate eager", "hf generate static+compile"]
+    assert names == ["original", "original (former path)", "dp-fusion m=1", "dp-fusion m=1 (former path)",
+                     "dp-fusion m=4", "dp-fusion m=4 (former path)", "hf generate eager", "hf generate static+compile"]
     assert calls == [True, False, True] and all(r["seconds"] > 0 for r in res["rows"])
+    rows = {r["config"]: r for r in res["rows"]}
+    assert rows["dp-fusion m=4"]["path"] == "engine (sanitize, Engine.step)"
+    assert rows["dp-fusion m=4"]["ratio_vs_former"] > 0
+    assert rows["dp-fusion m=4 (former path)"]["path"] == "former one-job path (dynamic-cache runner)"
+    assert set(res["settings"]["first_call_seconds"]) == {"original", "dp-fusion m=1", "dp-fusion m=4"}
     assert "| hf generate eager |" in format_perf(res) and res["settings"]["device"] == "cpu"
 
 

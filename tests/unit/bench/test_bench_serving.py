@@ -105,13 +105,13 @@ def test_serving_measures_all_four_against_their_targets_in_one_run(tiny_model_d
     rows = res["rows"]
     by_path = {(r["number"], r["path"]): r for r in rows}
     assert sorted({r["number"] for r in rows}) == [1, 2, 3, 4]
-    for path in ("hf generate eager", "hf generate static+compile", "one-job engine (Engine.generate)",
+    for path in ("hf generate eager", "hf generate static+compile", "engine (Engine.generate)",
                  "slot engine (run_jobs, 1 job)"):
         assert (1, path) in by_path
     assert True in compiled_calls  # the static+compile baseline was timed (its first call apart)
-    for path in ("sanitize (one-job engine)", "slot engine (run_jobs, 1 job)"):
+    for path in ("sanitize (engine)", "slot engine (run_jobs, 1 job)"):
         assert (2, f"original (plain), {path}") in by_path and (2, f"DP-Fusion m = 4, {path}") in by_path
-    for path in ("one-job engine (Engine.generate)", "slot engine (run_jobs, 1 job)"):
+    for path in ("engine (Engine.generate)", "slot engine (run_jobs, 1 job)"):
         assert (4, f"plain (public prompt), {path}") in by_path and (4, f"InvisibleInk B = 8, {path}") in by_path
     (corpus,) = [r for r in rows if r["number"] == 3]
     assert corpus["tokens"] == 2 * 3 and res["settings"]["corpus_groups_per_doc"] == [4, 4]
@@ -129,10 +129,10 @@ def test_serving_measures_all_four_against_their_targets_in_one_run(tiny_model_d
     hf_eager = by_path[(1, "hf generate eager")]["seconds"]
     slot = by_path[(1, "slot engine (run_jobs, 1 job)")]
     assert slot["ratio"] == pytest.approx(hf_eager / slot["seconds"]) and slot["value"] == slot["tokens_per_s"]
-    for path in ("one-job engine (Engine.generate)", "slot engine (run_jobs, 1 job)"):
+    for path in ("engine (Engine.generate)", "slot engine (run_jobs, 1 job)"):
         ink, plain = by_path[(4, f"InvisibleInk B = 8, {path}")], by_path[(4, f"plain (public prompt), {path}")]
         assert ink["value"] == ink["ratio"] == pytest.approx(plain["seconds"] / ink["seconds"])
-    fusion = by_path[(2, "DP-Fusion m = 4, sanitize (one-job engine)")]
+    fusion = by_path[(2, "DP-Fusion m = 4, sanitize (engine)")]
     assert corpus["ratio"] == pytest.approx(corpus["tokens_per_s"] / fusion["tokens_per_s"])
     assert set(res["summary"]) == set(bench.TARGETS)
     assert res["summary"]["corpus"]["met"] == corpus["met"]
