@@ -643,7 +643,8 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
     Every batch still to do is planned (its contexts and its own copy of the calibrated mechanism: jobs share no
     state) and all go through one ``Engine.run_jobs`` call. A batch's sampling seed comes from the plan's seed and its
     index in the plan, so a batch draws the same randomness whichever other batches run with it (the engine's
-    batched rounding aside: :mod:`dpinfer.engine.runner`). ``progress(done, total)`` counts the skipped batches as done."""
+    batched rounding aside: :mod:`dpinfer.engine.runner`). ``progress(done, total)`` counts the skipped batches as
+    done."""
     from dpinfer.engine import Engine, EngineJob
     from dpinfer.models import resolve_lm
 
