@@ -144,7 +144,9 @@ def test_bench_sanitize_perf_records_quantize(tiny_model_dir, shared_data, tmp_p
     res = bench.run(bench.config_from_args(args))
     assert res["settings"]["quantize"] == "int8"
     assert "int8 decode steps" in res["markdown"]
-    assert [r["config"] for r in res["rows"]] == ["original", "dp-fusion m=1", "dp-fusion m=4"]
+    assert [r["config"] for r in res["rows"]] == ["original", "original (former path)", "dp-fusion m=1",
+                                                  "dp-fusion m=1 (former path)", "dp-fusion m=4",
+                                                  "dp-fusion m=4 (former path)"]
 
 
 @pytest.mark.parametrize("fuse", [True, False])

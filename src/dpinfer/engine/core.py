@@ -13,7 +13,9 @@ One step: the scheduler admits what fits (each admitted job is prefilled alone);
 its pending logits (float64, unclamped) into its token(s), which are recorded (joint mode: one token for every row,
 the job stops at EOS or ``T_max``; independent mode: one token per row, a row stops at its own EOS); finished jobs
 leave; one forward computes the next logits of the others. :meth:`Engine.stream`, :meth:`Engine.generate` and
-:meth:`Engine.run_jobs` are loops over :meth:`Engine.step`; jobs may be submitted between steps (a server).
+:meth:`Engine.run_jobs` are loops over :meth:`Engine.step`; jobs may be submitted between steps (a server). An engine
+is not thread-safe: one thread (or one lock) calls ``submit``, ``step`` and ``cancel``; a server's loop steps while
+:attr:`Engine.busy` and hands each request its events (:attr:`StepOutput.events`) and output (:attr:`Job.output`).
 
 Randomness comes only from each job's :class:`~dpinfer.mechanisms.randomness.RandomSource`: the operating system's
 CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks: the same seed reproduces a run).
