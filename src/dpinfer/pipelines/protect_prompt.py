@@ -696,10 +696,18 @@ def protect_prompt(
 
 
 def guarantee_lines(res: ProtectedPrompt) -> list[str]:
-    """The guarantee in plain words, per-token ε and composed ε side by side (for the command line)."""
+    """The guarantee for the command line: one plain sentence, a caveat when ε is too large to bound anything useful
+    (what e^ε means there, where to choose ε), then the details: per-token ε and composed ε side by side."""
+    from dpinfer.accounting.guarantee import epsilon_caveat
+    from dpinfer.checks import format_up
+
     g = res.guarantee
     p = g.parameters
-    lines = [str(g),
+    caveat = epsilon_caveat(g.epsilon, "the prompt")
+    lines = [f"Guarantee: the whole prompt is protected with ε = {format_up(g.epsilon)} (δ = {format_up(g.delta)}) "
+             "against any other prompt; not protected: that a prompt was protected with these settings, and timing.",
+             *([caveat] if caveat else []),
+             "Details: " + str(g),
              f"per token: ε_tok = 2(b_max − b_min)/τ = 2·({p['clip_max']:.3g} − {p['clip_min']:.3g})/"
              f"{p['temperature']:.3g} = {res.epsilon_per_token:.4g}; composed over {p['num_rewrites']} rewrites × "
              f"T_max {p['T_max']} = "

@@ -148,3 +148,15 @@ def test_cli_prints_the_sentence_first_and_details_with_explain(tiny_model_dir, 
     statement = capsys.readouterr().out.split("\n\n")[-1].splitlines()
     assert statement[0].startswith("Guarantee: ") and statement[1].startswith("Caveat: at ε = ")
     assert any(line.startswith("Details: ") for line in statement) == explain
+
+
+def test_protect_prompt_states_a_plain_sentence_and_a_caveat_for_its_composed_epsilon(tiny_model_dir, capsys):
+    args = ["protect-prompt", "Why is the sky blue?", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--temperature", "1", "--n-rewrites", "2", "--max-new-tokens", "4", "--seed", "1"]
+    assert main(args) == 0
+    lines = capsys.readouterr().err.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("Guarantee: "))
+    assert "the whole prompt is protected with ε = " in lines[first]
+    assert lines[first + 1].startswith("Caveat: at ε = ") and "≈" in lines[first + 1]  # e^ε spelled out
+    assert "docs/threat-model.md" in lines[first + 1]
+    assert lines[first + 2].startswith("Details: ")
