@@ -81,15 +81,25 @@ def write_failure(option: str, path: str, exc: OSError, where: str) -> int:
 
 
 @contextmanager
-def count_progress(label: str, unit: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient progress bar on a terminal's standard error (``label``, done/total ``unit``); yields
-    ``update(done, total)``. Nothing is drawn into a pipe."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on a terminal's standard error (``label``, done/total ``unit``, time elapsed and an
+    estimate of the time left: an upper bound when the text may stop early); yields ``update(done, total)``. The
+    total is the public maximum (e.g. T_max), known before the first step: callers report ``update(0, total)`` first.
+    Nothing is drawn into a pipe."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     err = console(stderr=True)
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as prog:
-        task = prog.add_task(label, total=None)
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as prog:
+        task = prog.add_task(label, total=total)
 
         def update(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)

@@ -506,7 +506,8 @@ def sanitize(
         label_map: translation of span labels to TAB types, for spans files with other labels.
         no_repeat_ngram: ban repeating any n-gram of the generated tokens (a public transform applied to every
             context alike: it reads released tokens only); ``None`` disables it.
-        progress: called as ``progress(tokens_done, T_max)`` after every generated token.
+        progress: called as ``progress(0, T_max)`` once planned, then ``progress(tokens_done, T_max)`` after every
+            generated token.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
             transform that leaves the guarantee, which is computed for ``max_new_tokens``, unchanged).
         max_input_tokens: ``dp-decoding`` and ``dp-prompt`` only (their adjacency makes the document's length
@@ -552,6 +553,8 @@ def sanitize(
         if spend is not None:
             spend.settle(plan.guarantee)  # the exact cost, before any token
         job = plan.job
+        if progress is not None:
+            progress(0, job.max_new_tokens)  # the total (T_max, public) is known before prefill
         t0 = time.perf_counter()
         run = Engine(plan.lm).stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
                                      processors=job.processors, min_new_tokens=job.min_new_tokens)

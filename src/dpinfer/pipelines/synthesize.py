@@ -673,6 +673,8 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
                               pad_width=public_pad_width(model, plan.template, labels, plan.max_reference_tokens),
                               seed=None if plan.seed is None else base_seed * 1_000_003 + b))
     finished = len(skip)
+    if progress is not None:
+        progress(finished, len(plan.batches))  # the total is known before the first batch runs
     for j, out in engine.run_jobs(jobs):
         b = todo[j]
         job_mech = jobs[j].mechanism

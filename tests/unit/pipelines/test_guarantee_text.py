@@ -160,3 +160,10 @@ def test_protect_prompt_states_a_plain_sentence_and_a_caveat_for_its_composed_ep
     assert lines[first + 1].startswith("Caveat: at ε = ") and "≈" in lines[first + 1]  # e^ε spelled out
     assert "docs/threat-model.md" in lines[first + 1]
     assert lines[first + 2].startswith("Details: ")
+
+
+def test_progress_knows_its_total_before_the_first_token(tiny_lm):
+    seen: list[tuple[int, int]] = []
+    res = sanitize(DOC, lm=tiny_lm, spans=GOLD, max_new_tokens=5, seed=0, progress=lambda d, n: seen.append((d, n)))
+    assert seen[0] == (0, 5) and all(total == 5 for _, total in seen)  # never "0/?": T_max from the start
+    assert seen[-1][0] == res.generated_tokens

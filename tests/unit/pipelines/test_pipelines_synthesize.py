@@ -207,7 +207,7 @@ def test_synthesize_iter_yields_texts_as_batches_finish(tiny_lm) -> None:
     plan = plan_synthesis(_refs(), epsilon=5.0, batch_size=2, max_new_tokens=4, prompt_template=TEMPLATE, seed=1)
     seen: list[tuple[int, int]] = []
     texts = list(synthesize_iter(plan, lm=tiny_lm, skip_batches=[1], progress=lambda d, n: seen.append((d, n))))
-    assert [t.batch for t in texts] == [0] and seen == [(2, 2)]  # the skipped batch counts as done
+    assert [t.batch for t in texts] == [0] and seen == [(1, 2), (2, 2)]  # the skipped batch counts as done; total first
 
 
 def test_plan_header_and_partition_digest_hold_no_reference() -> None:
