@@ -52,6 +52,7 @@ from dpinfer.pipelines.clip_bounds import PARAPHRASE_INSTRUCTION
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
     from dpinfer.engine import Engine
+    from dpinfer.errors import DPInferError
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import RandomSource
     from dpinfer.models import LM
@@ -555,6 +556,42 @@ def capped_paraphrase_ids(lm: LM, prompt: str, max_input_tokens: int) -> list[in
         cap -= 1
 
 
+def _release_terms(model: LM, mech: DPPrompt, clip_source: str, *, n: int, method: str, epsilon: float | None,
+                   delta: float, n_keywords: int, keywords: str, max_new_tokens: int, jem_epsilon: float,
+                   suppress: str, n_exemplars: int, max_input_tokens: int, seeded: bool
+                   ) -> tuple[Guarantee, dict[str, Any]]:
+    """The guarantee and the settings of a release: from the parameters alone (never the prompt, never the seed)."""
+    from dpinfer.accounting import Guarantee
+
+    parameters: dict[str, Any] = {
+        "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": clip_source,
+        "temperature": mech.temperature, "epsilon_per_token": mech.epsilon_per_token, "num_rewrites": n,
+        "T_max": max_new_tokens, "composed_tokens": n * max_new_tokens,
+        "composition": mech.guarantee(max_new_tokens).parameters["composition"],
+    }
+    if method == "dp-gtr":
+        parameters["keywords"] = keywords
+        parameters["n_keywords"] = n_keywords
+        parameters["suppress"] = suppress
+        parameters["n_exemplars"] = n_exemplars
+        if keywords == "jem":
+            parameters["jem_epsilon"] = jem_epsilon
+            parameters["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
+                                      "post-processing for the headline adjacency, not added to ε")
+    guarantee = Guarantee.from_loss(mech.loss(max_new_tokens), delta=delta, mechanism=method, adjacency=ADJACENCY,
+                                    parameters=parameters, max_new_tokens=max_new_tokens)
+    if seeded:
+        guarantee = dataclasses.replace(guarantee, seeded=True)
+    settings = {"method": method, "epsilon": epsilon, "temperature": mech.temperature, "delta": delta,
+                "n_rewrites": n, "n_keywords": n_keywords if method == "dp-gtr" else 0,
+                "keywords": keywords if method == "dp-gtr" else None, "max_new_tokens": max_new_tokens,
+                "jem_epsilon": jem_epsilon if method == "dp-gtr" and keywords == "jem" else None,
+                "suppress": suppress if method == "dp-gtr" else None,
+                "n_exemplars": n_exemplars if method == "dp-gtr" else None,
+                "max_input_tokens": max_input_tokens, "model": model.name}
+    return guarantee, settings
+
+
 # ---------------------------------------------------------------------------------------------------------- API
 def protect_prompt(
     prompt: str,
@@ -612,7 +649,6 @@ def protect_prompt(
     loads and before the prompt is read: :class:`~dpinfer.errors.ContextTooLongError` when
     :func:`request_bound` plus ``max_new_tokens`` exceeds the context window (a check on the settings alone).
     """
-    from dpinfer.accounting import Guarantee
     from dpinfer.engine import Engine
     from dpinfer.generation import resolve_lm
     from dpinfer.mechanisms.randomness import random_source
@@ -664,35 +700,122 @@ def protect_prompt(
         if timed is not None:  # the consensus pick's encoder time, counted apart from stage 3's decoding
             stages["stage3"] -= timed.seconds
     stages["total"] = time.perf_counter() - t0
-    parameters: dict[str, Any] = {
-        "clip_min": mech.clip_min, "clip_max": mech.clip_max, "clip_source": bounds.source,
-        "temperature": mech.temperature, "epsilon_per_token": mech.epsilon_per_token, "num_rewrites": n,
-        "T_max": max_new_tokens, "composed_tokens": n * max_new_tokens,
-        "composition": mech.guarantee(max_new_tokens).parameters["composition"],
-    }
-    if method == "dp-gtr":
-        parameters["keywords"] = keywords
-        parameters["n_keywords"] = n_keywords
-        parameters["suppress"] = suppress
-        parameters["n_exemplars"] = n_exemplars
-        if keywords == "jem":
-            parameters["jem_epsilon"] = jem_epsilon
-            parameters["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
-                                      "post-processing for the headline adjacency, not added to ε")
-    guarantee = Guarantee.from_loss(mech.loss(max_new_tokens), delta=delta, mechanism=method, adjacency=ADJACENCY,
-                                    parameters=parameters, max_new_tokens=max_new_tokens)
-    if seed is not None:
-        guarantee = dataclasses.replace(guarantee, seeded=True)
-    settings = {"method": method, "epsilon": epsilon, "temperature": mech.temperature, "delta": delta,
-                "n_rewrites": n, "n_keywords": n_keywords if method == "dp-gtr" else 0,
-                "keywords": keywords if method == "dp-gtr" else None, "max_new_tokens": max_new_tokens,
-                "jem_epsilon": jem_epsilon if method == "dp-gtr" and keywords == "jem" else None,
-                "suppress": suppress if method == "dp-gtr" else None,
-                "n_exemplars": n_exemplars if method == "dp-gtr" else None,
-                "max_input_tokens": max_input_tokens, "model": model.name}
+    guarantee, settings = _release_terms(model, mech, bounds.source, n=n, method=method, epsilon=epsilon, delta=delta,
+                                         n_keywords=n_keywords, keywords=keywords, max_new_tokens=max_new_tokens,
+                                         jem_epsilon=jem_epsilon, suppress=suppress, n_exemplars=n_exemplars,
+                                         max_input_tokens=max_input_tokens, seeded=seed is not None)
     return ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=list(kws), rewrites=rewrites,
                            guarantee=guarantee, method=method, epsilon_per_token=mech.epsilon_per_token,
                            settings=settings)
+
+
+def _block_mechanism(base: DPPrompt, sources: Sequence[RandomSource], n: int) -> DPPrompt:
+    """Stage 1 of several prompts in ONE engine run: ``base`` (a :class:`DPPrompt`) over rows that come in blocks of
+    ``n`` (one block per prompt), each block drawn from its own random source, so a prompt's rewrites are what its own
+    run would give with that source (the same draws, row by row, up to float rounding of the batched forward)."""
+    import torch
+
+    from dpinfer.mechanisms.base import StepResult
+    from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_weights
+    from dpinfer.mechanisms.sampler import sample_probs
+
+    class BlockDPPrompt(DPPrompt):
+        def step(self, logits: Any, info: Any, generator: Any) -> Any:
+            w = clipped_weights(logits, self.clip_min, self.clip_max, self.temperature)
+            return StepResult(tokens=torch.cat([sample_probs(w[b * n:(b + 1) * n], src)
+                                                for b, src in enumerate(sources)]))
+
+    return BlockDPPrompt(base.clip_min, base.clip_max, base.temperature, num_rewrites=n * len(sources),
+                         delta=base.delta)
+
+
+def protect_prompts(
+    prompts: Sequence[str],
+    *,
+    lm: LM | str | None = None,
+    method: str = PROTECT.method,
+    epsilon: float | None = None,
+    temperature: float | None = None,
+    delta: float = PROTECT.delta,
+    n_rewrites: int | None = None,
+    n_keywords: int = DEFAULT_N_KEYWORDS,
+    keywords: str = PROTECT.keywords,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    jem_epsilon: float = DEFAULT_JEM_EPSILON,
+    suppress: str = PROTECT.suppress,
+    n_exemplars: int = PROTECT.n_exemplars,
+    max_input_tokens: int = PROTECT.max_input_tokens,
+    seeds: Sequence[int | None] | None = None,
+    embedder: Any = None,
+) -> list[ProtectedPrompt | DPInferError]:
+    """:func:`protect_prompt` for several prompts (each a different person's: separate releases that do not compose)
+    sharing the engine's steps: stage 1 of every prompt in ONE engine run (``n`` rows per prompt, each prompt's rows
+    drawn from its own source: ``seeds[i]``, or a fresh secure source), stages 2 per prompt, stage 3 of every prompt
+    in ONE engine run, one encoder for every consensus pick. Returns one item per prompt: its
+    :class:`ProtectedPrompt`, or the :class:`~dpinfer.errors.DPInferError` that refused it (an empty prompt; the
+    messages never quote a prompt). Parameters are checked once, before the model loads (a bad one raises)."""
+    from dpinfer.engine import Engine
+    from dpinfer.errors import DPInferError
+    from dpinfer.generation import resolve_lm
+    from dpinfer.mechanisms.randomness import random_source
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    n = check_protect_params(method=method, epsilon=epsilon, temperature=temperature, delta=delta,
+                             n_rewrites=n_rewrites, n_keywords=n_keywords, keywords=keywords,
+                             max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=None,
+                             suppress=suppress, n_exemplars=n_exemplars, max_input_tokens=max_input_tokens)
+    seeds = [None] * len(prompts) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ConfigurationError(f"give one seed per prompt ({len(prompts)}), got {len(seeds)}")
+    out: list[ProtectedPrompt | DPInferError | None] = [None] * len(prompts)
+    ok: list[int] = []
+    for i, p in enumerate(prompts):
+        try:
+            _check_prompt(p)
+        except DPInferError as err:
+            out[i] = err
+        else:
+            ok.append(i)
+    if not ok:
+        return [o for o in out if o is not None]
+    model = resolve_lm(lm)
+    check_request_fits(model, max_input_tokens=max_input_tokens, max_new_tokens=max_new_tokens)
+    bounds = clip_bounds(model)
+    mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens, delta=delta,
+                            epsilon=epsilon, temperature=temperature)
+    sources = [random_source(seeds[i]) for i in ok]
+    engine = Engine(model)
+    rows = [capped_paraphrase_ids(model, prompts[i], max_input_tokens) for i in ok for _ in range(n)]
+    batch = _block_mechanism(mech, sources, n)
+    gen = engine.generate(rows, batch, max_new_tokens=max_new_tokens)  # randomness: the blocks' own sources
+    del rows  # nothing below reads a prompt
+    texts = [model.decode(seq).strip() for seq in gen.sequences]
+    per = [texts[j * n:(j + 1) * n] for j in range(len(ok))]
+    if method == "dp-prompt":
+        finals = [(rw[0], rw[0], []) for rw in per]
+    else:
+        if n_exemplars > 1 and embedder is None:
+            from dpinfer.eval.embeddings import shared_embedder
+
+            embedder = shared_embedder()
+        groups = []
+        for rw, src in zip(per, sources, strict=True):
+            exemplars = choose_exemplars(model, rw, n_exemplars)
+            kws = release_keywords(rw, method=keywords, k=n_keywords, jem_epsilon=jem_epsilon, generator=src)
+            groups.append((exemplars, kws, rw))
+        chosen = stage3_choices(engine, model, groups, max_new_tokens=max_new_tokens, suppress=suppress,
+                                embedder=embedder)
+        finals = [(final, g[0][c], list(g[1])) for (final, c), g in zip(chosen, groups, strict=True)]
+    for j, i in enumerate(ok):
+        final, exemplar, kws = finals[j]
+        guarantee, settings = _release_terms(model, mech, bounds.source, n=n, method=method, epsilon=epsilon,
+                                             delta=delta, n_keywords=n_keywords, keywords=keywords,
+                                             max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon,
+                                             suppress=suppress, n_exemplars=n_exemplars,
+                                             max_input_tokens=max_input_tokens, seeded=seeds[i] is not None)
+        out[i] = ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=kws, rewrites=per[j], guarantee=guarantee,
+                                 method=method, epsilon_per_token=mech.epsilon_per_token, settings=settings)
+    return [o for o in out if o is not None]
 
 
 def guarantee_lines(res: ProtectedPrompt) -> list[str]:
@@ -732,6 +855,7 @@ __all__ = [
     "keyword_ban",
     "keyword_variants",
     "protect_prompt",
+    "protect_prompts",
     "release_keywords",
     "stage1_mechanism",
     "stage1_rewrites",

@@ -425,3 +425,28 @@ def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch:
         assert main(["protect-prompt", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.engine import Engine
+
+    prompts = ["Where is the kettle?", SECRET, "   ", "What do people use to cut paper?"]
+    kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=3, n_keywords=2, max_new_tokens=5, n_exemplars=1)
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    clip_bounds(tiny_lm)  # measured once (an engine run of its own) before counting
+    calls: list[int] = []
+    generate = Engine.generate
+
+    def count(self, contexts, mechanism, **kw):
+        calls.append(len(contexts))
+        return generate(self, contexts, mechanism, **kw)
+
+    monkeypatch.setattr(Engine, "generate", count)
+    out = pp.protect_prompts(prompts, seeds=[1, 2, 3, 4], **kwargs)
+    assert calls == [9, 3]  # stage 1 of the three prompts in one run, stage 3 of the three in one run
+    assert isinstance(out[2], InvalidInputError) and "Zanzibarquux" not in str(out[2])
+    for i in (0, 1, 3):
+        alone = pp.protect_prompt(prompts[i], seed=i + 1, **kwargs)
+        assert out[i].rewrites == alone.rewrites and out[i].prompt == alone.prompt
+        assert out[i].to_dict() == alone.to_dict()
