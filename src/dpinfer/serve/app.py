@@ -215,6 +215,9 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
 
     @app.post("/v1/sanitize")
     async def sanitize(who: Principal = User, data: dict[str, Any] = Body) -> Any:
+        if data.get("stream") is True:  # server-sent events: the released tokens, then the release
+            prepared = await run_in_threadpool(runtime.prepare_sanitize_stream, who, data)
+            return event_stream(iterate_in_threadpool(runtime.sanitize_stream(prepared)))
         return await run_in_threadpool(runtime.sanitize, who, data)
 
     @app.post("/v1/protect-prompt")
@@ -362,6 +365,20 @@ def completion(cid: str, model: str, text: str, finish: str, extension: dict[str
     if usage is not None:
         out["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
     return out
+
+
+def event_stream(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events, one JSON object each; an error after the start is one in-band line (no input quoted)."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        except Exception as exc:
+            msg = one_line(str(exc)) if isinstance(exc, DPInferError) else f"unexpected {type(exc).__name__}"
+            yield f"data: {json.dumps({'error': msg})}\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
 
 
 async def one_piece(text: str) -> AsyncIterator[str]:

@@ -188,7 +188,7 @@ def _unknown(body: Mapping[str, Any], allowed: Sequence[str]) -> None:
 
 
 SANITIZE_FIELDS = ("text", "spans", "epsilon", "group_epsilon", "groups", "method", "max_new_tokens", "unit",
-                   "delta", "alpha", "temperature", "top_k", "allow_untagged", "adjacency")
+                   "delta", "alpha", "temperature", "top_k", "allow_untagged", "adjacency", "stream")
 ASK_FIELDS = ("question", "mechanism", "epsilon", "delta", "max_new_tokens", "temperature", "unit")
 SYNTH_FIELDS = ("references", "method", "epsilon", "delta", "batch_size", "max_new_tokens", "max_texts", "unit")
 PROTECT_FIELDS = ("prompt", "method", "epsilon", "delta", "n_rewrites", "n_keywords", "keywords", "max_new_tokens",
@@ -296,8 +296,9 @@ class Runtime:
         return {"spans": [s.to_dict() for s in spans], "tagger": self.tagger_name}
 
     # ---------------------------------------------------------------- sanitize
-    def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
+    def _plan_sanitize(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str]:
+        """(the plan, the unit's name, its key): every check, the spans, the contexts, the calibrated mechanism."""
+        from dpinfer.pipelines.sanitize import plan_sanitize
         from dpinfer.validation import check_sanitize_budget, check_sanitize_params
 
         _unknown(body, SANITIZE_FIELDS)
@@ -326,13 +327,63 @@ class Runtime:
                                  spans=spans, tagger=self.tagger if spans is None else None, groups=groups,
                                  top_k=top_k, allow_untagged=allow_untagged, checked=True,
                                  min_new_tokens=self.min_new_tokens, **opts)
-        del text
+        return plan, name, key
+
+    def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        from dpinfer.pipelines.sanitize import finish_sanitize
+
+        plan, name, key = self._plan_sanitize(principal, body)
+
         def work() -> Any:
             out = self.batcher.run(plan.job)
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
         res = self._charged(key, plan.guarantee, "document", work)
         return {**res.to_dict(), "unit": name, "budget": self.budgets.state(key)}
+
+    def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str, Any]:
+        """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
+        from dpinfer.serve.budget import BudgetRefused
+
+        plan, name, key = self._plan_sanitize(principal, body)
+        try:
+            charge = self.budgets.reserve(key, plan.guarantee, scope="document")
+        except BudgetRefused:
+            self.metrics.refused()
+            raise
+        return plan, name, key, charge
+
+    def sanitize_stream(self, prepared: tuple[Any, str, str, Any]) -> Iterator[dict[str, Any]]:
+        """The released tokens as they are chosen (DP-Fusion releases token by token: each is covered by the
+        guarantee), then the release. Decoded alone under the model lock. Once a token has left, the charge is
+        committed whatever happens next (a client that disconnects has still received part of a release)."""
+        from dpinfer.generation import TextStreamer
+        from dpinfer.pipelines.sanitize import finish_sanitize
+
+        plan, name, key, charge = prepared
+        job = plan.job
+        released = False
+        try:
+            t0 = time.perf_counter()
+            with self.exclusive():
+                run = self.engine.stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens,
+                                         min_new_tokens=job.min_new_tokens, seed=job.seed, processors=job.processors)
+                streamer = TextStreamer(self.lm)
+                for event in run:
+                    tok = event.tokens[0]
+                    if tok >= 0 and tok not in self.lm.eos_token_ids:
+                        piece = streamer.push(tok)
+                        if piece:
+                            released = True
+                            yield {"delta": piece}
+                out = run.output
+            res = finish_sanitize(plan, out, seconds=time.perf_counter() - t0)
+            self.metrics.generated(len(out.sequences[0]), 0.0)
+        except BaseException:
+            (self.budgets.commit if released else self.budgets.cancel)(charge)
+            raise
+        self.budgets.commit(charge)
+        yield {"done": True, **res.to_dict(), "unit": name, "budget": self.budgets.state(key)}
 
     # ---------------------------------------------------------------- rag
     def rag(self, principal: Principal, store: str, *, create: bool = False) -> Any:

@@ -117,3 +117,27 @@ def test_synth_job_is_submitted_then_polled(server) -> None:
     assert httpx.get(server.url + f"/v1/jobs/{job}", headers=auth(server.keys["globex"])).status_code == 403
     r = httpx.post(server.url + "/v1/synth", json={"references": refs, "epsilon": -1}, headers=key)
     assert r.status_code == 422
+
+
+def test_sanitize_streams_the_released_tokens_then_the_release(server) -> None:
+    import json
+
+    body = {"text": DOC, "spans": SPANS, "max_new_tokens": 6, "unit": "acme-stream", "stream": True}
+    events = []
+    with httpx.stream("POST", server.url + "/v1/sanitize", json=body, headers=auth(server.keys["acme"]),
+                      timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    final = events[-1]
+    assert final["done"] is True and final["budget"]["releases"] == 1 and final["budget"]["pending"] == 0
+    pieces = "".join(e["delta"] for e in events[:-1])
+    assert pieces.strip() == final["text"]
+    assert final["guarantee"]["sentence"]
+    # a refusal comes before the stream: a plain 402
+    httpx.put(server.url + "/v1/budget/acme-stream-small", json={"epsilon": 1},
+              headers=auth(server.keys["acme-admin"])).raise_for_status()
+    r = httpx.post(server.url + "/v1/sanitize", json={**body, "unit": "acme-stream-small"},
+                   headers=auth(server.keys["acme"]))
+    assert r.status_code == 402 and "budget" in r.json()
