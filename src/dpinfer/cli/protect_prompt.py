@@ -67,6 +67,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     p.add_argument("--device", default=None)
+    from dpinfer.cli.budget import add_ledger_options
+
+    add_ledger_options(p, "the prompt source charged on the ledger (a user or a tenant: its prompts compose); "
+                          "required with a ledger")
     f = p.add_argument_group("a file of prompts (one release per JSONL record; resumable)")
     f.add_argument("--prompts", default=None, metavar="P.jsonl",
                    help="protect every prompt of this JSONL file instead of one; needs --out")
@@ -97,25 +101,42 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.pipelines.protect_prompt import DEFAULT_JEM_EPSILON, check_protect_params
 
     jem_epsilon = DEFAULT_JEM_EPSILON if args.jem_epsilon is None else args.jem_epsilon
-    check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
+    n = check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
                          n_rewrites=args.n_rewrites, n_keywords=args.n_keywords, keywords=args.keywords,
                          max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed,
                          suppress=args.suppress, n_exemplars=args.n_exemplars,
                          max_input_tokens=args.max_input_tokens, cli=True)
+    from dpinfer.cli.budget import cli_spend, ledger_path, report_charge
+
     if args.prompts is not None or args.out is not None:
+        if ledger_path(args) is not None:
+            from dpinfer.errors import LedgerError
+
+            raise LedgerError("--prompts does not charge a ledger yet: protect the prompts one by one with --ledger")
         return _run_prompts(args, jem_epsilon)
     prompt = _read_prompt(args)
 
     from dpinfer.models import load_model
+    from dpinfer.pipelines.budget import pure_steps_estimate
     from dpinfer.pipelines.protect_prompt import guarantee_lines, protect_prompt
 
-    lm = load_model(args.model, device=args.device)
+    spend = cli_spend(args, scope="prompt-source", what="protect-prompt")
+    if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
+        spend.reserve(None if args.epsilon is None else pure_steps_estimate(
+            args.epsilon, args.delta, n * args.max_new_tokens, bounded_range=True), mechanism=args.method)
+    try:
+        lm = load_model(args.model, device=args.device)
+    except BaseException:
+        if spend is not None:
+            spend.cancel()
+        raise
     res = protect_prompt(prompt, lm=lm, method=args.method, epsilon=args.epsilon, temperature=args.temperature,
                          delta=args.delta, n_rewrites=args.n_rewrites, n_keywords=args.n_keywords,
                          keywords=args.keywords, max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
                          suppress=args.suppress, n_exemplars=args.n_exemplars,
-                         max_input_tokens=args.max_input_tokens, seed=args.seed)
+                         max_input_tokens=args.max_input_tokens, seed=args.seed, ledger=spend)
     del prompt
+    report_charge(spend)
     if args.json:
         from dpinfer.cli.output import print_json
 

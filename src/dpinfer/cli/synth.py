@@ -69,6 +69,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "(only the missing batches are generated; other settings or a changed corpus are refused). "
                          "While unfinished, OUT has a private sidecar OUT.partition (never publish it; deleted at "
                          "the end). See docs/corpus.md")
+    from dpinfer.cli.budget import add_ledger_options
+
+    add_ledger_options(sy, "the corpus's unit on the ledger (name it, e.g. yelp-2024); required with a ledger. "
+                              "The run is charged once, before the model loads; a resumed run is not charged again")
     sy.set_defaults(func=run)
 
 
@@ -148,23 +152,39 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput) -> int:
+    out.open()  # a torn last line is cut off here; the header and the batches done are read back
+    digest = plan.partition_sha256()
+    out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
+    skipped = len(out.done)
+    if skipped == len(plan.batches):
+        out.finish()
+        return _print_done(args, header, out)
+    from dpinfer.cli.budget import cli_spend, report_charge
+    from dpinfer.models import load_model
+
+    # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
+    # --out) was charged by the run it resumes
+    spend = None if out.done else cli_spend(args, scope="corpus", what="synth")
+    if spend is not None:
+        spend.settle(plan.guarantee)
+    new: list[SyntheticText] = []
+    try:
+        return _generate(args, plan, header, out, digest, new, skipped, load_model(args.model, device=args.device))
+    finally:
+        if spend is not None:  # a text in --out is released: committed; nothing released: cancelled
+            spend.commit() if new else spend.cancel()
+            report_charge(spend)
+
+
+def _generate(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput,
+              digest: str, new: list[SyntheticText], skipped: int, lm: Any) -> int:
     import time
 
     from dpinfer.cli.output import count_progress
     from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
 
-    out.open()  # a torn last line is cut off here; the header and the batches done are read back
-    digest = plan.partition_sha256()
-    out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
-    skipped, total = len(out.done), len(plan.batches)
-    if skipped == total:
-        out.finish()
-        return _print_done(args, header, out)
-    from dpinfer.models import load_model
-
-    lm = load_model(args.model, device=args.device)
+    total = len(plan.batches)
     out.start(header, digest)  # the private partition file, then the header line (before any text)
-    new: list[SyntheticText] = []
     t0 = time.perf_counter()
     with count_progress(f"synthesizing ({args.method})", "batches") as progress:
         texts = synthesize_iter(plan, lm=lm, skip_batches=set(out.done), progress=progress)

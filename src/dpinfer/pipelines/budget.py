@@ -17,17 +17,29 @@ may void it (``dpinfer budget void CHARGE``).
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from dpinfer.accounting import Guarantee, PureDp, SingleOrderRdp, Zcdp, zcdp_rho_for_target
+from dpinfer.accounting import (
+    Guarantee,
+    PrivacyLoss,
+    PureDp,
+    SingleOrderRdp,
+    Zcdp,
+    calibrate,
+    grow_bracket,
+    zcdp_rho_for_target,
+)
 from dpinfer.accounting.dp_fusion import conversion_cost
 from dpinfer.accounting.ledger import ApproxDp, Charge, Cost, Ledger, check_unit
 from dpinfer.errors import LedgerError
 
-__all__ = ["LedgerLike", "Spend", "open_ledger", "single_order_estimate", "start_spend", "zcdp_estimate"]
+__all__ = ["LedgerLike", "Spend", "charged", "current_spend", "open_ledger", "pure_steps_estimate",
+           "single_order_estimate", "start_spend", "zcdp_estimate"]
 
 LedgerLike = Ledger | str | os.PathLike[str] | None
 """What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
@@ -58,6 +70,16 @@ def zcdp_estimate(epsilon: float, delta: float) -> Cost:
     return Cost.of(Zcdp(zcdp_rho_for_target(epsilon, delta)))
 
 
+def pure_steps_estimate(epsilon: float, delta: float, steps: int, *, bounded_range: bool) -> Cost:
+    """The cost of ``steps`` pure-DP tokens calibrated to ``(epsilon, delta)`` (DP-Prompt, DP-Decoding): the largest
+    per-token ε whose ``steps``-fold composition meets the target, composed."""
+    def loss(eps: float) -> PrivacyLoss:
+        return PureDp(eps, bounded_range=bounded_range).times(steps)
+
+    hi = grow_bracket(lambda eps: loss(eps).to_epsilon(delta) <= epsilon, start=epsilon / steps)
+    return Cost.of(loss(calibrate(loss, epsilon=epsilon, delta=delta, lo=0.0, hi=hi, name="ε per token")))
+
+
 class Spend:
     """One release's reservation on a unit (see the module docstring)."""
 
@@ -77,10 +99,10 @@ class Spend:
                                           parameters={"estimate": estimate is not None, **(parameters or {})},
                                           scope=self.scope)
 
-    def settle(self, guarantee: Guarantee) -> None:
-        """Step 2 (planned, nothing generated): the exact cost of ``guarantee``."""
+    def settle(self, guarantee: Guarantee | Cost | PrivacyLoss, *, mechanism: str | None = None) -> None:
+        """Step 2 (planned, nothing generated): the exact cost of ``guarantee`` (or of a loss)."""
         if self.charge is None:
-            self.charge = self.ledger.reserve(self.unit, guarantee, scope=self.scope)
+            self.charge = self.ledger.reserve(self.unit, guarantee, scope=self.scope, mechanism=mechanism)
         else:
             self.charge.settle(guarantee)
 
@@ -120,3 +142,41 @@ def start_spend(ledger: LedgerLike | Spend, unit: str | None, *, scope: str,
             )
         unit = default_unit(book)
     return Spend(book, unit, scope)
+
+
+_CURRENT: contextvars.ContextVar[Spend | None] = contextvars.ContextVar("dpinfer_spend", default=None)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def current_spend() -> Spend | None:
+    """The :class:`Spend` of the :func:`charged` release running in this context (None without a ledger)."""
+    return _CURRENT.get()
+
+
+def charged(scope: str, *, what: str, default_unit: Callable[[Ledger, tuple[Any, ...], dict[str, Any]], str] | None
+            = None) -> Callable[[F], F]:
+    """Decorate a release function whose keyword arguments include ``ledger=`` and ``unit=``: with a ledger, a
+    :class:`Spend` on the unit is active while it runs (:func:`current_spend`: the function reserves and settles
+    it); it is committed when the function returns and cancelled when it raises."""
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            ledger, unit = kwargs.pop("ledger", None), kwargs.pop("unit", None)
+            default = None if default_unit is None else (lambda book: default_unit(book, args, kwargs))
+            spend = start_spend(ledger, unit, scope=scope, default_unit=default, what=what)
+            if spend is None:
+                return fn(*args, **kwargs)
+            token = _CURRENT.set(spend)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                spend.cancel()
+                raise
+            finally:
+                _CURRENT.reset(token)
+            spend.commit()
+            return result
+
+        return run  # type: ignore[return-value]
+
+    return wrap

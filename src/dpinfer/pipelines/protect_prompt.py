@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
+from dpinfer.pipelines.budget import charged, current_spend, pure_steps_estimate
 from dpinfer.pipelines.clip_bounds import PARAPHRASE_INSTRUCTION
 
 if TYPE_CHECKING:
@@ -593,6 +594,7 @@ def _release_terms(model: LM, mech: DPPrompt, clip_source: str, *, n: int, metho
 
 
 # ---------------------------------------------------------------------------------------------------------- API
+@charged("prompt-source", what="protect_prompt")
 def protect_prompt(
     prompt: str,
     *,
@@ -612,6 +614,8 @@ def protect_prompt(
     seed: int | None = None,
     embedder: Any = None,
     profile: dict[str, float] | None = None,
+    ledger: Any = None,
+    unit: str | None = None,
 ) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
 
@@ -643,6 +647,11 @@ def protect_prompt(
         profile: diagnostics only: a dict that receives the seconds spent per stage (``loading``, ``stage1``,
             ``ranking``, ``stage2`` (keywords), ``stage3``, ``embedding``, ``total``). Wall time depends on the prompt
             and is not protected: it is never part of the release.
+        ledger: a :class:`~dpinfer.Ledger` (or its path) this release is charged to (:mod:`dpinfer.pipelines.budget`):
+            reserved before the model loads when ``epsilon`` is given (its cost follows from the parameters), else
+            priced once the clip bounds are known, always before any token; None: no ledger.
+        unit: the prompt source on the ledger (a user or a tenant: local DP composes over every prompt protected
+            for it); required with a ledger.
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
     :class:`~dpinfer.errors.ConfigurationError` for bad parameters (ε ≤ 0, both ε and τ, …). After the tokenizer
@@ -659,6 +668,9 @@ def protect_prompt(
                              n_rewrites=n_rewrites, n_keywords=n_keywords, keywords=keywords,
                              max_new_tokens=max_new_tokens, jem_epsilon=jem_epsilon, seed=seed,
                              suppress=suppress, n_exemplars=n_exemplars, max_input_tokens=max_input_tokens)
+    spend = current_spend()
+    if spend is not None and epsilon is not None:  # the cost from the parameters alone, before the model loads
+        spend.reserve(pure_steps_estimate(epsilon, delta, n * max_new_tokens, bounded_range=True), mechanism=method)
     stages: dict[str, float] = {} if profile is None else profile
     stages.clear()
     t0 = clock = time.perf_counter()
@@ -674,6 +686,8 @@ def protect_prompt(
     bounds = clip_bounds(model)
     mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens, delta=delta,
                             epsilon=epsilon, temperature=temperature)
+    if spend is not None:  # the exact cost, before any token
+        spend.settle(mech.loss(max_new_tokens), mechanism=method)
     source = random_source(seed)
     engine = Engine(model)
     if method == "dp-gtr" and n_exemplars > 1 and embedder is None:

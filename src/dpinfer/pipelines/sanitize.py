@@ -986,12 +986,12 @@ def guarantee_caveats(result: SanitizeResult) -> list[str]:
 def _scrub_guarantee(method: str, groups: Mapping[str, Sequence[str]], delta: float, t_max: int) -> Guarantee:
     """NER scrubbing decodes the public context only: the output does not depend on the content of any tagged span,
     so ε = 0 for every group under the same adjacency as DP-Fusion."""
-    from dpinfer.accounting import GroupGuarantee, Guarantee
+    from dpinfer.accounting import GroupGuarantee, Guarantee, PureDp
 
     return Guarantee(
         epsilon=0.0, delta=delta, mechanism=method, adjacency=FUSION_ADJACENCY,
         parameters={"T_max": t_max}, max_new_tokens=t_max,
-        groups=tuple(GroupGuarantee(name, 0.0, delta, {}) for name in groups),
+        groups=tuple(GroupGuarantee(name, 0.0, delta, {}, loss=PureDp(0.0)) for name in groups),
     )
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
+from dpinfer.pipelines.budget import charged, current_spend
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
@@ -477,9 +478,9 @@ def check_synth_budget(*, method: str, epsilon: float | None, delta: float, batc
 
 
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
-    from dpinfer.accounting import Guarantee
+    from dpinfer.accounting import Guarantee, PureDp
 
-    return Guarantee(epsilon=0.0, delta=delta, mechanism="public",
+    return Guarantee(epsilon=0.0, delta=delta, mechanism="public", loss=PureDp(0.0),
                      adjacency="any change to the references (the public prompt reads none)",
                      parameters={"T_max": t_max}, max_new_tokens=t_max)
 
@@ -696,6 +697,7 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
             progress(finished, len(plan.batches))
 
 
+@charged("corpus", what="synthesize")
 def synthesize(
     references: Sequence[Reference | str],
     *,
@@ -715,6 +717,8 @@ def synthesize(
     progress: Callable[[int, int], None] | None = None,
     skip_batches: Iterable[int] = (),
     on_text: Callable[[SyntheticText], None] | None = None,
+    ledger: Any = None,
+    unit: str | None = None,
 ) -> SynthesisResult:
     """Generate one synthetic text per disjoint batch of ``batch_size`` references (see the module docstring).
 
@@ -744,6 +748,10 @@ def synthesize(
             deterministic (the seed, the labels and the order of the references) only for the same references.
         on_text: called with each text as soon as its batch finishes (in the order they finish), e.g. to append it
             to a file.
+        ledger: a :class:`~dpinfer.Ledger` (or its path) this run is charged to, once, at its guarantee (every
+            reference pays each run's per-reference loss), before the model loads (:mod:`dpinfer.pipelines.budget`).
+            A resumed run (``skip_batches`` not empty) is not charged again: the run it resumes was.
+        unit: the corpus's unit on the ledger (name it, e.g. ``"yelp-2024"``); required with a ledger.
 
     Returns:
         The texts of the batches run, in batch order.
@@ -754,6 +762,10 @@ def synthesize(
                           max_reference_tokens=max_reference_tokens, options=options)
     from dpinfer.models import resolve_lm
 
+    skip_batches = set(skip_batches)
+    spend = current_spend()
+    if spend is not None and not skip_batches:  # the run's cost, from its parameters: before the model loads
+        spend.settle(plan.guarantee)
     model = resolve_lm(lm)
     t0 = time.perf_counter()
     done: dict[int, SyntheticText] = {}

@@ -96,3 +96,65 @@ def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir
     assert main(["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--ledger",
                  str(tmp_path / "missing.db")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _no_model(monkeypatch) -> None:
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+
+
+def test_synth_charges_the_corpus_once_per_run_and_a_resumed_run_not_again(tiny_model_dir, tmp_path: Path, capsys,
+                                                                           monkeypatch) -> None:
+    from dpinfer.accounting import Zcdp, zcdp_rho_for_target
+
+    corpus = tmp_path / "c.csv"
+    corpus.write_text("text,cat\n" + "".join(f'"review number {i} was fine",A\n' for i in range(6)))
+    path = str(tmp_path / "b.db")
+    Ledger.init(path)
+    rho = zcdp_rho_for_target(6.0, 1e-5)  # one run at ε = 6 costs at most this ρ (InvisibleInk is zCDP)
+    Ledger(path).set_budget("reviews", epsilon=(Zcdp(rho).to_epsilon(1e-5) + Zcdp(2 * rho).to_epsilon(1e-5)) / 2)
+    job = ["synth", str(corpus), "--text-field", "text", "--epsilon", "6", "--batch-size", "2", "--max-new-tokens",
+           "4", "--seed", "0", "--model", str(tiny_model_dir), "--ledger", path, "--unit", "reviews"]
+    import errno
+
+    from dpinfer.pipelines.synth_job import SynthesisOutput
+
+    out = tmp_path / "o.jsonl"
+    with monkeypatch.context() as patch:  # the disk fills after one text: the run stops, its text released
+        real = SynthesisOutput.append
+        written = [0]
+
+        def append(self: SynthesisOutput, record: dict) -> None:
+            if written[0] == 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(self, record)
+            written[0] += 1
+
+        patch.setattr(SynthesisOutput, "append", append)
+        assert main([*job, "--out", str(out)]) == 2
+    assert "charged to unit reviews" in capsys.readouterr().err
+    history = Ledger(path).history("reviews")
+    assert [(c.state, c.mechanism) for c in history] == [("committed", "invisibleink")]
+    assert main([*job, "--out", str(out)]) == 0  # the rerun resumes
+    assert len(Ledger(path).history("reviews")) == 1  # and is not charged again
+    assert len(out.read_bytes().splitlines()) == 1 + 3
+    _no_model(monkeypatch)
+    assert main([*job, "--out", str(tmp_path / "another.jsonl")]) == 2  # a second run: over the budget
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "budget exceeded for unit 'reviews'" in err
+
+
+def test_protect_prompt_needs_a_unit_and_is_refused_before_the_model_loads(tmp_path: Path, capsys,
+                                                                           monkeypatch) -> None:
+    path = str(tmp_path / "b.db")
+    Ledger.init(path).set_budget("alice", epsilon=5.0)
+    _no_model(monkeypatch)
+    assert main(["protect-prompt", "What is a kettle for?", "--epsilon", "8", "--ledger", path]) == 2
+    assert "needs unit= (CLI: --unit NAME)" in capsys.readouterr().err
+    assert main(["protect-prompt", "What is a kettle for?", "--epsilon", "8", "--ledger", path,
+                 "--unit", "alice"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpinfer: error: budget exceeded for unit 'alice': budget ε = 5 ") and err.count("\n") == 1
+    assert "this release costs ε = 8 " in err

@@ -65,3 +65,25 @@ def test_a_unit_without_a_ledger_and_original_on_a_ledger_are_refused(tiny_lm, t
     ledger = Ledger.init(tmp_path / "b.db", epsilon=1000.0)
     with pytest.raises(BudgetExceededError, match="costs ε = ∞"):
         sanitize(DOC, lm=tiny_lm, method="original", max_new_tokens=4, ledger=ledger, unit="case-1")
+
+
+def test_protect_prompt_and_synthesize_charge_their_units(tiny_lm, tmp_path: Path) -> None:
+    from dpinfer.pipelines.protect_prompt import protect_prompt
+    from dpinfer.pipelines.synthesize import synthesize
+
+    ledger = Ledger.init(tmp_path / "b.db", epsilon=1000.0)
+    res = protect_prompt("What is a kettle for?", lm=tiny_lm, method="dp-prompt", epsilon=500.0, max_new_tokens=4,
+                         seed=0, ledger=ledger, unit="alice")
+    [charge] = ledger.history("alice")
+    assert (charge.state, ledger.status("alice").scope) == ("committed", "prompt-source")
+    assert charge.epsilon == pytest.approx(res.guarantee.epsilon, rel=1e-9)  # settled to the exact loss
+    with pytest.raises(LedgerError, match="needs unit="):
+        protect_prompt("What is a kettle for?", lm=tiny_lm, method="dp-prompt", epsilon=500.0, ledger=ledger)
+    texts = synthesize(["one review", "two reviews", "three reviews", "four"], lm=tiny_lm, epsilon=6.0,
+                       batch_size=2, max_new_tokens=3, seed=0, ledger=ledger, unit="corpus-1")
+    [run] = ledger.history("corpus-1")
+    assert (run.state, run.mechanism, ledger.status("corpus-1").scope) == ("committed", "invisibleink", "corpus")
+    assert run.epsilon == texts.guarantee.loss.to_epsilon(1e-5)  # at the unit's δ, not the release's 1e-6
+    synthesize(["one review", "two reviews", "three reviews", "four"], lm=tiny_lm, epsilon=6.0, batch_size=2,
+               max_new_tokens=3, seed=0, ledger=ledger, unit="corpus-1", skip_batches={0})
+    assert len(ledger.history("corpus-1")) == 1  # a resumed run is not charged again
