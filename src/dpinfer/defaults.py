@@ -46,6 +46,13 @@ class SanitizeDefaults:
     temperature: float = 0.7
     top_k: int | None = 40
     no_repeat_ngram: int | None = 3
+    min_p: float | None = 0.05
+    """Support rule computed from the PUBLIC context only: keep the tokens at least 5% as likely as the public
+    context's most likely one (after temperature), so that a flat first step cannot sample a token the public
+    context finds unlikely (docs/quality.md). A public function: the guarantee is unchanged."""
+    max_new_tokens_cap: int | None = 256
+    """Cap on DP-Fusion's document-following default T_max (a constant: public). Longer documents get a rewrite of
+    their first part; pass ``--max-new-tokens`` for more (every token is charged)."""
     tagger: str = "presidio"
     accounting: str = "dpinfer"
     adjacency: str = "replace-by-null"

@@ -1,4 +1,4 @@
-"""``dpinfer bench engine | sanitize | synth | serving | tagger``: the built-in benchmarks (:mod:`dpinfer.bench`).
+"""``dpinfer bench engine | sanitize | synth | serving | quality | tagger``: the built-in benchmarks.
 
 Each prints what it measured, with its baseline, in one run. Their options are checked here before any model loads.
 """
@@ -40,6 +40,14 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
                           description=bench_serving.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_serving.add_arguments(bsv)
     bsv.set_defaults(func=run_serving)
+    from dpinfer.bench import quality as bench_quality
+
+    bq = bsub.add_parser("quality", parents=[common],
+                         help="each task's DP method beside the same model without privacy (ceiling) and the public "
+                              "floor: derailment, PPL, loops, relevance, accuracy, MAUVE, in one table",
+                         description=bench_quality.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_quality.add_arguments(bq)
+    bq.set_defaults(func=run_quality)
     from dpinfer.bench import tagger as bench_tagger
 
     bt = bsub.add_parser("tagger", help="tagger precision / recall / F1 against gold spans",
@@ -135,6 +143,10 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def run_serving(args: argparse.Namespace) -> int:
     return run_bench("serving", args)
+
+
+def run_quality(args: argparse.Namespace) -> int:
+    return run_bench("quality", args)
 
 
 def run_tagger(args: argparse.Namespace) -> int:

@@ -8,10 +8,17 @@ from typing import Any
 
 from dpinfer.cli.output import console, print_json
 
+EMBEDDED_NOTE = (
+    "The embedded smollm2-135m-instruct is a small demonstration of the mechanics (135M parameters; text quality "
+    "limited). For usable text pass --model /path/to/a local instruct model folder (Qwen2.5, Llama 3, Mistral, "
+    "Gemma 2, Phi-3: any transformers causal LM with a fast tokenizer and a chat template) or a .gguf file; see the "
+    "README, 'Bring your own model'."
+)
+
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     m = sub.add_parser("models", parents=[common], help="list installed and cached models",
-                       description="List the embedded model and the converted models in the cache.")
+                       description="List the embedded model and the converted models in the cache. " + EMBEDDED_NOTE)
     m.add_argument("--prepare", action="store_true", help="load (and on first use convert and cache) the model")
     m.add_argument("--model", default=None, help="model to prepare (default: the embedded one)")
     m.set_defaults(func=run)
@@ -33,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         prepared = {"name": lm.name, "source": str(lm.source), "seconds": round(time.perf_counter() - t0, 2)}
         models = installed_models()
     if args.json:
-        out: dict[str, Any] = {"cache_dir": str(cache_dir()), "models": models}
+        out: dict[str, Any] = {"cache_dir": str(cache_dir()), "models": models, "note": EMBEDDED_NOTE}
         if args.prepare:
             out["prepared"] = prepared
         print_json(out)
@@ -46,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
              str(m.get("path") or m.get("error", ""))) for m in models]
     if not con.is_terminal:  # for scripts: tab-separated, a header row, full names and paths
         sys.stdout.write("".join("\t".join(row) + "\n" for row in [columns, *rows]))
+        print(EMBEDDED_NOTE, file=sys.stderr)  # stdout stays a table for scripts
     else:
         table = Table(title=f"dpinfer models (cache: {cache_dir()})")
         for col in columns:
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             table.add_row(*row)
         con.print(table)
+        con.print(EMBEDDED_NOTE)
     if args.prepare:
         con.print(f"loaded {prepared['name']} in {prepared['seconds']} s")
     return 0

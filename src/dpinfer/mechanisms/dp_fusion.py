@@ -110,6 +110,9 @@ class DPFusion(Mechanism):
         temperature: τ > 0 (DP-Fusion must sample: greedy decoding has no DP guarantee).
         top_k, top_p, support_margin: public-side truncation (``support_margin`` widens a top-k set by that many
             logits, after temperature).
+        min_p: public-side truncation relative to the public maximum: S keeps ``{v : p_pub[v] ≥ min_p·max p_pub}``
+            (after temperature), so a flat public step cannot release a token the public context itself finds
+            unlikely; a function of row 0 only, so the guarantee is unchanged.
         delta: δ of the reported guarantee.
         accounting: ``"dpinfer"`` (:func:`step_epsilon` per token) or ``"as_published"`` (the authors' 4·β).
         tol: mollification tolerance on λ.
@@ -153,6 +156,7 @@ class DPFusion(Mechanism):
         accounting: str = "dpinfer",
         tol: float = 1e-6,
         adjacency: str = "replace-by-null",
+        min_p: float | None = None,
     ) -> None:
         if isinstance(bounds, (str, bytes)) or not isinstance(bounds, Sequence) or len(bounds) == 0:
             raise ConfigurationError(
@@ -187,7 +191,7 @@ class DPFusion(Mechanism):
             raise ConfigurationError(
                 f"support_margin={support_margin!r} widens a top-k support; set top_k as well (or leave the margin 0)"
             )
-        self.support = PublicSupport(top_k=top_k, top_p=top_p, margin=support_margin)
+        self.support = PublicSupport(top_k=top_k, top_p=top_p, margin=support_margin, min_p=min_p)
         self.delta = check_delta(delta, "δ")
         self.accounting = check_accounting(accounting)
         self.adjacency = check_adjacency(adjacency, self.accounting)
@@ -195,6 +199,7 @@ class DPFusion(Mechanism):
         self.bounds = tuple(float(b) for b in bounds)
         self.group_names = tuple(names)
         self.top_k, self.top_p, self.support_margin = top_k, top_p, float(support_margin)
+        self.min_p = self.support.min_p
         self._bounds_t: torch.Tensor | None = None
         a = self.enforced_order
         # log q_i ≥ α/(α−1)·log p_pub − b_i for every mollified row (one term of D_α(p_pub‖q_i) ≤ b_i), so on tokens
@@ -391,6 +396,7 @@ class DPFusion(Mechanism):
                 "top_k": self.top_k,
                 "top_p": self.top_p,
                 "support_margin": self.support_margin,
+                **({"min_p": self.min_p} if self.min_p is not None else {}),
                 "T_max": t,
                 "tol": self.tol,
                 "adjacency": self.adjacency,

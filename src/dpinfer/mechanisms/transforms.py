@@ -18,6 +18,7 @@ tensor([[4., 2., -inf, -inf]], dtype=torch.float64)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -31,6 +32,7 @@ __all__ = [
     "BanSequences",
     "LogitsProcessor",
     "LogitsTransform",
+    "MinP",
     "NoRepeatNGram",
     "PublicSupport",
     "Temperature",
@@ -145,22 +147,50 @@ class TopP:
 
 
 @dataclass(frozen=True)
+class MinP:
+    """Keep, in each row, the tokens whose probability at temperature ``τ`` is at least ``min_p`` times that row's
+    most likely token's: ``z[v] ≥ max z + τ·ln(min_p)`` (the row's own maximum; for a DP mechanism use
+    :class:`PublicSupport`'s ``min_p``, which reads the public row only).
+
+    >>> import torch
+    >>> MinP(0.3)((), torch.tensor([[3.0, 2.0, 1.0]], dtype=torch.float64)).isfinite().tolist()
+    [[True, True, False]]
+    """
+
+    min_p: float
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_p", check_probability(self.min_p, "min_p", low_open=True))
+        object.__setattr__(self, "temperature", positive_number(self.temperature, "temperature"))
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
+        floor = logits.max(dim=-1, keepdim=True).values + self.temperature * math.log(self.min_p)
+        return logits.masked_fill(logits < floor, -torch.inf)
+
+
+@dataclass(frozen=True)
 class PublicSupport:
     """The token set S computed from the PUBLIC row 0 only, applied to every row alike (ALGORITHMS §1 and §2).
 
     ``S = top-k(z_pub) ∪ {v : z_pub[v] ≥ kth_largest(z_pub) − margin}`` (``margin`` widens it like InvisibleInk's
-    top-k⁺), optionally intersected with the nucleus ``top_p`` of ``softmax(z_pub / τ)``. Because S is a function of
-    the public context alone it costs no privacy; a support computed from a private row would void the guarantee.
+    top-k⁺), optionally intersected with the nucleus ``top_p`` of ``softmax(z_pub / τ)`` and with the min-p set
+    ``{v : p_pub[v] ≥ min_p · max p_pub}`` (``z_pub[v] ≥ max z_pub + ln min_p``: relative to the PUBLIC maximum, so
+    a flat public step keeps many tokens and a peaked one few). Because S is a function of the public context alone
+    it costs no privacy; a support computed from a private row would void the guarantee.
 
     >>> import torch
     >>> z = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 9.0, 0.0]], dtype=torch.float64)
     >>> PublicSupport(top_k=2)((), z)[1].isfinite().tolist()
+    [True, True, False, False]
+    >>> PublicSupport(min_p=0.3)((), z)[1].isfinite().tolist()  # e^(2-3) ≥ 0.3 > e^(1-3)
     [True, True, False, False]
     """
 
     top_k: int | None = None
     top_p: float | None = None
     margin: float = 0.0
+    min_p: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "top_k", optional_positive_int(self.top_k, "top_k", " (or None)"))
@@ -170,11 +200,13 @@ class PublicSupport:
         if margin < 0:
             raise ConfigurationError(f"margin must be ≥ 0, got {self.margin!r}")
         object.__setattr__(self, "margin", margin)
+        if self.min_p is not None:
+            object.__setattr__(self, "min_p", check_probability(self.min_p, "min_p", " (or None)", low_open=True))
 
     @property
     def is_full(self) -> bool:
-        """Whether S is every token (no top-k, no nucleus below 1)."""
-        return self.top_k is None and (self.top_p is None or self.top_p >= 1.0)
+        """Whether S is every token (no top-k, no nucleus below 1, no min-p)."""
+        return self.top_k is None and (self.top_p is None or self.top_p >= 1.0) and self.min_p is None
 
     def mask(self, public_logits: torch.Tensor) -> torch.Tensor:
         """``(V,)`` bool: True for tokens in S, from the ``(V,)`` public logits."""
@@ -185,6 +217,8 @@ class PublicSupport:
             keep &= public_logits >= kth - self.margin
         if self.top_p is not None and self.top_p < 1.0:
             keep &= TopP(self.top_p)((), public_logits.unsqueeze(0))[0].isfinite()
+        if self.min_p is not None:
+            keep &= public_logits >= public_logits.max() + math.log(self.min_p)
         return keep
 
     def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:

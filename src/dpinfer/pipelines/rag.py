@@ -2,9 +2,10 @@
 
 :class:`PrivateRAG` keeps the documents in a persistent Chroma store (:mod:`dpinfer.rag.store`, offline embeddings),
 retrieves the ``top_k`` nearest (default 6), reranks them offline to ``top_n`` (default 3, :mod:`dpinfer.rag.rerank`)
-and answers with one of the methods below. Prompts follow the PAD paper
-(``Context:\\n…\\n\\nQuestion: …\\nAnswer:\\n``), used verbatim
-(``RagTemplate(chat=True)`` wraps them in the model's chat template).
+and answers with one of the methods below. Prompts are one user turn in the model's chat template (an instruction,
+the context and the question; :class:`RagTemplate`): the PAD paper's plain completion prompt
+(``Context:\\n…\\n\\nQuestion: …\\nAnswer:\\n``, ``RagTemplate.completion()``) makes an instruct model continue a
+quiz (multiple-choice lists) even without privacy.
 
 What is protected (``pad``): the retrieved context of ONE answer, i.e. the documents shown to the model for it, under
 replace-by-null (the context replaced by nothing; default) or replace-one (replaced by any other context: this also
@@ -60,22 +61,29 @@ SUMMARY_TOKENS = 32
 @dataclass(frozen=True)
 class RagTemplate:
     """The prompts: ``private`` with ``{context}`` and ``{question}``, ``public`` with ``{question}`` only (the
-    null context). ``chat``: wrap both in the model's chat template (one user turn); off by default, as in the PAD
-    paper, whose prompts are plain completions.
+    null context). ``chat``: wrap both in the model's chat template (one user turn; the default, for instruct
+    models). :meth:`completion` gives the PAD paper's plain completion prompts.
 
     >>> t = RagTemplate()
-    >>> t.render_private("Doc A", "Why?")
-    'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:\\n'
     >>> t.render_public("Why?")
-    'Question: Why?\\nAnswer:\\n'
+    'Answer the question in two or three sentences.\\n\\nQuestion: Why?'
+    >>> RagTemplate.completion().render_private("Doc A", "Why?")
+    'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:\\n'
     """
 
-    private: str = "Context:\n{context}\n\nQuestion: {question}\nAnswer:\n"
-    public: str = "Question: {question}\nAnswer:\n"
+    private: str = ("Answer the question in two or three sentences, using the context where it helps.\n\n"
+                    "Context:\n{context}\n\nQuestion: {question}")
+    public: str = "Answer the question in two or three sentences.\n\nQuestion: {question}"
     summary: str = ("Text:\n{document}\n\nQuestion: {question}\nIn one or two sentences, state only the facts of the "
                     "text that help answer the question.")
     separator: str = "\n\n"
-    chat: bool = False
+    chat: bool = True
+
+    @classmethod
+    def completion(cls) -> RagTemplate:
+        """The PAD paper's plain completion prompts (no chat template), for base models."""
+        return cls(private="Context:\n{context}\n\nQuestion: {question}\nAnswer:\n",
+                   public="Question: {question}\nAnswer:\n", chat=False)
 
     def __post_init__(self) -> None:
         if "{context}" not in self.private or "{question}" not in self.private:

@@ -316,14 +316,20 @@ def _check_spans_covered(char_mask: np.ndarray, token_mask: np.ndarray, offsets:
         )
 
 
-def default_max_new_tokens(document_tokens: int) -> int:
-    """DP-Fusion's default ``T_max``: a rewrite about as long as the document, ``ceil(1.1 · document tokens) + 16``.
+def default_max_new_tokens(document_tokens: int, cap: int | None = SANITIZE.max_new_tokens_cap) -> int:
+    """DP-Fusion's default ``T_max``: a rewrite about as long as the document, ``ceil(1.1 · document tokens) + 16``,
+    at most ``cap`` (:data:`~dpinfer.defaults.SANITIZE` ``.max_new_tokens_cap``; ``None``: no cap).
 
     It reads the document's token count, which is public under DP-Fusion's adjacency (replace-by-null and replace-one
-    keep every token's position: the public context has the document's length). It is NOT used for ``dp-decoding``
-    and ``dp-prompt``, whose adjacency is any two documents: they use :data:`BASELINE_MAX_NEW_TOKENS`.
+    keep every token's position: the public context has the document's length); the cap is a constant. It is NOT
+    used for ``dp-decoding`` and ``dp-prompt``, whose adjacency is any two documents: they use
+    :data:`BASELINE_MAX_NEW_TOKENS`. A longer rewrite: pass ``max_new_tokens`` (every token is charged).
+
+    >>> default_max_new_tokens(100), default_max_new_tokens(737, cap=None), default_max_new_tokens(737, cap=256)
+    (127, 827, 256)
     """
-    return math.ceil(1.1 * document_tokens) + 16
+    t = math.ceil(1.1 * document_tokens) + 16
+    return t if cap is None else min(t, int(cap))
 
 
 # ---------------------------------------------------------------------------------------------------------- run
@@ -466,6 +472,7 @@ def sanitize(
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
     max_input_tokens: int | None = SANITIZE.whole_document_max_input_tokens,
+    min_p: float | str | None = "default",
     progress: Callable[[int, int], None] | None = None,
     allow_untagged: bool = False,
     debug: bool = False,
@@ -506,6 +513,9 @@ def sanitize(
         label_map: translation of span labels to TAB types, for spans files with other labels.
         no_repeat_ngram: ban repeating any n-gram of the generated tokens (a public transform applied to every
             context alike: it reads released tokens only); ``None`` disables it.
+        min_p: keep only tokens at least ``min_p`` times as likely as the most likely one, measured on the PUBLIC
+            context (DP-Fusion's support, like top-k: the guarantee is unchanged); the baselines apply it to the row
+            they decode. ``None`` disables it (default :data:`~dpinfer.defaults.SANITIZE` ``.min_p``).
         progress: called as ``progress(0, T_max)`` once planned, then ``progress(tokens_done, T_max)`` after every
             generated token.
         min_new_tokens: EOS is masked for every context alike before this many tokens (benchmarks; a public
@@ -546,7 +556,7 @@ def sanitize(
             text, lm=lm, method=method, epsilon=epsilon, group_epsilon=group_epsilon, delta=delta, spans=spans,
             tagger=tagger, groups=groups, instruction=instruction, max_new_tokens=max_new_tokens, alpha=alpha,
             temperature=temperature, top_k=top_k, seed=seed, accounting=accounting, adjacency=adjacency,
-            label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram,
+            label_map=label_map, min_new_tokens=min_new_tokens, no_repeat_ngram=no_repeat_ngram, min_p=min_p,
             max_input_tokens=max_input_tokens, allow_untagged=allow_untagged, debug=debug, tag_uncovered=tag_uncovered,
             on_groups=None if spend is None else lambda group_map: spend.reserve(
                 estimate_cost(method, group_map, epsilon, group_epsilon, delta, alpha), mechanism=method))
@@ -634,6 +644,7 @@ def plan_sanitize(
     min_new_tokens: int = 0,
     no_repeat_ngram: int | str | None = "default",
     max_input_tokens: int | None = SANITIZE.whole_document_max_input_tokens,
+    min_p: float | str | None = "default",
     allow_untagged: bool = False,
     debug: bool = False,
     checked: bool = False,
@@ -649,7 +660,7 @@ def plan_sanitize(
     """
     from dpinfer.engine import EngineJob
     from dpinfer.generation import resolve_lm
-    from dpinfer.mechanisms.transforms import NoRepeatNGram
+    from dpinfer.mechanisms.transforms import MinP, NoRepeatNGram
     from dpinfer.validation import check_sanitize_params, check_text, int_at_least
 
     check_text(text, "the document")
@@ -663,6 +674,9 @@ def plan_sanitize(
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
     temp = SANITIZE.temperature if temperature is None else float(temperature)
     k = SANITIZE.top_k if top_k == "default" else top_k
+    mp = SANITIZE.min_p if min_p == "default" else min_p
+    if mp is not None:
+        MinP(mp)  # checked before the model loads
 
     # fail closed before the model loads: spans checked against this document, nothing tagged refused
     resolved = resolve_span_source(text, spans=spans, tagger=tagger, label_map=label_map, method=method,
@@ -694,7 +708,7 @@ def plan_sanitize(
             f"({model.context_window}); split the document into parts and sanitise each (each part's guarantee "
             "composes: charge every part's T_max to the same groups), or lower --max-new-tokens"
         )
-    settings: dict[str, Any] = {"temperature": temp, "top_k": k, "alpha": alpha, "delta": delta,
+    settings: dict[str, Any] = {"temperature": temp, "top_k": k, "min_p": mp, "alpha": alpha, "delta": delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name,  # never the seed (it would let anyone replay the noise)
                                 "max_new_tokens_from": t_max_from, "span_source": resolved.to_dict()}
@@ -706,10 +720,12 @@ def plan_sanitize(
     contexts, mech = _mechanism(plan, BuildArgs(
         lm=model, prep=prep, groups=group_map, epsilon=SANITIZE.epsilon if epsilon is None else float(epsilon),
         group_epsilon=group_epsilon, delta=delta, max_new_tokens=t_max, alpha=alpha, temperature=temp, top_k=k,
-        accounting=accounting, adjacency=adjacency, settings=settings))
+        accounting=accounting, adjacency=adjacency, settings=settings, min_p=mp))
     ngram = SANITIZE.no_repeat_ngram if no_repeat_ngram == "default" else no_repeat_ngram
     settings["no_repeat_ngram"] = ngram
-    processors = [NoRepeatNGram(int(ngram))] if ngram else []
+    processors: list[Any] = [NoRepeatNGram(int(ngram))] if ngram else []
+    if mp is not None and (plan.baseline or (plan.contexts == "fusion" and not prep.group_names)):
+        processors.append(MinP(mp, temp))  # one decoded row (the sampler's): its own min-p
     if plan.protects == "spans" and not prep.group_names:
         from dpinfer.accounting import Guarantee
 
@@ -799,7 +815,7 @@ def record_error(exc: BaseException) -> str:
 SANITIZE_MANY_OPTIONS = frozenset({
     "method", "epsilon", "group_epsilon", "delta", "groups", "instruction", "max_new_tokens", "alpha", "temperature",
     "top_k", "accounting", "adjacency", "label_map", "min_new_tokens", "no_repeat_ngram", "allow_untagged",
-    "tag_uncovered",
+    "tag_uncovered", "min_p",
 })
 """The :func:`sanitize` keyword arguments that :func:`sanitize_many` applies to every record."""
 
@@ -835,7 +851,7 @@ def sanitize_many(
     check_sanitize_params(seed=seed, tagger=tagger if isinstance(tagger, str) else None,
                           **{k: v for k, v in options.items()
                              if k not in ("instruction", "label_map", "min_new_tokens", "allow_untagged",
-                                          "tag_uncovered")})
+                                          "tag_uncovered", "min_p")})
     from dpinfer.engine import Engine
     from dpinfer.taggers import Tagger, get_tagger
 
@@ -1014,6 +1030,8 @@ class BuildArgs:
     adjacency: str
     settings: dict[str, Any]
     """The release's public settings; a builder records what it changed (e.g. ``top_k`` off)."""
+    min_p: float | None = None
+    """DP-Fusion's min-p support, computed from the public row only (like ``top_k``)."""
 
 
 @dataclass(frozen=True)
@@ -1053,7 +1071,7 @@ def _build_fusion(a: BuildArgs) -> Mechanism:
     a.settings["group_epsilon"] = targets
     return REGISTRY.get("dp-fusion").cls.calibrated(  # type: ignore[attr-defined]
         targets, max_new_tokens=a.max_new_tokens, delta=a.delta, alpha=a.alpha, accounting=a.accounting,
-        adjacency=a.adjacency, temperature=a.temperature, top_k=a.top_k)
+        adjacency=a.adjacency, temperature=a.temperature, top_k=a.top_k, min_p=a.min_p)
 
 
 def _build_decoding(a: BuildArgs) -> Mechanism:

@@ -289,7 +289,8 @@ def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_mo
     err = capsys.readouterr().err
     assert "data-dependent" in err and "reveal" in err and err.count("\n") == 1
     d = dbg.to_dict()["debug"]
-    assert len(d["lambda_per_step"]) == dbg.generated_tokens and "data-dependent" in d["warning"]
+    steps = dbg.generated_tokens + (dbg.finish_reason == "eos")  # the step that sampled EOS has its statistics too
+    assert len(d["lambda_per_step"]) == steps and "data-dependent" in d["warning"]
     doc = tmp_path / "doc.txt"
     doc.write_text(DOC, encoding="utf-8")
     spans = tmp_path / "spans.json"

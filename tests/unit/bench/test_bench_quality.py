@@ -1,0 +1,69 @@
+"""``dpinfer bench quality``: the derailment measures, the option checks, the settings, and the public min-p support."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from dpinfer.bench import quality
+from dpinfer.errors import ConfigurationError
+from dpinfer.mechanisms.dp_fusion import DPFusion
+from dpinfer.mechanisms.transforms import MinP, PublicSupport
+
+
+def test_english_share_separates_english_from_german() -> None:
+    assert quality.english_share("The applicant was born in 1970 and lives in Izmir.") > 0.4
+    assert quality.english_share("Ein leben ist zu wetzt, sie hatte mit den Kommunen") < quality.ENGLISH_THRESHOLD
+    assert quality.english_share("") == 0.0 and quality.word_count("I. 12 --") == 1
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    quality.add_arguments(p)
+    args = p.parse_args([])
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_config_checks_before_any_model() -> None:
+    cfg = quality.config_from_args(_args(tasks="sanitize,rag", runs=3))
+    assert cfg.tasks == ("sanitize", "rag") and cfg.runs == 3 and cfg.settings == ("previous", "current")
+    with pytest.raises(ConfigurationError, match="unknown task"):
+        quality.config_from_args(_args(tasks="sanitise"))
+    with pytest.raises(ConfigurationError, match="unknown setting"):
+        quality.config_from_args(_args(settings="after"))
+    with pytest.raises(ConfigurationError, match="held-in"):
+        quality.config_from_args(_args(questions=30, docs=20))
+
+
+def test_settings_differ_only_in_the_changed_defaults() -> None:
+    prev, cur = quality.sanitize_options("previous"), quality.sanitize_options("current")
+    assert prev == {"min_p": None, "cap": None} and cur["min_p"] and cur["cap"]
+    assert not quality.rag_template("previous").chat and quality.rag_template("current").chat
+
+
+def test_min_p_support_reads_the_public_row_only() -> None:
+    z = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 9.0, 0.0]], dtype=torch.float64)
+    keep = PublicSupport(min_p=0.3).mask(z[0])
+    assert keep.tolist() == [True, True, False, False]
+    z2 = z.clone()
+    z2[1] = torch.tensor([9.0, -5.0, 0.0, 7.0], dtype=torch.float64)  # another private row: the same support
+    assert torch.equal(PublicSupport(min_p=0.3)((), z2).isfinite(), PublicSupport(min_p=0.3)((), z).isfinite())
+    assert MinP(0.3)((), z)[1].isfinite().tolist() == [False, False, True, False]  # per row (baselines)
+    with pytest.raises(ConfigurationError, match="min_p"):
+        PublicSupport(min_p=0.0)
+
+
+def test_dp_fusion_min_p_keeps_the_guarantee_and_the_public_support() -> None:
+    base = DPFusion.calibrated({"PERSON": 20.0}, max_new_tokens=50, temperature=0.7, top_k=40)
+    mp = DPFusion.calibrated({"PERSON": 20.0}, max_new_tokens=50, temperature=0.7, top_k=40, min_p=0.05)
+    assert mp.guarantee(50).epsilon == base.guarantee(50).epsilon  # the support is public: ε does not change
+    assert mp.guarantee(50).parameters["min_p"] == 0.05
+    pub = torch.linspace(0.0, -12.0, 50, dtype=torch.float64)
+    for private in (torch.zeros(50, dtype=torch.float64), torch.linspace(-12.0, 0.0, 50, dtype=torch.float64)):
+        probs, _, _ = mp.distribution(torch.stack([pub, private]))
+        cut = (pub / 0.7) >= (pub / 0.7).max() + torch.log(torch.tensor(0.05, dtype=torch.float64))
+        assert bool(((probs > 0) == cut).all())  # S = the public min-p set, whatever the private row
