@@ -46,8 +46,8 @@ class SanitizeDefaults:
     temperature: float = 0.7
     top_k: int | None = 40
     no_repeat_ngram: int | None = 3
-    min_p: float | None = 0.05
-    """Support rule computed from the PUBLIC context only: keep the tokens at least 5% as likely as the public
+    min_p: float | None = 0.1
+    """Support rule computed from the PUBLIC context only: keep the tokens at least 10% as likely as the public
     context's most likely one (after temperature), so that a flat first step cannot sample a token the public
     context finds unlikely (docs/quality.md). A public function: the guarantee is unchanged."""
     max_new_tokens_cap: int | None = 256

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpinfer.defaults import SANITIZE
+from dpinfer.defaults import RAG, SANITIZE
 
 TASKS = ("sanitize", "rag", "protect", "synth")
 SETTINGS = ("previous", "current")
@@ -86,10 +86,13 @@ class QualityBenchConfig:
     tasks: tuple[str, ...] = TASKS
     settings: tuple[str, ...] = SETTINGS
     runs: int = 20
+    baseline_runs: int | None = None
+    """Releases of the ceiling and floor rows (``original``, ``ner-scrub``); None: ``runs``."""
     document: str = MAIN_JOB
     max_new_tokens: int | None = None
     questions: int = 20
     docs: int = 100
+    max_doc_tokens: int = RAG.max_doc_tokens
     protect_questions: int = 10
     synth_texts: int = 16
     synth_tokens: int = 48
@@ -107,11 +110,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", default=",".join(d.settings),
                    help="previous (the defaults before the quality work), current, or both (default)")
     p.add_argument("--runs", type=int, default=d.runs, help="sanitize releases per row (seeds 0..N-1)")
+    p.add_argument("--baseline-runs", type=int, default=None,
+                   help="releases of the ceiling and floor rows (original, ner-scrub; default: --runs)")
     p.add_argument("--document", default=d.document, help="the sanitize document (default: the README's main job)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="cap every sanitize row's T_max (a measurement shortcut; default: each setting's own T_max)")
     p.add_argument("--questions", type=int, default=d.questions, help="held-in GenMedGPT questions asked per row")
     p.add_argument("--docs", type=int, default=d.docs, help="GenMedGPT dialogues in the RAG store")
+    p.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens, help="RAG: tokens kept per document")
     p.add_argument("--protect-questions", type=int, default=d.protect_questions, help="CSQA questions protected")
     p.add_argument("--synth-texts", type=int, default=d.synth_texts, help="synthetic texts per synth row")
     p.add_argument("--synth-tokens", type=int, default=d.synth_tokens, help="T_max of each synthetic text")
@@ -136,16 +142,20 @@ def config_from_args(args: argparse.Namespace) -> QualityBenchConfig:
             raise ConfigurationError(f"--settings: unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
     if not tasks or not settings:
         raise ConfigurationError("--tasks and --settings need at least one entry")
-    for name in ("runs", "questions", "docs", "protect_questions", "synth_texts", "synth_tokens"):
+    for name in ("runs", "questions", "docs", "max_doc_tokens", "protect_questions", "synth_texts", "synth_tokens"):
         int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 1)
+    if args.baseline_runs is not None:
+        int_at_least(args.baseline_runs, "--baseline-runs", 1)
     for name in ("loss_docs", "audit_trials"):
         int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 0)
     if args.questions > args.docs:
         raise ConfigurationError("--questions cannot exceed --docs (the questions are held-in: stored dialogues)")
     return QualityBenchConfig(
-        tasks=tasks, settings=settings, runs=args.runs, document=args.document, max_new_tokens=args.max_new_tokens,
-        questions=args.questions, docs=args.docs, protect_questions=args.protect_questions,
-        synth_texts=args.synth_texts, synth_tokens=args.synth_tokens, loss_docs=args.loss_docs,
+        tasks=tasks, settings=settings, runs=args.runs, baseline_runs=args.baseline_runs, document=args.document,
+        max_new_tokens=args.max_new_tokens,
+        questions=args.questions, docs=args.docs, max_doc_tokens=args.max_doc_tokens,
+        protect_questions=args.protect_questions, synth_texts=args.synth_texts, synth_tokens=args.synth_tokens,
+        loss_docs=args.loss_docs,
         audit_trials=args.audit_trials, seed=args.seed, model=args.model, out=args.out)
 
 
@@ -214,8 +224,9 @@ def run_sanitize(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[
                 continue  # the baselines' decoding changed only by min-p: measured under the current setting
             row: dict[str, Any] = {"task": "sanitize", "setting": setting, "method": method, "T_max": t_max,
                                    "min_p": opts["min_p"], "releases": []}
-            for r in range(cfg.runs):
-                progress(f"sanitize {setting} {method} {r + 1}/{cfg.runs}")
+            n_runs = cfg.runs if method == "dp-fusion" or cfg.baseline_runs is None else cfg.baseline_runs
+            for r in range(n_runs):
+                progress(f"sanitize {setting} {method} {r + 1}/{n_runs}")
                 res = sanitize(text, lm=lm, method=method, spans=spans, max_new_tokens=t_max, seed=cfg.seed + r,
                                min_p=opts["min_p"])
                 sim = float(emb.encode([res.text if res.text.strip() else "."])[0] @ ref)
@@ -237,9 +248,8 @@ def run_sanitize(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[
                 "tokens": _mean([x["tokens"] for x in rel]), "seconds": _mean([x["seconds"] for x in rel]),
             })
             rows.append(row)
-    checks = run_privacy_checks(lm, cfg, progress)
     return {"rows": rows, "document_tokens": prep.document_tokens, "spans": len(spans),
-            "groups": len(prep.group_names), "checks": checks}
+            "groups": len(prep.group_names)}
 
 
 def run_privacy_checks(lm: Any, cfg: QualityBenchConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -294,7 +304,7 @@ def _loss(lm: Any, cfg: QualityBenchConfig, opts: dict[str, Any], progress: Call
 def run_rag(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[str], None]) -> dict[str, Any]:
     import json
 
-    from dpinfer.errors import DataNotFoundError
+    from dpinfer.errors import DataNotFoundError, DPInferError
     from dpinfer.eval.rag_metrics import RougeL
     from dpinfer.paths import data_file
     from dpinfer.pipelines.rag import PrivateRAG
@@ -308,7 +318,7 @@ def run_rag(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[str]
     rouge = RougeL()
     rows = []
     with tempfile.TemporaryDirectory(prefix="dpinfer-quality-") as tmp:
-        rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb)
+        rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb, max_doc_tokens=cfg.max_doc_tokens)
         progress("rag: storing dialogues")
         rag.add([f"Patient: {r['input']}\nDoctor: {r['output']}" for r in recs])
         questions = [r["input"] for r in recs[:cfg.questions]]
@@ -322,7 +332,7 @@ def run_rag(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[str]
                 answers: list[Any] = [None] * len(questions)
                 for i, ans, error in rag.ask_many(questions, mechanism=method, seed=cfg.seed):
                     if error is not None:
-                        raise RuntimeError(f"rag {method}: question {i} failed ({error})")
+                        raise DPInferError(f"rag {method}: question {i} failed ({error})")
                     answers[i] = ans
                 seconds = time.perf_counter() - t0
                 texts = [a.text for a in answers]
@@ -381,7 +391,8 @@ def run_synth(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[st
         return {"skipped": str(exc)}
     refs = load_references(str(path), text_field="text", label_fields=["label1", "label2"])
     b = SYNTH.batch_size
-    private, real = refs[:b * cfg.synth_texts], refs[b * cfg.synth_texts: b * cfg.synth_texts + 4 * cfg.synth_texts]
+    n_private = max(400, 4 * b * cfg.synth_texts)  # enough references for every label group to fill a batch
+    private, real = refs[:n_private], refs[n_private: n_private + 4 * cfg.synth_texts]
     real_texts = [lm.decode(lm.encode(r.text)[:cfg.synth_tokens]) for r in real]
     q = emb.encode(real_texts)
     rows = []
@@ -425,24 +436,39 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
     emb = load_embedder()
     res: dict[str, Any] = {"model": lm.name, "settings": dataclasses_dict(config)}
     t0 = time.perf_counter()
-    if "sanitize" in config.tasks:
-        res["sanitize"] = run_sanitize(lm, emb, config, prog)
-    if "rag" in config.tasks:
-        res["rag"] = run_rag(lm, emb, config, prog)
-    if "protect" in config.tasks:
-        res["protect"] = run_protect(lm, config, prog)
-    if "synth" in config.tasks:
-        res["synth"] = run_synth(lm, emb, config, prog)
-    res["seconds"] = time.perf_counter() - t0
-    res["markdown"] = markdown(res)
-    if config.out:
-        import json
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "sanitize": lambda: run_sanitize(lm, emb, config, prog),
+        "rag": lambda: run_rag(lm, emb, config, prog),
+        "protect": lambda: run_protect(lm, config, prog),
+        "synth": lambda: run_synth(lm, emb, config, prog),
+    }
+    steps = [t for t in TASKS if t in config.tasks]
+    if "sanitize" in steps:
+        steps.insert(1, "checks")
+    for task in steps:
+        try:
+            if task == "checks":
+                if "rows" in res["sanitize"]:
+                    res["sanitize"]["checks"] = run_privacy_checks(lm, config, prog)
+            else:
+                res[task] = runners[task]()
+        except Exception as exc:  # one task's failure is reported in its section; the others still run
+            failed = {"skipped": f"failed: {type(exc).__name__}: {' '.join(str(exc).split())}"}
+            if task == "checks":
+                res["sanitize"]["checks"] = [{"setting": "–", "min_p": None, "loss": failed}]
+            else:
+                res[task] = failed
+        res["seconds"] = time.perf_counter() - t0
+        if config.out:  # written after every task: a long run keeps what it measured
+            import json
 
-        out = Path(config.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_quality.json").write_text(json.dumps(plain(res), indent=1, ensure_ascii=False) + "\n",
-                                                encoding="utf-8")
-        (out / "bench_quality.md").write_text(res["markdown"] + "\n", encoding="utf-8")
+            out = Path(config.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench_quality.json").write_text(json.dumps(plain(res), indent=1, ensure_ascii=False) + "\n",
+                                                    encoding="utf-8")
+        res["markdown"] = markdown(res)
+        if config.out:
+            (Path(config.out) / "bench_quality.md").write_text(res["markdown"] + "\n", encoding="utf-8")
     return res
 
 
