@@ -45,7 +45,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ask = rsub.add_parser("ask", parents=[common], help="answer a question from the store (PAD by default)",
                           description="Retrieve top-k documents, rerank to top-n, and answer. With pad (default) the "
                                       "answer is (ε, δ)-DP for its retrieved context, computed before anything is "
-                                      "read. Not protected: the question, which documents exist, the store itself.",
+                                      "read. Not protected: the question, which documents exist, the store itself, "
+                                      "wall time. The default adjacency (replace-by-null) covers the CONTENT of the "
+                                      "retrieved context, not a document's membership in the store: adding or "
+                                      "removing a document changes what is retrieved; for membership use "
+                                      "--adjacency replace-one (twice the sensitivity, the same ε costs more noise).",
                           epilog=f"Choosing ε: ε bounds, per answer, how much the answer can reveal about the "
                                  f"documents it was given (default {RAG.epsilon:g} per answer of at most "
                                  "--max-new-tokens tokens). Answers add up: k answers cost about k times the zCDP ρ "
@@ -55,8 +59,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="the question (public: it is not protected); or --questions Q.jsonl --out OUT.jsonl")
     ask.add_argument("--mechanism", default=RAG.method, help=METHODS_HELP)
     ask.add_argument("--epsilon", type=float, default=None,
-                     help=f"target ε per answer for pad (default {RAG.epsilon:g}); for pad-as-published the "
-                          "authors' noise knob (not a guarantee)")
+                     help=f"target ε per answer for pad (default {RAG.epsilon:g}); with pad-as-published a "
+                          "deprecated alias of --noise-scale")
+    ask.add_argument("--noise-scale", type=float, default=None,
+                     help="pad-as-published: the authors' noise knob, which they call ε (default 0.2); it scales the "
+                          "noise and is NOT a guarantee")
     ask.add_argument("--delta", type=float, default=RAG.delta, help=f"δ (default {RAG.delta:g})")
     ask.add_argument("--max-new-tokens", type=int, default=RAG.max_new_tokens,
                      help=f"T_max of the answer (default {RAG.max_new_tokens})")
@@ -67,8 +74,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ask.add_argument("--support-top-k", type=int, default=RAG.support_top_k,
                      help=f"k of PAD's public Top-k+ support (default {RAG.support_top_k}; 0 = full vocabulary)")
     ask.add_argument("--adjacency", default=RAG.adjacency, choices=["replace-by-null", "replace-one"],
-                     help="replace-by-null (default): the context replaced by nothing; replace-one: by any other "
-                          "context (covers a changed retrieval; twice the sensitivity)")
+                     help="replace-by-null (default): the context replaced by nothing (covers its content); "
+                          "replace-one: by any other context (also covers a document's membership in the store, "
+                          "which changes the retrieval; twice the sensitivity)")
     ask.add_argument("--theta", type=float, default=RAG.theta,
                      help=f"distance-threshold: largest Euclidean distance kept (default {RAG.theta:g})")
     ask.add_argument("--static-sigma", type=float, default=RAG.static_sigma,
@@ -80,8 +88,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="also print the retrieved documents' ids (for the store's owner: not covered by the "
                           "guarantee; never release them with the answer)")
     ask.add_argument("--debug-stats", action="store_true",
-                     help="add the DATA-DEPENDENT figures (pad-as-published's own figure, computed from the private "
-                          "logits) to the output, with a warning: debug only, never release them")
+                     help="add the DATA-DEPENDENT figures (the timing, which depends on the retrieved documents; "
+                          "pad-as-published's own figure, computed from the private logits) to the output, with a "
+                          "warning: debug only, never release them")
     ask.add_argument("--seed", type=int, default=None,
                      help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
     ask.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
@@ -156,13 +165,19 @@ def run_ask(args: argparse.Namespace) -> int:
     from dpinfer.rag.store import DocumentStore
     from dpinfer.validation import check_text
 
+    if args.mechanism == "pad-as-published" and args.epsilon is not None:
+        if args.noise_scale is not None:
+            raise InvalidInputError("give --noise-scale only (--epsilon is its deprecated alias for pad-as-published)")
+        print("dpinfer: --epsilon with pad-as-published is a deprecated alias of --noise-scale (the authors' noise "
+              "knob, not a guarantee)", file=sys.stderr)
+        args.noise_scale, args.epsilon = args.epsilon, None
     support = None if args.support_top_k == 0 else args.support_top_k
     if args.support_top_k is not None and args.support_top_k < 0:
         raise InvalidInputError(f"--support-top-k must be ≥ 0 (0 = full vocabulary), got {args.support_top_k}")
     check_ask_params(mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
                      max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                      sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
-                     static_sigma=args.static_sigma, cli=True)
+                     static_sigma=args.static_sigma, noise_scale=args.noise_scale, cli=True)
     if args.questions is None:
         if args.out:
             raise InvalidInputError("--out applies to --questions only (one question prints its answer)")
@@ -204,16 +219,17 @@ def run_ask(args: argparse.Namespace) -> int:
     ans = rag.ask(args.question, mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
                   max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature, sigma=args.sigma,
                   support_top_k=support, adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma,
-                  ledger=spend)
+                  noise_scale=args.noise_scale, ledger=spend)
     report_charge(spend)
     if args.json:
         _print_json(ans.to_dict(doc_ids=args.show_doc_ids, debug=args.debug_stats))
         return 0
     print(ans.text)
     print(f"-- {ans.guarantee}", file=sys.stderr)
-    if args.debug_stats and ans.data_dependent:
+    if args.debug_stats:
+        figures = {**ans.data_dependent, "seconds": round(ans.seconds, 3)}
         print("-- WARNING: data-dependent figures, computed from the private documents (not a guarantee; never "
-              f"release): {ans.data_dependent}", file=sys.stderr)
+              f"release): {figures}", file=sys.stderr)
     if args.show_doc_ids:
         print(f"-- retrieved (not covered by the guarantee): {', '.join(ans.doc_ids) or 'none'}", file=sys.stderr)
     return 0
@@ -332,7 +348,8 @@ def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
                         [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,
                         epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed,
                         temperature=args.temperature, sigma=args.sigma, support_top_k=support,
-                        adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma):
+                        adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma,
+                        noise_scale=args.noise_scale):
                     if ans is None:
                         out.append({"id": todo[i].id, "error": err})
                         summary.errors += 1

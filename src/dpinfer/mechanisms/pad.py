@@ -60,7 +60,9 @@ from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs
 
 ADJACENCIES = {
-    "replace-by-null": "replace-by-null of one answer's retrieved context (the documents replaced by nothing)",
+    "replace-by-null": "replace-by-null of one answer's retrieved context (the documents replaced by nothing); this "
+                       "covers the content of that context, not whether a document is in the store (adding or "
+                       "removing one can change what is retrieved: use --adjacency replace-one for membership)",
     "replace-one": "replace-one of one answer's retrieved context (the documents replaced by any others, which also "
                    "covers a different retrieval)",
 }
@@ -83,13 +85,17 @@ def _temperature(value: object) -> float:
     return float(value)
 
 
-def _check_logits(logits: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+def _check_logits(logits: torch.Tensor, rows: int, name: str, *, checked: int | None = None) -> torch.Tensor:
+    """``logits`` as float64 after a shape check; the first ``checked`` rows (default: all) must hold no NaN or +inf.
+    PAD checks its PUBLIC row only: a refusal that read the private row would depend on private data (and would end
+    every other answer batched with it), while the clip makes any private value safe."""
     if logits.ndim != 2 or logits.shape[0] != rows:
         raise InvalidInputError(f"{name} needs logits of shape ({rows}, V), got {tuple(logits.shape)}")
     z = logits.to(torch.float64)
-    total = float(z.sum())  # NaN, or +inf, anywhere shows in the sum
+    total = float(z[:rows if checked is None else checked].sum())  # NaN, or +inf, anywhere shows in the sum
     if math.isnan(total) or total == math.inf:
-        raise InvalidInputError("the logits contain NaN or +inf; nothing is released")
+        what = "the public row's logits contain" if checked == 1 and rows > 1 else "the logits contain"
+        raise InvalidInputError(f"{what} NaN or +inf; nothing is released")
     return z
 
 
@@ -102,7 +108,7 @@ def centre_and_clip(shift: torch.Tensor, clip_norm: float) -> torch.Tensor:
     >>> centre_and_clip(torch.tensor([5.0, 5.0], dtype=torch.float64), 1.0).tolist()
     [0.0, 0.0]
     """
-    s = torch.nan_to_num(shift.to(torch.float64), nan=0.0, posinf=SHIFT_LIMIT, neginf=-SHIFT_LIMIT)
+    s = torch.nan_to_num(shift.to(torch.float64), nan=0.0, posinf=SHIFT_LIMIT, neginf=-SHIFT_LIMIT)  # NaN: no shift
     s = s.clamp(-SHIFT_LIMIT, SHIFT_LIMIT)
     s = s - s.mean()
     norm = float(s.norm())
@@ -223,8 +229,9 @@ class Pad(Mechanism):
 
     def pre_noise_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids of V⁺, ``ℓ_pub`` on V⁺, ``ℓ_pub + clip(centre(s))`` on V⁺) for ``(2, V)`` logits: the release before
-        noise. ``‖released − ℓ_pub‖₂ ≤ C`` always."""
-        z = _check_logits(logits, 2, "PAD")
+        noise. ``‖released − ℓ_pub‖₂ ≤ C`` always. Only the public row is checked (NaN or +inf there is refused); a
+        NaN in the private row counts as the public value (no shift there), ±inf as ±1e6, both then clipped."""
+        z = _check_logits(logits, 2, "PAD", checked=1)
         mask, _ = self._support(z[0])
         if not bool(mask.any()):
             raise InvalidInputError("the public row has no finite logit; nothing can be released")
@@ -271,11 +278,12 @@ class Pad(Mechanism):
 
 # ------------------------------------------------------------------------------------------------ as published
 PUBLISHED = {
-    "epsilon": 0.2, "amplification": 3.0, "min_sensitivity": 0.4, "alpha": 10.0, "delta": 1e-5,
+    "noise_scale": 0.2, "amplification": 3.0, "min_sensitivity": 0.4, "alpha": 10.0, "delta": 1e-5,
     "confidence_threshold": 0.9, "margin_threshold": 2.0, "entropy_weight": 0.3, "position_weight": 0.2,
     "confidence_weight": 0.3, "min_sigma": 0.01, "max_sigma": 10.0,
 }
-"""The authors' defaults (ALGORITHMS §3)."""
+"""The authors' defaults (ALGORITHMS §3). ``noise_scale`` is the knob the authors call ε: it only scales the noise
+(σ ∝ 1/noise_scale²) and is NOT a guarantee, so dpinfer never calls it ε."""
 HEURISTIC = ("none (heuristic): the authors' per-answer figure is computed from the private logits (data-dependent) "
              "and the logits are never clipped")
 
@@ -287,7 +295,8 @@ def published_step_parameters(logits: torch.Tensor, step: int, **overrides: floa
     Screening: ``p1 > τ_conf`` and margin ``m > τ_margin`` → (False, 0, σ_min, 0). Otherwise
     ``Δ = max(Δ_min, min(1, 1/(1 + ln(1 + m))))``,
     ``c = clip(1 − w_H + w_H·H(p)/ln V + w_pos/(1 + 0.1·t) + w_conf·(1 − p1), 0.1, 2)``,
-    ``σ = clip((0.01/max(ε, 0.01))·c·(Δ/ε)·λ_amp, σ_min, σ_max)``, charge ``α·Δ²/(2σ²)``.
+    ``σ = clip((0.01/max(s, 0.01))·c·(Δ/s)·λ_amp, σ_min, σ_max)`` with ``s`` the ``noise_scale`` knob (the
+    authors' "ε", not a guarantee), charge ``α·Δ²/(2σ²)``.
 
     Uniform logits over 4 tokens at t = 0: m = 0, Δ = 1, H/ln V = 1, p1 = 1/4, so c = 0.7 + 0.3 + 0.2 + 0.225 = 1.425,
     σ = 0.05·1.425·5·3 = 1.06875, charge = 10/(2·1.06875²):
@@ -298,6 +307,9 @@ def published_step_parameters(logits: torch.Tensor, step: int, **overrides: floa
     >>> published_step_parameters(torch.tensor([10.0, 0.0, 0.0], dtype=torch.float64), 3)[0]
     False
     """
+    unknown = sorted(set(overrides) - set(PUBLISHED))
+    if unknown:
+        raise ConfigurationError(f"unknown PAD parameter(s) {unknown}; known: {', '.join(sorted(PUBLISHED))}")
     p = {**PUBLISHED, **overrides}
     z = logits.to(torch.float64)
     finite = torch.isfinite(z)
@@ -317,8 +329,8 @@ def published_step_parameters(logits: torch.Tensor, step: int, **overrides: floa
     calib = (1.0 - p["entropy_weight"]) + p["entropy_weight"] * norm_entropy \
         + p["position_weight"] / (1.0 + 0.1 * step) + p["confidence_weight"] * (1.0 - p1)
     calib = min(max(calib, 0.1), 2.0)
-    eps = p["epsilon"]
-    sigma = (0.01 / max(eps, 0.01)) * calib * (sens / eps) * p["amplification"]
+    knob = p["noise_scale"]
+    sigma = (0.01 / max(knob, 0.01)) * calib * (sens / knob) * p["amplification"]
     sigma = min(max(sigma, p["min_sigma"]), p["max_sigma"])
     return True, sens, sigma, p["alpha"] * sens**2 / (2.0 * sigma**2)
 
@@ -327,7 +339,8 @@ class PadAsPublished(Mechanism):
     """The PAD authors' decoding step, exactly (ALGORITHMS §3), on the private row alone (K = 1).
 
     Args:
-        epsilon: the authors' ε knob (default 0.2): it scales the noise; it is NOT a guarantee.
+        noise_scale: the knob the authors call ε (default 0.2): it scales the noise; it is NOT a guarantee.
+            ``epsilon=`` is accepted as a deprecated alias.
         delta, alpha: of the authors' reported figure ``Σ charges + ln(1/δ)/(α−1)``.
         temperature: 0 (default, the authors decode greedily) or τ > 0 to sample from the noisy logits.
         carry_over: keep the charges across answers (the authors' code never resets its accountant); default False:
@@ -349,14 +362,16 @@ class PadAsPublished(Mechanism):
     name = "pad-as-published"
     mode = "joint"
 
-    def __init__(self, *, epsilon: float = PUBLISHED["epsilon"], delta: float = PUBLISHED["delta"],
+    def __init__(self, *, noise_scale: float = PUBLISHED["noise_scale"], delta: float = PUBLISHED["delta"],
                  alpha: float = PUBLISHED["alpha"], temperature: float = 0.0, carry_over: bool = False,
-                 **overrides: float) -> None:
+                 epsilon: float | None = None, **overrides: float) -> None:
         unknown = sorted(set(overrides) - set(PUBLISHED))
         if unknown:
             raise ConfigurationError(f"unknown PAD parameter(s) {unknown}; known: {', '.join(sorted(PUBLISHED))}")
         self.params = {**PUBLISHED, **{k: _positive(v, k) for k, v in overrides.items()}}
-        self.params["epsilon"] = _positive(epsilon, "the authors' ε knob")
+        if epsilon is not None:  # deprecated alias of noise_scale (the authors' name for it)
+            noise_scale = epsilon
+        self.params["noise_scale"] = _positive(noise_scale, "noise_scale (the authors' noise knob)")
         self.params["delta"] = check_delta(delta)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 1.0 < alpha < math.inf:
             raise ConfigurationError(f"alpha must be a finite Rényi order > 1, got {alpha!r}")

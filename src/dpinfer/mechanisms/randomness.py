@@ -38,12 +38,27 @@ from dpinfer.errors import ConfigurationError
 TWO_M53 = 2.0**-53
 """The spacing of the 53-bit uniforms: ``uniform() = k · 2⁻⁵³`` with ``k`` uniform on ``[0, 2⁵³)``."""
 
+MAX_LEADING_ZEROS = 1020
+"""Where :meth:`RandomSource.half_open_tail_uniform` stops counting zero bits: ``u ≥ 2⁻¹⁰²²``, the smallest normal
+float64, hence ``|z| ≤ 37.5`` (reached with probability below 2⁻¹⁰²⁰)."""
+
 Shape: TypeAlias = int | tuple[int, ...]
 
 
 def _size(shape: Shape) -> tuple[tuple[int, ...], int]:
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     return shape, math.prod(shape)
+
+
+def _leading_zeros(words: np.ndarray) -> np.ndarray:
+    """The number of leading zero bits of each 64-bit word (64 for a zero word), exactly (no float rounding)."""
+    w = words.astype(np.uint64)
+    n = np.zeros(w.shape, dtype=np.int64)
+    for bits in (32, 16, 8, 4, 2, 1):
+        empty = (w >> np.uint64(64 - bits)) == 0
+        n += np.where(empty, bits, 0)
+        w = np.where(empty, w << np.uint64(bits), w)
+    return n + (w == 0)
 
 
 class RandomSource(ABC):
@@ -69,16 +84,31 @@ class RandomSource(ABC):
         return torch.from_numpy(u.reshape(shape)).to(device or "cpu")
 
     def normal(self, shape: Shape, *, device: torch.device | str | None = None) -> torch.Tensor:
-        """Float64 standard normals (Box–Muller on two words per pair of normals; the radius uses all 64 bits of its
-        word, so the tails reach about 9.4 standard deviations)."""
+        """Float64 standard normals by inversion, with no cap on the tails: ``z = ±Φ⁻¹(u)`` for ``u`` uniform on
+        ``(0, ½)``, drawn in floating point with its full exponent range (:meth:`half_open_tail_uniform`), so a tail
+        of ``k`` standard deviations is reached whenever ``u`` is as small as ``Φ(−k)``: about 37.5 standard
+        deviations for the smallest normal float64 ``u`` (probability below 2⁻¹⁰²¹), instead of the fixed cap of
+        about 9.4 that a 64-bit uniform gives. Two words per normal (one more in a share 2⁻⁶⁴ of the draws)."""
         shape, n = _size(shape)
-        pairs = (n + 1) // 2
-        w = self.words(2 * pairs)
-        u1 = (w[:pairs].astype(np.float64) + 0.5) * 2.0**-64  # (0, 1]: never 0, so the log is finite
-        theta = (2.0 * math.pi * TWO_M53) * (w[pairs:] >> np.uint64(11)).astype(np.float64)
-        r = np.sqrt(-2.0 * np.log(u1))
-        z = np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:n]
+        w = self.words(n)
+        sign = np.where((w & np.uint64(1)) == 1, -1.0, 1.0)
+        u = self.half_open_tail_uniform(w >> np.uint64(12))
+        z = sign * -torch.special.ndtri(torch.from_numpy(u)).numpy()
         return torch.from_numpy(np.ascontiguousarray(z).reshape(shape)).to(device or "cpu")
+
+    def half_open_tail_uniform(self, mantissas: np.ndarray) -> np.ndarray:
+        """Uniforms on ``(0, ½)`` with relative (not absolute) resolution, one per 52-bit ``mantissas`` entry:
+        ``u = 2^−(G+2)·(1 + m·2⁻⁵²)`` with ``G`` the number of leading zero bits of fresh words (a geometric count,
+        ``P(G = g) = 2^−(g+1)``), so ``u`` is never 0 and as fine near 0 as float64 allows (``G`` stops at 1020)."""
+        m = mantissas.astype(np.uint64)
+        g = np.zeros(m.shape, dtype=np.int64)
+        todo = np.arange(m.size)
+        while todo.size:
+            w = self.words(todo.size)
+            g[todo] += _leading_zeros(w)
+            todo = todo[(w == 0) & (g[todo] < MAX_LEADING_ZEROS)]
+        g = np.minimum(g, MAX_LEADING_ZEROS)
+        return np.ldexp(1.0 + m.astype(np.float64) * 2.0**-52, -(g + 2).astype(np.int32))
 
     def laplace(self, scale: float, shape: Shape = 1, *, device: torch.device | str | None = None) -> torch.Tensor:
         """Float64 Laplace draws with the given ``scale`` (density ∝ exp(−|x|/scale)): a random sign (one bit) times

@@ -54,6 +54,8 @@ DEFAULT_THETA = RAG.theta
 """Distance threshold of ``distance-threshold`` (Euclidean, unit vectors: cos ≥ 1 − θ²/2 ≈ 0.6)."""
 DOC_SLACK = 8
 """Tokens per document added to ``max_doc_tokens`` in the public padding width (merges at the boundaries)."""
+MIN_DOC_TOKENS = 16
+"""The fewest tokens per retrieved document :meth:`PrivateRAG.doc_budget` shrinks to before it refuses the question."""
 SUMMARY_TOKENS = 32
 """Length cap of each condensation of the summarize baseline."""
 
@@ -131,16 +133,19 @@ class RagAnswer:
         return self.text
 
     def to_dict(self, *, doc_ids: bool = False, debug: bool = False) -> dict[str, Any]:
-        """The release (text, guarantee, settings), plus ``doc_ids`` and the DATA-DEPENDENT figures only when asked
-        (they are computed from the private documents: debug output, never part of a release)."""
+        """The release: the text, what is read off it (``tokens``, ``finish_reason``), the guarantee and the public
+        settings; nothing else depends on the question or the documents. ``doc_ids`` and the DATA-DEPENDENT figures
+        (``debug``: the timing, which depends on the retrieved documents, and e.g. pad-as-published's own figure)
+        only when asked: debug output, never part of a release."""
         out: dict[str, Any] = {"text": self.text, "mechanism": self.mechanism, "guarantee": self.guarantee.to_dict(),
                                "settings": dict(self.settings), "tokens": self.tokens,
-                               "finish_reason": self.finish_reason, "seconds": round(self.seconds, 3)}
+                               "finish_reason": self.finish_reason}
         if doc_ids:
             out["doc_ids"] = list(self.doc_ids)
-        if debug and self.data_dependent:
+        if debug:
             out["data_dependent"] = {"warning": "computed from the private documents: not a guarantee, never release",
-                                     **self.data_dependent}
+                                     **self.data_dependent, "seconds": round(self.seconds, 3),
+                                     "generation_seconds": round(self.generation_seconds, 3)}
         return out
 
 
@@ -161,7 +166,8 @@ def check_ask_params(*, mechanism: object = RAG.method, epsilon: object = None, 
                      max_new_tokens: object = RAG.max_new_tokens, seed: object = None,
                      temperature: object = RAG.temperature, sigma: object = RAG.sigma,
                      support_top_k: object = RAG.support_top_k, adjacency: object = RAG.adjacency,
-                     theta: object = RAG.theta, static_sigma: object = RAG.static_sigma, cli: bool = False) -> None:
+                     theta: object = RAG.theta, static_sigma: object = RAG.static_sigma, noise_scale: object = None,
+                     cli: bool = False) -> None:
     """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
 
     >>> check_ask_params(epsilon=8)
@@ -177,8 +183,12 @@ def check_ask_params(*, mechanism: object = RAG.method, epsilon: object = None, 
     if epsilon is not None:
         _number(epsilon, n("epsilon"))
         if mechanism not in ("pad", "pad-as-published"):
-            raise ConfigurationError(f"{n('epsilon')} applies to pad (and to pad-as-published's noise knob), not to "
-                                     f"{mechanism}, which has no guarantee")
+            raise ConfigurationError(f"{n('epsilon')} applies to pad, not to {mechanism}, which has no guarantee")
+    if noise_scale is not None:
+        _number(noise_scale, n("noise_scale"))
+        if mechanism != "pad-as-published":
+            raise ConfigurationError(f"{n('noise_scale')} is pad-as-published's noise knob; it does not apply to "
+                                     f"{mechanism}")
     from dpinfer.checks import check_delta
 
     check_delta(delta)
@@ -196,8 +206,10 @@ def check_ask_params(*, mechanism: object = RAG.method, epsilon: object = None, 
 
 
 def build_mechanism(method: str, *, epsilon: float | None, delta: float, max_new_tokens: int, temperature: float,
-                    sigma: float, support_top_k: int | None, adjacency: str, static_sigma: float) -> Any:
-    """The mechanism that decodes ``method``'s answer (calibrated from public parameters only)."""
+                    sigma: float, support_top_k: int | None, adjacency: str, static_sigma: float,
+                    noise_scale: float | None = None) -> Any:
+    """The mechanism that decodes ``method``'s answer (calibrated from public parameters only). For
+    ``pad-as-published``, ``epsilon`` is a deprecated alias of ``noise_scale`` (the authors' knob, not a guarantee)."""
     from dpinfer.mechanisms import get_mechanism
     from dpinfer.mechanisms.pad import Pad
 
@@ -207,12 +219,18 @@ def build_mechanism(method: str, *, epsilon: float | None, delta: float, max_new
                               temperature=temperature, adjacency=adjacency)
     if method == "pad-as-published":
         kw: dict[str, Any] = {"delta": delta, "temperature": temperature}
-        if epsilon is not None:
-            kw["epsilon"] = epsilon
+        knob = published_noise_scale(epsilon, noise_scale)
+        if knob is not None:
+            kw["noise_scale"] = knob
         return get_mechanism("pad-as-published", **kw)
     if method == "static":
         return get_mechanism("static", sigma=static_sigma, temperature=temperature)
     return get_mechanism("sampler", temperature=temperature, mode="joint")
+
+
+def published_noise_scale(epsilon: float | None, noise_scale: float | None) -> float | None:
+    """pad-as-published's noise knob: ``noise_scale``, else the deprecated ``epsilon`` alias, else None (default)."""
+    return noise_scale if noise_scale is not None else epsilon
 
 
 def _public_guarantee(delta: float, t_max: int) -> Guarantee:
@@ -391,24 +409,53 @@ class PrivateRAG:
             self._engine = Engine(self.lm)
         return self._engine
 
-    def _cut(self, text: str) -> str:
+    def _cut(self, text: str, doc_tokens: int | None = None) -> str:
+        limit = self.max_doc_tokens if doc_tokens is None else doc_tokens
         ids = self.lm.encode(text)
-        return text if len(ids) <= self.max_doc_tokens else self.lm.decode(ids[:self.max_doc_tokens])
+        return text if len(ids) <= limit else self.lm.decode(ids[:limit])
 
     def public_ids(self, question: str) -> list[int]:
         """Token ids of the public row: the question alone (the null context)."""
         return self.lm.encode(self.template.wrap(self.lm, self.template.render_public(question)))
 
-    def private_ids(self, question: str, documents: Sequence[str]) -> list[int]:
-        """Token ids of the private row: the question with ``documents`` (each cut to ``max_doc_tokens``)."""
-        context = self.template.separator.join(self._cut(d) for d in documents)
-        return self.lm.encode(self.template.wrap(self.lm, self.template.render_private(context, question)))
+    def private_ids(self, question: str, documents: Sequence[str], doc_tokens: int | None = None) -> list[int]:
+        """Token ids of the private row: the question with ``documents`` (each cut to ``doc_tokens``, default
+        ``max_doc_tokens``). The row never exceeds :meth:`pad_width` at that budget: should the joined documents
+        re-tokenise longer, each is cut further (a function of the private row alone, which the clip covers)."""
+        limit = self.max_doc_tokens if doc_tokens is None else doc_tokens
+        width = self.pad_width(question, limit)
+        while True:
+            context = self.template.separator.join(self._cut(d, limit) for d in documents)
+            ids = self.lm.encode(self.template.wrap(self.lm, self.template.render_private(context, question)))
+            if len(ids) <= width or limit <= 1:
+                return ids[:width]
+            limit = max(1, limit - max(1, (len(ids) - width) // max(1, len(documents))))
 
-    def pad_width(self, question: str) -> int:
+    def pad_width(self, question: str, doc_tokens: int | None = None) -> int:
         """The engine's padding width, from PUBLIC quantities only: the private template with an empty context for
-        this question, plus ``top_n · (max_doc_tokens + slack)``."""
+        this question, plus ``top_n · (doc_tokens + slack)`` (``doc_tokens`` default ``max_doc_tokens``)."""
         empty = self.lm.encode(self.template.wrap(self.lm, self.template.render_private("", question)))
-        return len(empty) + self.top_n * (self.max_doc_tokens + DOC_SLACK)
+        limit = self.max_doc_tokens if doc_tokens is None else doc_tokens
+        return len(empty) + self.top_n * (limit + DOC_SLACK)
+
+    def doc_budget(self, question: str, max_new_tokens: int) -> int:
+        """Tokens per retrieved document, from PUBLIC quantities only (the question, ``top_n``, ``max_doc_tokens``,
+        ``T_max`` and the model's context window): ``max_doc_tokens``, or fewer when :meth:`pad_width` plus
+        ``T_max`` would not fit the window. Refused (one line, before anything is retrieved) when fewer than
+        :data:`MIN_DOC_TOKENS` per document would fit."""
+        from dpinfer.errors import ContextTooLongError
+
+        window = self.lm.context_window
+        empty = self.pad_width(question, 0) - self.top_n * DOC_SLACK
+        fits = (window - max_new_tokens - empty) // self.top_n - DOC_SLACK
+        if fits >= self.max_doc_tokens:
+            return self.max_doc_tokens
+        if fits < MIN_DOC_TOKENS:
+            raise ContextTooLongError(
+                f"the question's prompt ({empty} tokens) with top_n={self.top_n} documents of at least "
+                f"{MIN_DOC_TOKENS} tokens and max_new_tokens={max_new_tokens} does not fit the model's context window "
+                f"of {window} tokens; lower --max-new-tokens or --top-n, or shorten the question")
+        return fits
 
     def _summary_jobs(self, question: str, hits: Sequence[Hit], seed: int | None) -> list[Any]:
         """One greedy engine job per retrieved document: the ``summarize`` baseline's query-focused condensation.
@@ -449,12 +496,12 @@ class PrivateRAG:
             temperature: float = RAG.temperature, sigma: float = RAG.sigma,
             support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
             theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
-            ledger: Any = STORE_LEDGER, unit: str | None = None) -> RagAnswer:
+            noise_scale: float | None = None, ledger: Any = STORE_LEDGER, unit: str | None = None) -> RagAnswer:
         """Answer ``question`` from the store with ``mechanism`` (see the module docstring).
 
         Args:
-            epsilon: target ε per answer for ``pad`` (default :data:`DEFAULT_EPSILON`); for ``pad-as-published``
-                the authors' noise knob (default 0.2), which is not a guarantee.
+            epsilon: target ε per answer for ``pad`` (default :data:`DEFAULT_EPSILON`); for ``pad-as-published`` a
+                deprecated alias of ``noise_scale``.
             delta: δ of the guarantee.
             max_new_tokens: ``T_max``: the guarantee is computed for it.
             seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
@@ -463,6 +510,7 @@ class PrivateRAG:
             adjacency: ``replace-by-null`` (default) or ``replace-one`` (sensitivity 2C).
             theta: ``distance-threshold``'s maximum Euclidean distance. static_sigma: ``static``'s noise.
             min_new_tokens: benchmarks only: EOS is masked (for every row alike) before this many tokens.
+            noise_scale: ``pad-as-published``'s noise knob (the authors call it ε; default 0.2): NOT a guarantee.
             ledger, unit: the ledger and unit this answer is charged to (default: the object's, see the class);
                 the charge is reserved before the model loads and refused (:class:`~dpinfer.errors.
                 BudgetExceededError`) when the store's budget cannot afford it.
@@ -472,7 +520,7 @@ class PrivateRAG:
             plan = self.plan_ask(question, mechanism=mechanism, epsilon=epsilon, delta=delta,
                                  max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, sigma=sigma,
                                  support_top_k=support_top_k, adjacency=adjacency, theta=theta,
-                                 static_sigma=static_sigma, min_new_tokens=min_new_tokens,
+                                 static_sigma=static_sigma, min_new_tokens=min_new_tokens, noise_scale=noise_scale,
                                  on_guarantee=None if spend is None else spend.settle)
             job = plan.job
             g0 = time.perf_counter()
@@ -492,7 +540,8 @@ class PrivateRAG:
                  temperature: float = RAG.temperature, sigma: float = RAG.sigma,
                  support_top_k: int | None = RAG.support_top_k, adjacency: str = RAG.adjacency,
                  theta: float = RAG.theta, static_sigma: float = RAG.static_sigma, min_new_tokens: int = 0,
-                 checked: bool = False, prepared: tuple[list[Hit], list[str]] | None = None,
+                 noise_scale: float | None = None, checked: bool = False,
+                 prepared: tuple[list[Hit], list[str]] | None = None,
                  on_guarantee: Callable[[Guarantee], None] | None = None) -> AskPlan:
         """Everything :meth:`ask` does before the engine runs (arguments: see there): the checks, the calibrated
         mechanism and its guarantee, retrieval and the rows, as an :class:`~dpinfer.engine.EngineJob` with what
@@ -512,11 +561,11 @@ class PrivateRAG:
         if not checked:
             check_ask_params(mechanism=mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens,
                              seed=seed, temperature=temperature, sigma=sigma, support_top_k=support_top_k,
-                             adjacency=adjacency, theta=theta, static_sigma=static_sigma)
+                             adjacency=adjacency, theta=theta, static_sigma=static_sigma, noise_scale=noise_scale)
         # calibrated before anything private is read or the model loads (an unreachable ε is refused at once)
         mech = build_mechanism(mechanism, epsilon=epsilon, delta=delta, max_new_tokens=max_new_tokens,
                                temperature=temperature, sigma=sigma, support_top_k=support_top_k,
-                               adjacency=adjacency, static_sigma=static_sigma)
+                               adjacency=adjacency, static_sigma=static_sigma, noise_scale=noise_scale)
         if mechanism == "public":
             guarantee = _public_guarantee(delta, max_new_tokens)
         else:
@@ -526,6 +575,8 @@ class PrivateRAG:
         if mechanism != "public" and self.store.count() == 0:
             raise InvalidInputError(f"the store {self.store.path} holds no documents; add some with: "
                                     f"dpinfer rag add {self.store.path} FILES...")
+        # tokens per document so that the padded rows and T_max fit the window: public, before anything is retrieved
+        doc_tokens = self.max_doc_tokens if mechanism == "public" else self.doc_budget(question, max_new_tokens)
         if prepared is not None:
             hits, documents = prepared
         else:
@@ -539,18 +590,18 @@ class PrivateRAG:
         public = self.public_ids(question)
         if mechanism == "public" or (not documents and mechanism != "pad"):
             # nothing retrieved (or all dropped): the question alone, padded as if documents had been shown
-            rows, width = [public], len(public) if mechanism == "public" else self.pad_width(question)
+            rows, width = [public], len(public) if mechanism == "public" else self.pad_width(question, doc_tokens)
         elif mechanism == "pad":
-            rows = [public, self.private_ids(question, documents) if documents else public]
-            width = self.pad_width(question)
+            rows = [public, self.private_ids(question, documents, doc_tokens) if documents else public]
+            width = self.pad_width(question, doc_tokens)
         else:
-            rows, width = [self.private_ids(question, documents)], self.pad_width(question)
+            rows, width = [self.private_ids(question, documents, doc_tokens)], self.pad_width(question, doc_tokens)
         if seed is not None:
             guarantee = dataclasses.replace(guarantee, seeded=True)
-        settings = {"mechanism": mechanism, "epsilon": epsilon if epsilon is not None else (
-                        DEFAULT_EPSILON if mechanism == "pad" else None),
+        settings = {"mechanism": mechanism, "epsilon": (DEFAULT_EPSILON if epsilon is None else epsilon)
+                    if mechanism == "pad" else None,  # a guarantee's target only: no other method's knob is an ε
                     "delta": delta, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                    "top_k": self.top_k, "top_n": self.top_n, "max_doc_tokens": self.max_doc_tokens,
+                    "top_k": self.top_k, "top_n": self.top_n, "max_doc_tokens": doc_tokens,
                     "model": self.lm.name}  # never the seed
         if mechanism == "pad":
             settings.update(sigma=sigma, support_top_k=support_top_k, adjacency=adjacency,
@@ -559,6 +610,8 @@ class PrivateRAG:
             settings["theta"] = theta
         elif mechanism == "static":
             settings["static_sigma"] = static_sigma
+        elif mechanism == "pad-as-published":
+            settings["noise_scale"] = mech.params["noise_scale"]
         job = EngineJob(contexts=rows, mechanism=mech, max_new_tokens=max_new_tokens, seed=seed, pad_width=width,
                         min_new_tokens=min(min_new_tokens, max_new_tokens))
         return AskPlan(job=job, mechanism=mechanism, guarantee=guarantee, hits=hits, settings=settings,

@@ -160,9 +160,11 @@ def test_pad_as_published_hand_case_in_numbers():
     _, _, sigma, charge = published_step_parameters(torch.zeros(4, dtype=torch.float64), 0)
     assert sigma == pytest.approx(1.06875)
     assert charge == pytest.approx(10 / (2 * 1.06875**2))
-    # ε knob 0.5 instead of 0.2: σ scales by (0.2/0.5)²
-    _, _, sigma5, _ = published_step_parameters(torch.zeros(4, dtype=torch.float64), 0, epsilon=0.5)
+    # the noise knob (the authors' "ε") at 0.5 instead of 0.2: σ scales by (0.2/0.5)²
+    _, _, sigma5, _ = published_step_parameters(torch.zeros(4, dtype=torch.float64), 0, noise_scale=0.5)
     assert sigma5 == pytest.approx(1.06875 * 0.16)
+    with pytest.raises(ConfigurationError, match="unknown"):
+        published_step_parameters(torch.zeros(4, dtype=torch.float64), 0, epsilon=0.5)
 
 
 def test_pad_as_published_reports_a_data_dependent_figure_and_resets_per_answer():
