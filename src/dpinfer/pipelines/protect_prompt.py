@@ -237,7 +237,7 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     import torch
     from transformers import DynamicCache
 
-    from dpinfer.engine import _cache_kwargs
+    from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
 
     result = [math.inf] * len(outputs)
     rows = [(i, list(o)) for i, o in enumerate(outputs) if o]
@@ -723,26 +723,6 @@ def protect_prompt(
                            settings=settings)
 
 
-def _block_mechanism(base: DPPrompt, sources: Sequence[RandomSource], n: int) -> DPPrompt:
-    """Stage 1 of several prompts in ONE engine run: ``base`` (a :class:`DPPrompt`) over rows that come in blocks of
-    ``n`` (one block per prompt), each block drawn from its own random source, so a prompt's rewrites are what its own
-    run would give with that source (the same draws, row by row, up to float rounding of the batched forward)."""
-    import torch
-
-    from dpinfer.mechanisms.base import StepResult
-    from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_weights
-    from dpinfer.mechanisms.sampler import sample_probs
-
-    class BlockDPPrompt(DPPrompt):
-        def step(self, logits: Any, info: Any, generator: Any) -> Any:
-            w = clipped_weights(logits, self.clip_min, self.clip_max, self.temperature)
-            return StepResult(tokens=torch.cat([sample_probs(w[b * n:(b + 1) * n], src)
-                                                for b, src in enumerate(sources)]))
-
-    return BlockDPPrompt(base.clip_min, base.clip_max, base.temperature, num_rewrites=n * len(sources),
-                         delta=base.delta)
-
-
 def protect_prompts(
     prompts: Sequence[str],
     *,
@@ -763,12 +743,15 @@ def protect_prompts(
     embedder: Any = None,
 ) -> list[ProtectedPrompt | DPInferError]:
     """:func:`protect_prompt` for several prompts (each a different person's: separate releases that do not compose)
-    sharing the engine's steps: stage 1 of every prompt in ONE engine run (``n`` rows per prompt, each prompt's rows
-    drawn from its own source: ``seeds[i]``, or a fresh secure source), stages 2 per prompt, stage 3 of every prompt
-    in ONE engine run, one encoder for every consensus pick. Returns one item per prompt: its
+    sharing the engine's steps: stage 1 of every prompt as one job of :meth:`Engine.run_jobs
+    <dpinfer.engine.Engine.run_jobs>` (one forward per step for all prompts' rows; each prompt's rows drawn from its
+    own source, ``seeds[i]`` or a fresh secure source; every job padded to the PUBLIC width :func:`request_bound`, so
+    no prompt's computation depends on another's content or length: the slot engine's rules), stage 2 per prompt,
+    stage 3 of every prompt in ONE engine run (post-processing of released rewrites only), one encoder for every
+    consensus pick. Returns one item per prompt: its
     :class:`ProtectedPrompt`, or the :class:`~dpinfer.errors.DPInferError` that refused it (an empty prompt; the
     messages never quote a prompt). Parameters are checked once, before the model loads (a bad one raises)."""
-    from dpinfer.engine import Engine
+    from dpinfer.engine import Engine, EngineJob
     from dpinfer.errors import DPInferError
     from dpinfer.generation import resolve_lm
     from dpinfer.mechanisms.randomness import random_source
@@ -799,11 +782,17 @@ def protect_prompts(
                             epsilon=epsilon, temperature=temperature)
     sources = [random_source(seeds[i]) for i in ok]
     engine = Engine(model)
-    rows = [capped_paraphrase_ids(model, prompts[i], max_input_tokens) for i in ok for _ in range(n)]
-    batch = _block_mechanism(mech, sources, n)
-    gen = engine.generate(rows, batch, max_new_tokens=max_new_tokens)  # randomness: the blocks' own sources
-    del rows  # nothing below reads a prompt
-    texts = [model.decode(seq).strip() for seq in gen.sequences]
+    bound = request_bound(model, max_input_tokens)
+    jobs = [EngineJob(contexts=[capped_paraphrase_ids(model, prompts[i], max_input_tokens)] * n,
+                      mechanism=stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens,
+                                                 delta=delta, temperature=mech.temperature),
+                      max_new_tokens=max_new_tokens, generator=src, pad_width=bound)
+            for i, src in zip(ok, sources, strict=True)]
+    seqs: dict[int, list[list[int]]] = {}
+    for j, result in engine.run_jobs(jobs):  # one forward per step for every prompt's rows, public shapes
+        seqs[j] = result.sequences
+    del jobs  # nothing below reads a prompt
+    texts = [model.decode(seq).strip() for j in range(len(ok)) for seq in seqs[j]]
     per = [texts[j * n:(j + 1) * n] for j in range(len(ok))]
     if method == "dp-prompt":
         finals = [(rw[0], rw[0], []) for rw in per]

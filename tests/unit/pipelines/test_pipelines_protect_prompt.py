@@ -436,15 +436,21 @@ def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeyp
 
     clip_bounds(tiny_lm)  # measured once (an engine run of its own) before counting
     calls: list[int] = []
-    generate = Engine.generate
+    generate, run_jobs = Engine.generate, Engine.run_jobs
 
     def count(self, contexts, mechanism, **kw):
         calls.append(len(contexts))
         return generate(self, contexts, mechanism, **kw)
 
+    def count_jobs(self, jobs, **kw):
+        calls.append(sum(len(j.contexts) for j in jobs))
+        assert len({j.pad_width for j in jobs}) == 1 and jobs[0].pad_width == pp.request_bound(tiny_lm, 256)
+        yield from run_jobs(self, jobs, **kw)
+
     monkeypatch.setattr(Engine, "generate", count)
+    monkeypatch.setattr(Engine, "run_jobs", count_jobs)
     out = pp.protect_prompts(prompts, seeds=[1, 2, 3, 4], **kwargs)
-    assert calls == [9, 3]  # stage 1 of the three prompts in one run, stage 3 of the three in one run
+    assert calls == [9, 3]  # stage 1 of the three prompts in one slot-engine call, stage 3 of the three in one run
     assert isinstance(out[2], InvalidInputError) and "Zanzibarquux" not in str(out[2])
     for i in (0, 1, 3):
         alone = pp.protect_prompt(prompts[i], seed=i + 1, **kwargs)
