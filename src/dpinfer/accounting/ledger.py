@@ -33,6 +33,8 @@ API::
     ledger.history("case-42")                              # every ChargeRecord of the unit, oldest first
     ledger.void(charge_id)                                 # operator: void a PENDING reservation (a killed process)
     ledger.unit_for_text(document)                         # "h-" + HMAC-SHA256 under the ledger's own secret
+    ledger.reserve(unit, cost, resume_key=ledger.resume_key(job, record_id))   # a resumed job takes over the
+                                                           # pending charge its killed run left for the record
 
 States of a charge: ``pending`` (reserved; counted as spent, so a process killed between reserve and commit fails
 closed), ``committed``, ``cancelled`` (nothing was released), ``void`` (an operator's decision that a pending
@@ -126,9 +128,11 @@ CREATE TABLE IF NOT EXISTS charges (
     epsilon REAL NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('pending', 'committed', 'cancelled', 'void')),
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    resume_key TEXT
 );
 CREATE INDEX IF NOT EXISTS charges_by_unit ON charges (unit, state);
+CREATE INDEX IF NOT EXISTS charges_by_resume_key ON charges (resume_key);
 """
 
 
@@ -592,12 +596,15 @@ class Ledger:
 
     # ---------------------------------------------------------------- spending
     def reserve(self, unit: str, cost: Cost | Guarantee | Loss, *, mechanism: str | None = None,
-                parameters: Mapping[str, Any] | None = None, scope: str | None = None) -> Charge:
+                parameters: Mapping[str, Any] | None = None, scope: str | None = None,
+                resume_key: str | None = None) -> Charge:
         """Check that ``cost`` fits ``unit``'s budget and reserve it, in one transaction; or raise
         :class:`~dpinfer.errors.BudgetExceededError` (one line: unit, budget, spent, cost). ``mechanism`` and
         ``parameters`` default to the guarantee's (public parameters only). ``scope`` names what the unit protects
         (``"document"``, ``"corpus"``, ``"store"``, ``"prompt-source"``): a unit keeps the scope of its first charge
-        and refuses charges of another, whose adjacency would not compose with it."""
+        and refuses charges of another, whose adjacency would not compose with it. ``resume_key`` (a job's key for
+        one record, :meth:`resume_key`): a PENDING charge of the unit with the same key, left by a killed run of the
+        same job, is taken over (re-priced) instead of reserving the record a second time."""
         unit = check_unit(unit)
         if isinstance(cost, Guarantee):
             mechanism = cost.mechanism if mechanism is None else mechanism
@@ -628,11 +635,20 @@ class Ledger:
                 )
             if scope is not None and unit_scope is None:
                 con.execute("UPDATE units SET scope = ? WHERE unit = ?", (scope, unit))
+            if resume_key is not None:
+                left = con.execute("SELECT id FROM charges WHERE unit = ? AND resume_key = ? AND state = 'pending' "
+                                   "ORDER BY id LIMIT 1", (unit, resume_key)).fetchone()
+                if left is not None:  # the same record of the same job, reserved by a run that was killed
+                    alone = self._check_fits(con, unit, budget, delta, price, without=left[0])
+                    con.execute("UPDATE charges SET cost = ?, epsilon = ?, parameters = ?, updated = ? WHERE id = ?",
+                                (price.to_json(), alone if math.isfinite(alone) else 1e308, params, now, left[0]))
+                    return Charge(self, int(left[0]), unit, alone)
             alone = self._check_fits(con, unit, budget, delta, price)
             cursor = con.execute(
-                "INSERT INTO charges (unit, mechanism, scope, parameters, cost, epsilon, state, created, updated) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-                (unit, mechanism, scope, params, price.to_json(), alone if math.isfinite(alone) else 1e308, now, now))
+                "INSERT INTO charges (unit, mechanism, scope, parameters, cost, epsilon, state, created, updated, "
+                "resume_key) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
+                (unit, mechanism, scope, params, price.to_json(), alone if math.isfinite(alone) else 1e308, now, now,
+                 resume_key))
             charge_id = int(cursor.lastrowid or 0)
         return Charge(self, charge_id, unit, alone)
 
@@ -773,6 +789,11 @@ class Ledger:
                 self._secret = bytes.fromhex(self._query("SELECT value FROM meta WHERE key = 'secret'")[0][0])
         digest = hmac.new(self._secret, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
         return "h-" + digest[:32]
+
+    def resume_key(self, job: str, record: str) -> str:
+        """The key of one ``record`` of a resumable ``job`` (e.g. the output file's path and the record's id): an
+        HMAC under the ledger's secret, so the ledger holds no job or record name."""
+        return "r-" + self.unit_for_text(f"{job}\x00{record}")[2:]
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"

@@ -83,10 +83,12 @@ def pure_steps_estimate(epsilon: float, delta: float, steps: int, *, bounded_ran
 class Spend:
     """One release's reservation on a unit (see the module docstring)."""
 
-    def __init__(self, ledger: Ledger, unit: str, scope: str) -> None:
+    def __init__(self, ledger: Ledger, unit: str, scope: str, resume_key: str | None = None) -> None:
         self.ledger = ledger
         self.unit = check_unit(unit)
         self.scope = scope
+        self.resume_key = resume_key
+        """A resumable job's key for this record: a pending charge left by a killed run is taken over."""
         self.charge: Charge | None = None
 
     def reserve(self, estimate: Cost | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None) -> None:
@@ -97,12 +99,13 @@ class Spend:
         cost = estimate if estimate is not None else Cost.of(PureDp(0.0))
         self.charge = self.ledger.reserve(self.unit, cost, mechanism=mechanism,
                                           parameters={"estimate": estimate is not None, **(parameters or {})},
-                                          scope=self.scope)
+                                          scope=self.scope, resume_key=self.resume_key)
 
     def settle(self, guarantee: Guarantee | Cost | PrivacyLoss, *, mechanism: str | None = None) -> None:
         """Step 2 (planned, nothing generated): the exact cost of ``guarantee`` (or of a loss)."""
         if self.charge is None:
-            self.charge = self.ledger.reserve(self.unit, guarantee, scope=self.scope, mechanism=mechanism)
+            self.charge = self.ledger.reserve(self.unit, guarantee, scope=self.scope, mechanism=mechanism,
+                                              resume_key=self.resume_key)
         else:
             self.charge.settle(guarantee)
 

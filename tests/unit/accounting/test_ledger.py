@@ -407,3 +407,17 @@ def test_settle_replaces_an_estimate_and_refuses_when_the_exact_cost_does_not_fi
     with pytest.raises(BudgetExceededError):
         late.settle(Zcdp(0.3))  # more than the estimate, and over the budget: cancelled
     assert late.state == "cancelled" and ledger.history("u")[-1].state == "cancelled"
+
+
+def test_a_resumed_job_takes_over_the_pending_charge_of_its_record(ledger: Ledger) -> None:
+    ledger.set_budget("doc", epsilon=budget_for(Zcdp(0.1), 2))
+    key = ledger.resume_key("/out/job.jsonl", "record-7")
+    assert key.startswith("r-") and "record-7" not in key and key != ledger.resume_key("/out/job.jsonl", "record-8")
+    ledger.reserve("doc", Zcdp(0.1), mechanism="m", resume_key=key)  # the run is killed: pending
+    again = ledger.reserve("doc", Zcdp(0.1), mechanism="m", resume_key=key)  # the resumed run: the same charge
+    again.commit()
+    assert [c.state for c in ledger.history("doc")] == ["committed"]
+    other = ledger.reserve("doc", Zcdp(0.1), mechanism="m", resume_key=ledger.resume_key("/out/job.jsonl", "r-8"))
+    other.commit()
+    with pytest.raises(BudgetExceededError):  # a committed record is not taken over: a new release pays
+        ledger.reserve("doc", Zcdp(0.1), mechanism="m", resume_key=key)
