@@ -10,7 +10,6 @@ summary); the releases go to ``--out`` only.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
                         "entity_mentions); a record without it is tagged by --tagger, and entity types its spans "
                         "leave uncovered are tagged and merged in unless --spans-only (default spans)")
     g.add_argument("--id-field", default="id", help="--corpus: the field holding the record's unique id (default id)")
+    add_rerelease_argument(g)
     g.add_argument("--backend", default="local", choices=["local", "ray"],
                    help="--corpus: run here (local, default) or on Ray Data (ray; needs the ray extra)")
     g.add_argument("--ray-address", default=None, metavar="ADDR",
@@ -55,7 +55,8 @@ def check_corpus_args(args: argparse.Namespace) -> None:
     from dpinfer.validation import int_at_least
 
     if args.corpus is None:
-        for option, value in (("--backend", args.backend != "local"), ("--ray-address", args.ray_address)):
+        for option, value in (("--backend", args.backend != "local"), ("--ray-address", args.ray_address),
+                              ("--allow-rerelease", args.allow_rerelease)):
             if value:
                 raise ConfigurationError(f"{option} applies to --corpus only")
         return
@@ -149,8 +150,9 @@ def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: An
 
 def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """``dpinfer sanitize --corpus IN --out OUT``: refusals first, then the records not yet in OUT, appended one by
-    one as they finish; a summary line on standard error (and the summary as JSON with ``--json``)."""
-    from dpinfer.pipelines.corpus import CorpusSummary, check_corpus_paths, locked_output, pending, read_corpus
+    one as they finish (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line on standard error (and the
+    summary as JSON with ``--json``)."""
+    from dpinfer.pipelines.corpus import check_corpus_paths, per_record_budget, read_corpus, run_corpus_job
 
     check_corpus_paths(args.corpus, args.out)
     if args.backend == "ray":
@@ -159,35 +161,53 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
         check_ray()
     records = read_corpus(args.corpus, id_field=args.id_field, text_field=args.text_field,
                           spans_field=args.spans_field)
-    with locked_output(args.out, "dpinfer sanitize --corpus") as out:  # a second run on OUT is refused
-        out.open()  # a torn last line is cut off here; the ids done are read back
-        todo = list(pending(records, out.done))
-        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-        completed = 0  # records whose spans left entity types uncovered, completed by the tagger
-        if todo:
-            with record_progress("sanitize --corpus", len(todo)) as progress:
-                for record in _releases(args, todo, options):
-                    out.append(record)
-                    if "error" in record:
-                        summary.errors += 1
-                    else:
-                        summary.done += 1
-                        completed += record.get("settings", {}).get("span_source", {}).get("from") == "given+tagger"
-                    progress(summary.done + summary.errors, summary.errors)
-        if completed:
-            print(f"dpinfer: sanitize --corpus: {completed} records had spans that left entity types uncovered: the "
-                  f"{args.tagger} tagger tagged them for those types and its spans were merged in "
-                  "(settings.span_source of each record says which; --spans-only: use the given spans alone)",
-                  file=sys.stderr)
-        ids = {json.dumps(r.id, ensure_ascii=False) for r in records}
-        line = summary.line(rec for key, rec in out.done.items() if key in ids)
-        print(f"dpinfer: sanitize --corpus: {line}; records in {args.out}", file=sys.stderr)
-        if args.json:
-            from dpinfer.cli.output import print_json
+    run = run_corpus_job(records, args.out, lambda todo: _releases(args, list(todo), options),
+                         job="dpinfer sanitize --corpus", source=f"--corpus {args.corpus}",
+                         allow_rerelease=args.allow_rerelease, progress=_progress("sanitize --corpus"), warn=warn)
+    # records whose spans left entity types uncovered, completed by the tagger
+    completed = sum(1 for rec in run.new if "error" not in rec
+                    and rec.get("settings", {}).get("span_source", {}).get("from") == "given+tagger")
+    if completed:
+        print(f"dpinfer: sanitize --corpus: {completed} records had spans that left entity types uncovered: the "
+              f"{args.tagger} tagger tagged them for those types and its spans were merged in "
+              "(settings.span_source of each record says which; --spans-only: use the given spans alone)",
+              file=sys.stderr)
+    return print_job_summary(args, "sanitize --corpus", run, per_record_budget(run.held),
+                             records=len(records))
 
-            print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                        "records": len(records), "summary": line})
-        return 0
+
+def warn(line: str) -> None:
+    print(f"dpinfer: {line}", file=sys.stderr)
+
+
+def _progress(label: str) -> Callable[[int], Any]:
+    return lambda total: record_progress(label, total)
+
+
+def add_rerelease_argument(g: Any, *, composes: bool = False) -> None:
+    """``--allow-rerelease``, the one flag that lets a resumed corpus job release a record a second time."""
+    if composes:
+        g.add_argument("--allow-rerelease", action="store_true",
+                       help="resume even when a released answer's line was deleted from OUT (refused otherwise: the "
+                            "summary composes the answers in OUT, and a deleted one would no longer be counted)")
+        return
+    g.add_argument("--allow-rerelease", action="store_true",
+                   help="resume even when OUT holds ids the input does not have, an input record's text was "
+                        "already released to OUT under another id, or a released record's line was deleted from "
+                        "OUT (refused otherwise): those texts are released again and their privacy loss adds up")
+
+
+def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: str, *, records: int) -> int:
+    """The summary line of a corpus job on standard error (and as JSON on standard output with ``--json``)."""
+    line = f"{run.head(args.out)}; {budget}"
+    print(f"dpinfer: {label}: {line}", file=sys.stderr)
+    if args.json:
+        from dpinfer.cli.output import print_json
+
+        print_json({"done": run.done, "skipped": run.skipped, "errors": run.errors, "out": args.out,
+                    "records": records, "out_records": run.out_records, "out_errors": run.out_errors,
+                    "summary": line})
+    return 0
 
 
 def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -78,6 +78,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="--prompts: the JSONL file of releases (appended; rerunning skips the ids already there)")
     f.add_argument("--prompt-field", default="prompt", help="--prompts: the field holding the prompt (default prompt)")
     f.add_argument("--id-field", default="id", help="--prompts: the field holding the unique id (default id)")
+    from dpinfer.cli.corpus_job import add_rerelease_argument
+
+    add_rerelease_argument(f)
     p.set_defaults(func=run)
 
 
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                          max_input_tokens=args.max_input_tokens, cli=True)
     from dpinfer.cli.budget import cli_spend, ledger_path, report_charge
 
-    if args.prompts is not None or args.out is not None:
+    if args.prompts is not None or args.out is not None or args.allow_rerelease:
         if ledger_path(args) is not None:
             from dpinfer.errors import LedgerError
 
@@ -161,7 +164,8 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
     from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
 
     if args.prompts is None:
-        raise InvalidInputError("--out applies to --prompts only (one prompt prints its protected prompt)")
+        raise InvalidInputError("--out and --allow-rerelease apply to --prompts only (one prompt prints its protected "
+                                "prompt)")
     if args.prompt is not None or args.file is not None:
         raise InvalidInputError("give one prompt (argument or --file) or --prompts P.jsonl, not both")
     if not args.out:
@@ -176,62 +180,51 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
 
 def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
     """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, one after another, each release
-    appended as it finishes; a summary line with the budget per prompt."""
-    from dpinfer.cli.corpus_job import record_progress
-    from dpinfer.errors import DPInferError
-    from dpinfer.pipelines.corpus import CorpusSummary, id_key, locked_output, pending
-    from dpinfer.pipelines.sanitize import record_seed
+    appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line with the budget per
+    prompt."""
+    from dpinfer.cli.corpus_job import print_job_summary, record_progress, warn
+    from dpinfer.pipelines.corpus import per_record_budget, run_corpus_job
 
     records = _check_prompts_args(args)
-    with locked_output(args.out, "dpinfer protect-prompt --prompts") as out:  # a second run on OUT is refused
-        out.open()
-        todo = list(pending(records, out.done))
-        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-        if todo:
-            from dpinfer.models import load_model
-            from dpinfer.pipelines.protect_prompt import protect_prompt
-
-            lm = load_model(args.model, device=args.device)
-            embedder = None
-            if args.method == "dp-gtr" and args.n_exemplars > 1:  # stage 3's consensus pick: one encoder, all prompts
-                from dpinfer.eval.embeddings import load_embedder
-
-                embedder = load_embedder()
-            with record_progress("protect-prompt --prompts", len(todo)) as progress:
-                for rec in todo:
-                    try:
-                        res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
-                                             temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
-                                             n_keywords=args.n_keywords, keywords=args.keywords,
-                                             max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
-                                             suppress=args.suppress, n_exemplars=args.n_exemplars,
-                                             max_input_tokens=args.max_input_tokens,
-                                             seed=record_seed(args.seed, rec.id), embedder=embedder)
-                    except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
-                        out.append({"id": rec.id, "error": str(err).splitlines()[0]})
-                        summary.errors += 1
-                    else:
-                        release = res.to_dict()
-                        for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
-                            release.pop(timing, None)
-                        out.append({"id": rec.id, **release})
-                        summary.done += 1
-                    progress(summary.done + summary.errors, summary.errors)
-        ids = {id_key(r.id) for r in records}
-        line = summary.line([rec for key, rec in out.done.items() if key in ids])
-        line = line.replace("budget per document (each released once",
-                            "budget per prompt (each released once, prompts do not compose")
-        line = line.replace(" (worst group)", "")
-        print(f"dpinfer: protect-prompt --prompts: {line}; releases in {args.out}", file=sys.stderr)
-        if args.json:
-            from dpinfer.cli.output import print_json
-
-            print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                        "summary": line})
-        return 0
+    run = run_corpus_job(records, args.out, lambda todo: _protect_each(args, jem_epsilon, list(todo)),
+                         job="dpinfer protect-prompt --prompts", source=f"--prompts {args.prompts}",
+                         allow_rerelease=args.allow_rerelease,
+                         progress=lambda total: record_progress("protect-prompt --prompts", total), warn=warn)
+    return print_job_summary(args, "protect-prompt --prompts", run,
+                             per_record_budget(run.held, what="prompt", groups=False), records=len(records))
 
 
-    # ---------------------------------------------------------------------------------------------------------- bench
+def _protect_each(args: argparse.Namespace, jem_epsilon: float, todo: list[Any]) -> Any:
+    """The output record of each prompt of ``todo``, one after another (a failure is the prompt's error record)."""
+    from dpinfer.errors import DPInferError
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.protect_prompt import protect_prompt
+    from dpinfer.pipelines.sanitize import record_seed
+
+    lm = load_model(args.model, device=args.device)
+    embedder = None
+    if args.method == "dp-gtr" and args.n_exemplars > 1:  # stage 3's consensus pick: one encoder, all prompts
+        from dpinfer.eval.embeddings import load_embedder
+
+        embedder = load_embedder()
+    for rec in todo:
+        try:
+            res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
+                                 temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
+                                 n_keywords=args.n_keywords, keywords=args.keywords,
+                                 max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
+                                 suppress=args.suppress, n_exemplars=args.n_exemplars,
+                                 max_input_tokens=args.max_input_tokens, seed=record_seed(args.seed, rec.id),
+                                 embedder=embedder)
+        except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
+            yield {"id": rec.id, "error": str(err).splitlines()[0]}
+        else:
+            release = res.to_dict()
+            for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
+                release.pop(timing, None)
+            yield {"id": rec.id, **release}
+
+
 def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
     from dpinfer.bench import gtr
 

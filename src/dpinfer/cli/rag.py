@@ -111,6 +111,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     q.add_argument("--question-field", default="question",
                    help="--questions: the field holding the question (default question)")
     q.add_argument("--id-field", default="id", help="--questions: the field holding the unique id (default id)")
+    from dpinfer.cli.corpus_job import add_rerelease_argument
+
+    add_rerelease_argument(q, composes=True)
     ask.set_defaults(func=run_ask)
 
     info = rsub.add_parser("info", parents=[common], help="documents, embedder and settings of a store",
@@ -179,8 +182,9 @@ def run_ask(args: argparse.Namespace) -> int:
                      sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
                      static_sigma=args.static_sigma, noise_scale=args.noise_scale, cli=True)
     if args.questions is None:
-        if args.out:
-            raise InvalidInputError("--out applies to --questions only (one question prints its answer)")
+        if args.out or args.allow_rerelease:
+            raise InvalidInputError("--out and --allow-rerelease apply to --questions only (one question prints its "
+                                    "answer)")
         if args.question is None:
             raise InvalidInputError("give a QUESTION, or --questions Q.jsonl --out OUT.jsonl")
         check_text(args.question, "the question")
@@ -294,77 +298,73 @@ def _check_questions_args(args: argparse.Namespace) -> None:
 
 
 def answers_budget(records: Any) -> str:
-    """The budget of every answer record (they read the same store, so they compose): their zCDP ρ add up (PAD's
-    ex-ante ρ per answer, from its parameters), converted once at the largest δ; ``public`` answers cost nothing; any
-    answer without a guarantee voids it."""
+    """The budget of every answer record given (every answer in OUT: they read the same store, so they compose),
+    composed by the accountant: PAD's ex-ante zCDP loss per answer (from its parameters), converted once at the
+    largest δ; ``public`` answers cost nothing; any answer without a guarantee voids it. A torn answer (part of it
+    was released) keeps its guarantee and counts."""
     import math
 
-    from dpinfer.accounting import Zcdp
+    from dpinfer.accounting import Zcdp, compose
     from dpinfer.accounting._format import format_up
 
-    rho, deltas, answers = 0.0, [], 0
+    losses, deltas, answers = [], [], 0
     for rec in records:
         g = rec.get("guarantee")
         if not isinstance(g, dict):
             continue
         answers += 1
-        if rec.get("mechanism") == "public":
+        mechanism = g.get("mechanism", rec.get("mechanism"))
+        if mechanism == "public":
             continue
         params = g.get("parameters") or {}
-        if rec.get("mechanism") != "pad" or "rho" not in params:
+        if mechanism != "pad" or "rho" not in params:
             return f"{answers} answers in the output; one has no guarantee, so together they have none"
-        rho += float(params["rho"])
+        losses.append(Zcdp(float(params["rho"])))
         deltas.append(float(g.get("delta", 1e-5)))
     if not answers:
         return "no answer in the output yet"
     if not deltas:
         return f"{answers} answers in the output, all public (ε = 0)"
-    eps = Zcdp(rho).to_epsilon(max(deltas))
+    total = compose(*losses)
+    eps = total.to_epsilon(max(deltas))
     shown = "∞" if math.isinf(eps) else format_up(eps)
-    return (f"{answers} answers in the output, composed (they read the same store): ρ = {format_up(rho)} zCDP, "
+    return (f"{answers} answers in the output, composed (they read the same store): ρ = {format_up(total.rho)} zCDP, "
             f"ε ≤ {shown} at δ = {format_up(max(deltas))} for all of them together")
 
 
 def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
     """``dpinfer rag ask STORE --questions Q --out OUT``: the questions not yet in OUT, one ``ask_many`` call
-    (one ``Engine.run_jobs``), each answer appended as it finishes; a summary with the composed budget."""
-    from dpinfer.cli.corpus_job import record_progress
-    from dpinfer.models import load_model
-    from dpinfer.pipelines.corpus import CorpusSummary, id_key, locked_output, pending
-    from dpinfer.pipelines.rag import PrivateRAG
+    (one ``Engine.run_jobs``), each answer appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`);
+    a summary with the budget of every answer in OUT composed."""
+    from dpinfer.cli.corpus_job import print_job_summary, record_progress, warn
+    from dpinfer.pipelines.corpus import run_corpus_job
 
     records = args.question_records
-    with locked_output(args.out, "dpinfer rag ask --questions") as out:  # a second run on OUT is refused
-        out.open()
-        todo = list(pending(records, out.done))
-        summary = CorpusSummary(skipped=len(records) - len(todo), truncated_bytes=out.truncated_bytes)
-        if todo:
-            _probe_budget(args, support)  # a store that cannot afford one answer is refused before the model loads
-            lm = load_model(args.model, device=args.device)
-            book, unit = _rag_ledger(args)
-            rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n, ledger=book, unit=unit)
-            with record_progress("rag ask --questions", len(todo)) as progress:
-                for i, ans, err in rag.ask_many(
-                        [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism,
-                        epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        temperature=args.temperature, sigma=args.sigma, support_top_k=support,
-                        adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma,
-                        noise_scale=args.noise_scale):
-                    if ans is None:
-                        out.append({"id": todo[i].id, "error": err})
-                        summary.errors += 1
-                    else:
-                        release = ans.to_dict()
-                        release.pop("seconds", None)  # timing depends on the private context: not released
-                        out.append({"id": todo[i].id, **release})
-                        summary.done += 1
-                    progress(summary.done + summary.errors, summary.errors)
-        ids = {id_key(r.id) for r in records}
-        mine = [rec for key, rec in out.done.items() if key in ids]
-        line = (f"done {summary.done} / skipped {summary.skipped} / errors {summary.errors}; total budget: "
-                f"{answers_budget(mine)}")
-        print(f"dpinfer: rag ask --questions: {line}; answers in {args.out}", file=sys.stderr)
-        if args.json:
-            _print_json({"done": summary.done, "skipped": summary.skipped, "errors": summary.errors, "out": args.out,
-                         "summary": line})
-        return 0
+    run = run_corpus_job(records, args.out, lambda todo: _answers(args, support, list(todo)),
+                         job="dpinfer rag ask --questions", source=f"--questions {args.questions}",
+                         allow_rerelease=args.allow_rerelease, composes=True,
+                         progress=lambda total: record_progress("rag ask --questions", total), warn=warn)
+    return print_job_summary(args, "rag ask --questions", run, f"total budget: {answers_budget(run.held)}",
+                             records=len(records))
+
+
+def _answers(args: argparse.Namespace, support: Any, todo: list[Any]) -> Any:
+    """The output record of each question of ``todo`` as it finishes (one ``ask_many`` call)."""
+    from dpinfer.models import load_model
+    from dpinfer.pipelines.rag import PrivateRAG
+
+    _probe_budget(args, support)  # a store that cannot afford one answer is refused before the model loads
+    lm = load_model(args.model, device=args.device)
+    book, unit = _rag_ledger(args)
+    rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n, ledger=book, unit=unit)
+    for i, ans, err in rag.ask_many(
+            [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism, epsilon=args.epsilon,
+            delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
+            sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
+            static_sigma=args.static_sigma, noise_scale=args.noise_scale):
+        if ans is None:
+            yield {"id": todo[i].id, "error": err}
+        else:
+            release = ans.to_dict()
+            release.pop("seconds", None)  # timing depends on the private context: not released
+            yield {"id": todo[i].id, **release}

@@ -143,89 +143,98 @@ def run(args: argparse.Namespace) -> int:
                           max_texts=args.max_texts, max_reference_tokens=max_ref)
     header = plan.header(model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
-    out = SynthesisOutput(args.out)
-    out.lock()  # a second run on the same --out is refused here
-    try:
-        return _run_job(args, plan, header, out)
-    finally:
-        out.close()
+    return _run_job(args, plan, header, SynthesisOutput(args.out))
 
 
 def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput) -> int:
-    out.open()  # a torn last line is cut off here; the header and the batches done are read back
-    digest = plan.partition_sha256()
-    out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
-    skipped = len(out.done)
-    if skipped == len(plan.batches):
-        out.finish()
-        return _print_done(args, header, out)
-    from dpinfer.cli.budget import cli_spend, report_charge
-    from dpinfer.models import load_model
-
-    # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
-    # --out) was charged by the run it resumes
-    spend = None if out.done else cli_spend(args, scope="corpus", what="synth")
-    if spend is not None:
-        spend.settle(plan.guarantee)
-    new: list[SyntheticText] = []
-    try:
-        return _generate(args, plan, header, out, digest, new, skipped, load_model(args.model, device=args.device))
-    finally:
-        if spend is not None:  # a text in --out is released: committed; nothing released: cancelled
-            spend.commit() if new else spend.cancel()
-            report_charge(spend)
-
-
-def _generate(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput,
-              digest: str, new: list[SyntheticText], skipped: int, lm: Any) -> int:
+    """The batches not yet in ``--out``, through the corpus jobs' loop (:func:`~dpinfer.pipelines.jobs.run_resumable`:
+    the lock, the read-back, the torn-line rule, one durable line per text); the checks of ``OUT`` come before the
+    model loads."""
     import time
 
     from dpinfer.cli.output import count_progress
+    from dpinfer.pipelines.jobs import run_resumable
     from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
 
+    digest = plan.partition_sha256()
     total = len(plan.batches)
-    out.start(header, digest)  # the private partition file, then the header line (before any text)
+    new: list[SyntheticText] = []
+    lm_name: list[str] = []
+
+    def check(todo: list[int]) -> None:
+        out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
+
+    def generate(todo: Any) -> Any:
+        batches = set(todo)
+        from dpinfer.cli.budget import cli_spend, report_charge
+        from dpinfer.models import load_model
+
+        # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
+        # --out) was charged by the run it resumes
+        spend = None if out.done else cli_spend(args, scope="corpus", what="synth")
+        if spend is not None:
+            spend.settle(plan.guarantee)
+        try:
+            lm = load_model(args.model, device=args.device)
+            lm_name.append(lm.name)
+            out.start(header, digest)  # the private partition file, then the header line (before any text)
+            with count_progress(f"synthesizing ({args.method})", "batches") as progress:
+                texts = synthesize_iter(plan, lm=lm, skip_batches=set(range(total)) - batches, progress=progress)
+                for text in texts:
+                    new.append(text)
+                    yield text.to_dict()
+        finally:
+            if spend is not None:  # a text in --out is released (or part of it): committed; nothing: cancelled
+                spend.commit() if new else spend.cancel()
+                report_charge(spend)
+
     t0 = time.perf_counter()
-    with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-        texts = synthesize_iter(plan, lm=lm, skip_batches=set(out.done), progress=progress)
-        for text in texts:
-            try:
-                out.append(text.to_dict())
-            except OSError as exc:  # the texts before it are complete and durable in --out: say so, stop
-                texts.close()
-                print(f"dpinfer: error: could not append to --out {args.out} ({exc.strerror or type(exc).__name__}); "
-                      f"{len(out.done)} of {total} texts are safely in it ({len(new)} from this run); free the space "
-                      "(or fix the cause) and rerun the same command to resume", file=sys.stderr)
-                return EXIT_ERROR
-            new.append(text)
+    try:
+        run = run_resumable(out, range(total), generate, job="dpinfer synth", key=lambda b: b, check=check)
+    except OSError as exc:  # the texts before it are complete and durable in --out: say so, stop
+        if not lm_name:
+            raise
+        print(f"dpinfer: error: could not append to --out {args.out} ({exc.strerror or type(exc).__name__}); "
+              f"{len(out.done)} of {total} texts are safely in it ({max(len(new) - 1, 0)} from this run); free the "
+              "space (or fix the cause) and rerun the same command to resume", file=sys.stderr)
+        return EXIT_ERROR
     seconds = time.perf_counter() - t0
     if len(out.done) == total:
         out.finish()  # every batch is released: the private partition file goes
+    if not run.new:
+        return _print_done(args, header, out, torn=run.torn)
     res = SynthesisResult(texts=sorted(new, key=lambda t: t.batch), guarantee=plan.guarantee, method=plan.method,
-                          settings=plan.settings_for(lm.name), references_used=plan.references_used,
+                          settings=plan.settings_for(lm_name[0]), references_used=plan.references_used,
                           references_left_out=plan.references_left_out, seconds=seconds,
                           lm_calls_per_token=plan.lm_calls_per_token)
     if args.json:
-        print_json({**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": skipped,
+        print_json({**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": run.skipped,
                     "generated_tokens": res.generated_tokens, "tokens_per_second": round(res.tokens_per_second, 3),
-                    "truncated_bytes": out.truncated_bytes, "out": args.out})
+                    "truncated_bytes": run.truncated_bytes, "torn": run.torn, "out": args.out})
         return 0
-    print_summary(args, res, skipped=skipped, truncated_bytes=out.truncated_bytes)
+    print_summary(args, res, skipped=run.skipped, truncated_bytes=run.truncated_bytes, torn=run.torn)
     return 0
 
 
-def _print_done(args: argparse.Namespace, header: dict[str, Any], out: SynthesisOutput) -> int:
+def _print_done(args: argparse.Namespace, header: dict[str, Any], out: SynthesisOutput, *, torn: int = 0) -> int:
     """A rerun of a finished ``--out``: nothing generated, no model loaded."""
     total = len(out.done)
     if args.json:
         print_json({**header["dpinfer"], "texts": total, "generated": 0, "skipped": total,
-                    "truncated_bytes": out.truncated_bytes, "out": args.out})
+                    "truncated_bytes": out.truncated_bytes, "torn": torn, "out": args.out})
         return 0
     console().print(f"All {total} batches are done in {args.out}; nothing to generate.")
+    if torn:
+        console().print(_TORN_NOTE)
     return 0
 
 
-def print_summary(args: argparse.Namespace, res: Any, *, skipped: int = 0, truncated_bytes: int = 0) -> None:
+_TORN_NOTE = ("[dim]a torn last line from an interrupted run held part of a text: it is kept as released (an error "
+              "record saying it was torn) and its batch is not generated again[/dim]")
+
+
+def print_summary(args: argparse.Namespace, res: Any, *, skipped: int = 0, truncated_bytes: int = 0,
+                  torn: int = 0) -> None:
     """What was written (``skipped``: texts an earlier run had written), and the guarantee in words."""
     import math
 
@@ -240,6 +249,8 @@ def print_summary(args: argparse.Namespace, res: Any, *, skipped: int = 0, trunc
         con.print(f"{skipped} texts from an earlier run were already there: {skipped + len(res.texts)} in all")
     if truncated_bytes:
         con.print(f"[dim]a torn last line of {truncated_bytes} bytes from an interrupted run was cut off[/dim]")
+    if torn:
+        con.print(_TORN_NOTE)
     if res.references_left_out and not public:
         con.print(f"[dim]{res.references_left_out} references were left out (label groups not filling a batch of "
                   f"{args.batch_size}, or --max-texts)[/dim]")

@@ -11,14 +11,19 @@ Output (:class:`CorpusOutput`): one line per input id, either the release (:func
 ex-ante guarantee with ε per group, δ and T_max, the method, the finish reason, the number of generated tokens and the
 public settings) or ``{"id": ..., "error": "one line"}``. Never the input text, the spans or the seed.
 
-Resume semantics:
+Resume semantics (the loop is :func:`dpinfer.pipelines.jobs.run_resumable`, shared by every corpus job):
 
-* each record is appended with ONE ``write`` of one full line to a file opened with ``O_APPEND``, then flushed and
-  ``fsync``-ed, so a record on disk is complete and durable before the next one starts;
-* on the next run a torn last line (a kill or a crash in the middle of a write: the file does not end with a newline)
-  is cut off, every complete line is read back, and the ids found there are skipped;
+* each record is appended with ONE ``write`` of one full line to a file opened with ``O_APPEND``, then ``fsync``-ed,
+  so a record on disk is complete and durable before the next one starts; its guarantee comes right after its id;
+* on the next run every complete line is read back and the ids found there are skipped; a torn last line (a kill or a
+  crash in the middle of a write: the file does not end with a newline) is cut off when it ends before its guarantee
+  is complete (it holds no released text), and otherwise replaced by an error record saying it was torn: its prefix
+  was released, so it is never generated again;
 * finished lines are never rewritten: they stay byte-identical across any number of reruns;
 * an error record counts as done (rerunning does not retry it; delete its line to retry it);
+* a private sidecar ``OUT.digests`` (:class:`~dpinfer.pipelines.jobs.ReleaseDigests`) keeps a keyed digest of every
+  released text: a resume that would release a text a second time (under a new id, or after its line was deleted)
+  or that finds ids in ``OUT`` the input does not have is refused unless ``--allow-rerelease`` is given;
 * a run holds an exclusive lock on the output (:class:`OutputLock`): a second run on the same file is refused, since
   it would release the records still missing a second time.
 
@@ -27,14 +32,18 @@ Resume semantics:
 >>> out = CorpusOutput(os.path.join(d, "out.jsonl"))
 >>> out.open()
 0
->>> out.append({"id": "a", "text": "rewrite"})
+>>> out.append({"id": "a", "text": "rewrite", "guarantee": {"epsilon": 2}})
 >>> with open(out.path, "ab") as fh:
-...     _ = fh.write(b'{"id": "b", "te')  # a torn line, as a kill in the middle of a write leaves it
+...     _ = fh.write(b'{"id": "b", "guar')  # a torn line, as a kill in the middle of a write leaves it
 >>> again = CorpusOutput(out.path)
->>> again.open(), sorted(again.done)  # the torn line is cut off; "a" is done
+>>> again.open(), sorted(again.done)  # cut before its guarantee: it held no release and is cut off
 (1, ['"a"'])
 >>> open(out.path, encoding="utf-8").read()
-'{"id":"a","text":"rewrite"}\\n'
+'{"id":"a","guarantee":{"epsilon":2},"text":"rewrite"}\\n'
+>>> with open(out.path, "ab") as fh:
+...     _ = fh.write(b'{"id":"b","guarantee":{"epsilon":2},"text":"a rel')  # torn inside the released text
+>>> again.open(), again.done['"b"']["torn"]  # kept as released: an error record, never generated again
+(2, True)
 """
 
 from __future__ import annotations
@@ -43,17 +52,36 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.pipelines.jobs import (
+    JobRun,
+    OutputLines,
+    OutputLock,
+    ReleaseDigests,
+    append_line,
+    check_rerelease,
+    encode_record,
+    read_output_lines,
+    release_order,
+    run_resumable,
+    settle_torn,
+    write_line,
+)
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from dpinfer.pipelines.jobs import Charge
     from dpinfer.pipelines.sanitize import Record, RecordOutcome
 
-
+__all__ = ["CorpusOutput", "JobRun", "OutputLines", "OutputLock", "append_line", "check_corpus_paths", "encode_record",
+           "id_key", "locked_output", "pending", "per_record_budget", "read_corpus", "read_output_lines",
+           "release_record", "run_corpus_job", "write_line"]
 def id_key(record_id: str | int) -> str:
     """The canonical key of an id (its JSON text: the string ``"5"`` and the integer ``5`` are different ids).
 
@@ -138,67 +166,6 @@ def check_corpus_paths(corpus: str, out: str) -> None:
 
 
 @dataclass
-class OutputLock:
-    """An exclusive ``flock`` on an append-only output for the length of one run: two runs on the same ``OUT`` would
-    both see the same records missing and release them twice (twice the privacy loss for those records).
-
-    :meth:`acquire` opens (creating, mode 0600) the file and locks it, refusing in one line when another run holds
-    it; :meth:`release` unlocks it and removes a file this run created and never wrote to. Where ``fcntl`` does not
-    exist (not POSIX) there is no lock.
-
-    >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "out.jsonl")
-    >>> first = OutputLock(path, "dpinfer sanitize --corpus"); first.acquire()
-    >>> OutputLock(path, "dpinfer sanitize --corpus").acquire()  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    dpinfer.errors.ConfigurationError: --out ... is being written by another dpinfer sanitize --corpus run; wait ...
-    >>> first.release(), os.path.exists(path)  # created by this run, never written: removed
-    (True, False)
-    """
-
-    path: str | os.PathLike[str]
-    job: str
-    created: bool = False
-    _fd: int | None = field(default=None, repr=False)
-
-    def acquire(self) -> None:
-        p = Path(self.path)
-        self.created = not p.exists()
-        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - no flock on this platform: no lock
-            self._fd = fd
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigurationError(f"--out {p} is being written by another {self.job} run; wait for it to end (a "
-                                     "second run would release the same records again), then rerun") from None
-        self._fd = fd
-
-    @property
-    def fd(self) -> int | None:
-        """The locked descriptor (opened with ``O_APPEND``), or None when not held."""
-        return self._fd
-
-    def release(self) -> bool:
-        """Unlock; True when the file was created by this run, never written to, and so removed."""
-        if self._fd is None:
-            return False
-        removed = False
-        with contextlib.suppress(OSError):
-            if self.created and os.fstat(self._fd).st_size == 0:
-                os.unlink(self.path)
-                removed = True
-        os.close(self._fd)
-        self._fd = None
-        return removed
-
-
-@dataclass
 class CorpusOutput:
     """The JSONL output of a corpus job, append-only (see the module docstring for the resume semantics).
 
@@ -209,7 +176,13 @@ class CorpusOutput:
     path: str | os.PathLike[str]
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     truncated_bytes: int = 0
+    settled_torn: dict[str, Any] | None = None
+    """The error record that replaced a torn last line holding a release (see the module docstring), if any."""
     _lock: OutputLock | None = field(default=None, repr=False)
+
+    @staticmethod
+    def key_of(record: Mapping[str, Any]) -> str:
+        return id_key(record["id"])
 
     def lock(self, job: str) -> None:
         """Take the exclusive lock of this run (``job`` names the command in the refusal)."""
@@ -223,11 +196,11 @@ class CorpusOutput:
             self._lock = None
 
     def open(self) -> int:
-        """Cut a torn last line, read the records done; the number of complete records. Refuses (one line) a file
-        that is not a corpus output (a line that is not a JSON object with an id), or one with a repeated id; a
-        refused file is left as it is."""
+        """Read the records done and settle a torn last line (cut off, or kept as a torn error record); the number of
+        records. Refuses (one line) a file that is not a corpus output (a line that is not a JSON object with an id),
+        or one with a repeated id; a refused file is left as it is."""
         p = Path(self.path)
-        self.done = {}
+        self.done, self.settled_torn, self.truncated_bytes = {}, None, 0
         if not p.exists():
             return 0
         tail = read_output_lines(p)
@@ -244,12 +217,26 @@ class CorpusOutput:
                 raise InvalidInputError(f"--out {p} line {n} repeats an id of an earlier line; it is not the output "
                                         "of one corpus job")
             self.done[key] = obj
-        self.truncated_bytes = tail.cut(p, "a dpinfer corpus record")
+        settled = settle_torn(tail.torn, "id", "guarantee") if tail.torn else None
+        if settled is not None and (not _valid_id(settled["id"]) or id_key(settled["id"]) in self.done):
+            settled = None
+        cut = tail.cut(p, "a dpinfer corpus record")
+        if settled is None:
+            self.truncated_bytes = cut
+        else:
+            self.append(settled)
+            self.settled_torn = settled
         return len(self.done)
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append ``record`` as one line: one ``write`` on an ``O_APPEND`` descriptor, then ``fsync``."""
-        append_line(self.path, encode_record(record))
+        """Append ``record`` as one line (its id first, its guarantee next): one ``write`` on an ``O_APPEND``
+        descriptor, then ``fsync``."""
+        line = encode_record(release_order("id", record))
+        fd = self._lock.fd if self._lock is not None else None
+        if fd is not None:
+            write_line(fd, line)
+        else:
+            append_line(self.path, line)
         self.done[id_key(record["id"])] = dict(record)
 
 
@@ -264,67 +251,34 @@ def locked_output(path: str | os.PathLike[str], job: str) -> Iterator[CorpusOutp
         out.close()
 
 
-@dataclass
-class OutputLines:
-    """The complete lines of an append-only output file (:func:`read_output_lines`) and its torn tail, if any."""
+def run_corpus_job(records: list[Record], out: str | os.PathLike[str],
+                   generate: Callable[[Iterator[Record]], Iterable[Mapping[str, Any]]], *, job: str, source: str,
+                   allow_rerelease: bool = False, composes: bool = False, charge: Charge | None = None,
+                   progress: Callable[[int], AbstractContextManager[Callable[[int, int], None]]] | None = None,
+                   warn: Callable[[str], None] | None = None) -> JobRun:
+    """:func:`~dpinfer.pipelines.jobs.run_resumable` for an id-keyed job (``sanitize --corpus``, ``rag ask
+    --questions``, ``protect-prompt --prompts``): the records of ``source`` keyed by :func:`id_key`, refusing (before
+    ``generate`` loads anything) a resume that would release a text twice (:func:`~dpinfer.pipelines.jobs.
+    check_rerelease`; ``allow_rerelease``: ``warn`` the line instead) and keeping the digest of every release in
+    the private sidecar. ``composes``: the releases compose (every answer of ``rag ask`` reads the same store, and
+    the summary composes every record of ``OUT``), so ids from another input and a text asked twice are accounted
+    for; only a release whose line is gone from ``OUT`` is refused (it would no longer be counted)."""
+    digests = ReleaseDigests.of(out)
+    keyed = [(id_key(r.id), r.text) for r in records]
 
-    lines: list[tuple[int, bytes]]
-    """``(line number, bytes without the newline)`` of every complete, non-blank line."""
-    complete_bytes: int
-    """Length of the file up to and including its last newline."""
-    torn: bytes = b""
-    """What follows the last newline: a line cut short by a kill, a crash or a full disk in the middle of a write."""
+    def check(todo: list[Record]) -> None:
+        digests.load()
+        note = check_rerelease(output.done, keyed, [id_key(r.id) for r in todo], digests, out=out, source=source,
+                               allow=allow_rerelease, composes=composes)
+        if note is not None and warn is not None:
+            warn(note)
 
-    def cut(self, path: str | os.PathLike[str], what: str) -> int:
-        """Cut the torn tail off ``path`` (after the complete lines were accepted); the number of bytes cut. A tail
-        that cannot be the start of a record (a line of ours starts with ``{``) is refused and left in place."""
-        if not self.torn:
-            return 0
-        if self.torn.strip() and not self.torn.lstrip().startswith(b"{"):
-            raise InvalidInputError(f"--out {path}: its last line is not {what} and does not end with a newline; give "
-                                    "a new path or the output of an earlier run of this job")
-        with open(path, "r+b") as fh:
-            fh.truncate(self.complete_bytes)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return len(self.torn)
+    def on_release(record: Record, _: Mapping[str, Any]) -> None:
+        digests.add(id_key(record.id), digests.digest(record.text))
 
-
-def read_output_lines(path: str | os.PathLike[str]) -> OutputLines:
-    """The complete lines of ``path`` and its torn tail, read without changing the file (the caller checks the
-    lines, then :meth:`OutputLines.cut` cuts the tail)."""
-    data = Path(path).read_bytes()
-    end = data.rfind(b"\n") + 1
-    lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1) if raw.strip()]
-    return OutputLines(lines=lines, complete_bytes=end, torn=data[end:])
-
-
-def write_line(fd: int, line: bytes) -> None:
-    """Write one complete line to ``fd`` (opened with ``O_APPEND``) and ``fsync`` it: one ``write`` for a regular
-    file (the loop only guards against a short write)."""
-    view = memoryview(line)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.fsync(fd)
-
-
-def append_line(path: str | os.PathLike[str], line: bytes) -> None:
-    """Append one complete line to ``path`` (created with mode 0600): :func:`write_line` on an ``O_APPEND``
-    descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        write_line(fd, line)
-    finally:
-        os.close(fd)
-
-
-def encode_record(record: Mapping[str, Any]) -> bytes:
-    """One output line: compact JSON (keys in the record's order), UTF-8, with its newline."""
-    from dpinfer._json import plain
-
-    return (json.dumps(plain(dict(record)), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            + "\n").encode("utf-8")
+    output = CorpusOutput(out)
+    return run_resumable(output, records, generate, job=job, key=lambda r: id_key(r.id), check=check, charge=charge,
+                         progress=progress, on_release=on_release)
 
 
 def release_record(outcome: RecordOutcome) -> dict[str, Any]:
@@ -344,43 +298,36 @@ def pending(records: Iterable[Record], done: Mapping[str, Any]) -> Iterator[Reco
     return (r for r in records if id_key(r.id) not in done)
 
 
-@dataclass
-class CorpusSummary:
-    """Counts of one run and the budget per document read from every release record in the output."""
+def per_record_budget(records: Iterable[Mapping[str, Any]], *, what: str = "document",
+                      groups: bool = True) -> str:
+    """The budget per record read from every release record given (those of ``OUT``, whatever input they came from;
+    a torn record keeps its guarantee and counts): the largest (worst-group) ε, the group ε range, δ and T_max. Each
+    record is released once and records do not compose (each is a different person's)."""
+    eps, deltas, tmax, group_eps = [], [], [], []
+    for rec in records:
+        g = rec.get("guarantee")
+        if not isinstance(g, Mapping):
+            continue
+        eps.append(_num(g.get("epsilon")))
+        deltas.append(_num(g.get("delta")))
+        if g.get("max_new_tokens") is not None:
+            tmax.append(int(g["max_new_tokens"]))
+        group_eps.extend(_num(gr.get("epsilon")) for gr in g.get("groups") or () if isinstance(gr, Mapping))
+    if not eps:
+        return "no release in the output yet"
+    from dpinfer.accounting._format import format_up
 
-    done: int = 0
-    skipped: int = 0
-    errors: int = 0
-    truncated_bytes: int = 0
-
-    def line(self, records: Iterable[Mapping[str, Any]]) -> str:
-        """``done N / skipped S / errors E`` and the budget per document: the largest worst-group ε, the group ε
-        range, δ and T_max of the release records (each document is released once; documents do not compose)."""
-        eps, deltas, tmax, group_eps = [], [], [], []
-        for rec in records:
-            g = rec.get("guarantee")
-            if not isinstance(g, Mapping):
-                continue
-            eps.append(_num(g.get("epsilon")))
-            deltas.append(_num(g.get("delta")))
-            if g.get("max_new_tokens") is not None:
-                tmax.append(int(g["max_new_tokens"]))
-            group_eps.extend(_num(gr.get("epsilon")) for gr in g.get("groups") or () if isinstance(gr, Mapping))
-        head = f"done {self.done} / skipped {self.skipped} / errors {self.errors}"
-        if self.truncated_bytes:
-            head += f" (a torn last line of {self.truncated_bytes} bytes from an interrupted run was cut off)"
-        if not eps:
-            return head + "; no release in the output yet"
-        from dpinfer.accounting._format import format_up
-
-        worst = max(eps)
-        budget = "no privacy guarantee" if math.isinf(worst) else f"ε ≤ {format_up(worst)} (worst group)"
-        if group_eps and not math.isinf(worst) and format_up(min(group_eps)) != format_up(max(group_eps)):
-            budget += f", per group ε {format_up(min(group_eps))}–{format_up(max(group_eps))}"
-        budget += f", δ ≤ {format_up(max(deltas))}"
-        if tmax:
-            budget += f", T_max {min(tmax)}–{max(tmax)}" if min(tmax) != max(tmax) else f", T_max {tmax[0]}"
-        return (f"{head}; budget per document (each released once, {len(eps)} releases in the output): {budget}")
+    worst = max(eps)
+    budget = "no privacy guarantee" if math.isinf(worst) else f"ε ≤ {format_up(worst)}"
+    if groups and not math.isinf(worst):
+        budget += " (worst group)"
+    if group_eps and not math.isinf(worst) and format_up(min(group_eps)) != format_up(max(group_eps)):
+        budget += f", per group ε {format_up(min(group_eps))}–{format_up(max(group_eps))}"
+    budget += f", δ ≤ {format_up(max(deltas))}"
+    if tmax:
+        budget += f", T_max {min(tmax)}–{max(tmax)}" if min(tmax) != max(tmax) else f", T_max {tmax[0]}"
+    compose = "" if what == "document" else f", {what}s do not compose"
+    return f"budget per {what} (each released once{compose}, {len(eps)} releases in the output): {budget}"
 
 
 def _num(value: Any) -> float:

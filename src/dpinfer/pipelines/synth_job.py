@@ -2,9 +2,11 @@
 
 ``OUT`` holds a header line (``{"dpinfer": {"kind": "synthesis", ...}}``: the guarantee, the settings, the counts;
 :meth:`SynthesisPlan.header <dpinfer.pipelines.synthesize.SynthesisPlan.header>`), then one line per text with its
-``batch`` index, appended as each batch finishes with the corpus jobs' file rules (:mod:`dpinfer.pipelines.corpus`:
-one ``write`` of one complete line on an ``O_APPEND`` descriptor, then ``fsync``; a torn last line is cut off on the
-next run; finished lines are never rewritten).
+``batch`` index (first in the line), appended as each batch finishes by the corpus jobs' loop
+(:func:`dpinfer.pipelines.jobs.run_resumable`: one ``write`` of one complete line on an ``O_APPEND`` descriptor, then
+``fsync``; finished lines are never rewritten). A torn last line that holds its complete batch index is kept as
+released: it is replaced by ``{"batch": i, "error": "torn: ...", "torn": true}`` and that batch is never generated
+again (its prefix may hold part of the text); a line torn before that is cut off.
 
 Privacy of a resume. The per-reference guarantee holds because the batches are disjoint and each batch is released
 once. The partition is deterministic (the seed, the labels and the order of the references), so batch ``i`` covers the
@@ -31,6 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.pipelines.jobs import (
+    OutputLock,
+    append_line,
+    encode_record,
+    read_output_lines,
+    release_order,
+    settle_torn,
+    write_line,
+)
 
 PARTITION_SUFFIX = ".partition"
 """The private sidecar of an unfinished ``OUT``: ``OUT.jsonl.partition``."""
@@ -74,8 +85,6 @@ def partition_path(out: str | os.PathLike[str]) -> Path:
 
 def _normal(obj: Any) -> Any:
     """``obj`` as it reads back from an output line (tuples as lists, infinities as strings, ...)."""
-    from dpinfer.pipelines.corpus import encode_record
-
     return json.loads(encode_record(obj))
 
 
@@ -121,18 +130,22 @@ class SynthesisOutput:
     done: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Batch index → the text record read back (or appended)."""
     truncated_bytes: int = 0
+    settled_torn: dict[str, Any] | None = None
+    """The error record that replaced a torn last line holding part of a text, if any."""
     _lock: Any = field(default=None, repr=False)
+
+    @staticmethod
+    def key_of(record: Mapping[str, Any]) -> int:
+        return int(record["batch"])
 
     @property
     def sidecar(self) -> Path:
         return partition_path(self.path)
 
-    def lock(self) -> None:
-        """Take the run's exclusive lock on ``OUT`` (:class:`~dpinfer.pipelines.corpus.OutputLock`); refuses, in one
+    def lock(self, job: str = "dpinfer synth") -> None:
+        """Take the run's exclusive lock on ``OUT`` (:class:`~dpinfer.pipelines.jobs.OutputLock`); refuses, in one
         line, an ``OUT`` another run is writing. :meth:`close` releases it."""
-        from dpinfer.pipelines.corpus import OutputLock
-
-        self._lock = OutputLock(self.path, "dpinfer synth")
+        self._lock = OutputLock(self.path, job)
         self._lock.acquire()
 
     def close(self) -> None:
@@ -144,11 +157,9 @@ class SynthesisOutput:
     def open(self) -> int:
         """Read the header and the text lines, then cut a torn last line; the number of texts done. Refuses (one
         line, never a line's content; the file is left as it is) a file whose first line is not a synthesis header,
-        a line that is not a text record, a repeated batch index."""
-        from dpinfer.pipelines.corpus import read_output_lines
-
+        a line that is not a text record (or a torn text's error record), a repeated batch index."""
         p = Path(self.path)
-        self.header, self.done = None, {}
+        self.header, self.done, self.settled_torn, self.truncated_bytes = None, {}, None, 0
         if not p.exists():
             return 0
         tail = read_output_lines(p)
@@ -167,7 +178,7 @@ class SynthesisOutput:
                 continue
             batch = obj.get("batch") if isinstance(obj, dict) else None
             if (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0
-                    or not isinstance(obj.get("text"), str)):
+                    or not isinstance(obj.get("text", obj.get("error")), str)):
                 raise InvalidInputError(f"--out {p} line {n} is not a dpinfer synth text (a JSON object with a text "
                                         "and a batch index); use another --out, or delete the file")
             if batch in seen:
@@ -175,7 +186,16 @@ class SynthesisOutput:
                                         "released once; it is not the output of one synth job")
             seen[batch] = n
             self.done[batch] = obj
-        self.truncated_bytes = tail.cut(p, "a dpinfer synth line")
+        settled = settle_torn(tail.torn, "batch", "batch") if tail.torn and self.header is not None else None
+        batch = settled.get("batch") if settled is not None else None
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0 or batch in self.done:
+            settled = None
+        cut = tail.cut(p, "a dpinfer synth line")
+        if settled is None:
+            self.truncated_bytes = cut
+        else:
+            self.append(settled)
+            self.settled_torn = settled
         return len(self.done)
 
     def check(self, header: Mapping[str, Any], partition_sha256: str) -> None:
@@ -222,7 +242,6 @@ class SynthesisOutput:
     def start(self, header: Mapping[str, Any], partition_sha256: str) -> None:
         """Before the first text of this run: the sidecar (atomically, mode 0600; rewritten while no text is out),
         then the header line when ``OUT`` has none."""
-        from dpinfer.pipelines.corpus import encode_record
         from dpinfer.validation import atomic_write_text
 
         if not self.done:
@@ -234,10 +253,8 @@ class SynthesisOutput:
             self.header = dict(header["dpinfer"])
 
     def append(self, record: Mapping[str, Any]) -> None:
-        """Append one text record (its ``batch`` index, its text, ...) as one line, durably."""
-        from dpinfer.pipelines.corpus import encode_record
-
-        self._write(encode_record(record))
+        """Append one text record (its ``batch`` index first, its text, ...) as one line, durably."""
+        self._write(encode_record(release_order("batch", record)))
         self.done[int(record["batch"])] = dict(record)
 
     def finish(self) -> bool:
@@ -249,8 +266,6 @@ class SynthesisOutput:
         return True
 
     def _write(self, line: bytes) -> None:
-        from dpinfer.pipelines.corpus import append_line, write_line
-
         fd = self._lock.fd if self._lock is not None else None
         if fd is not None:
             write_line(fd, line)
