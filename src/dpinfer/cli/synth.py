@@ -67,8 +67,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="output .jsonl: a first line with the guarantee and the settings, then one line per text, "
                          "appended as its batch finishes; rerunning the same command resumes an interrupted run "
                          "(only the missing batches are generated; other settings or a changed corpus are refused). "
-                         "While unfinished, OUT has a private sidecar OUT.partition (never publish it; deleted at "
-                         "the end). See docs/corpus.md")
+                         "While unfinished, OUT has private sidecars OUT.partition and OUT.digests (never publish "
+                         "them; deleted at the end). See docs/corpus.md")
+    sy.add_argument("--allow-rerelease", action="store_true",
+                    help="resume even when a text line of an unfinished OUT was deleted (refused otherwise: its batch "
+                         "would be released a second time, and the privacy loss of its references adds up)")
     from dpinfer.cli.budget import add_ledger_options
 
     add_ledger_options(sy, "the corpus's unit on the ledger (name it, e.g. yelp-2024); required with a ledger. "
@@ -153,16 +156,23 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
     import time
 
     from dpinfer.cli.output import count_progress
-    from dpinfer.pipelines.jobs import run_resumable
+    from dpinfer.pipelines.jobs import ReleaseDigests, check_rerelease, run_resumable
     from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
 
     digest = plan.partition_sha256()
     total = len(plan.batches)
     new: list[SyntheticText] = []
     lm_name: list[str] = []
+    released = ReleaseDigests.of(args.out)  # the batches released so far: a deleted text line is not released again
 
     def check(todo: list[int]) -> None:
         out.check(header, digest)  # other settings, a changed corpus, a missing partition file: refused
+        released.load()
+        note = check_rerelease({str(b): rec for b, rec in out.done.items()}, [(str(b), "") for b in range(total)],
+                               [str(b) for b in todo], released, out=args.out, source=args.file,
+                               allow=args.allow_rerelease, composes=True)
+        if note is not None:
+            print(f"dpinfer: {note}", file=sys.stderr)
 
     def generate(todo: Any) -> Any:
         batches = set(todo)
@@ -190,7 +200,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
 
     t0 = time.perf_counter()
     try:
-        run = run_resumable(out, range(total), generate, job="dpinfer synth", key=lambda b: b, check=check)
+        run = run_resumable(out, range(total), generate, job="dpinfer synth", key=lambda b: b, check=check,
+                            on_release=lambda b, _: released.add(str(b), ""))
     except OSError as exc:  # the texts before it are complete and durable in --out: say so, stop
         if not lm_name:
             raise
@@ -200,7 +211,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
         return EXIT_ERROR
     seconds = time.perf_counter() - t0
     if len(out.done) == total:
-        out.finish()  # every batch is released: the private partition file goes
+        out.finish()  # every batch is released: the private partition file goes (and the list of batches released)
+        released.path.unlink(missing_ok=True)
     if not run.new:
         return _print_done(args, header, out, torn=run.torn)
     res = SynthesisResult(texts=sorted(new, key=lambda t: t.batch), guarantee=plan.guarantee, method=plan.method,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpinfer.cli import main as cli_main
+from dpinfer.pipelines.jobs import TORN_ERROR
 from dpinfer.pipelines.synthesize import PromptTemplate
 
 REVIEWS = [
@@ -188,7 +189,9 @@ def test_cli_synth_resume_writes_only_the_missing_batches(interrupted, uninterru
     kept = _lines(out)
     assert kept[0] == uninterrupted[0]  # the header line, before any text
     out.write_bytes(b"".join(kept[:2]))  # one more text deleted: two batches are missing now
-    assert cli_main(_job(corpus, out, tiny_model_dir, "--json")) == 0
+    assert cli_main(_job(corpus, out, tiny_model_dir, "--json")) == 2  # a deleted text would be released again
+    assert "--allow-rerelease" in capsys.readouterr().err
+    assert cli_main(_job(corpus, out, tiny_model_dir, "--json", "--allow-rerelease")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["generated"], summary["skipped"], summary["texts"]) == (3, 1, BATCHES)
     now = _lines(out)
@@ -199,15 +202,35 @@ def test_cli_synth_resume_writes_only_the_missing_batches(interrupted, uninterru
     assert not side.exists()  # every batch is out: the private partition file is gone
 
 
-def test_cli_synth_resume_cuts_a_torn_last_line(interrupted, uninterrupted, tiny_model_dir: Path, capsys) -> None:
+def test_cli_synth_resume_keeps_a_torn_last_line_as_released(interrupted, uninterrupted, tiny_model_dir: Path,
+                                                              capsys) -> None:
+    """A line torn after its batch index may hold part of the text: that batch is released, never generated again
+    (an error record says it was torn); a line torn before its batch index is complete is cut off."""
     corpus, out = interrupted
     done = set(_batches(out))
     missing = next(line for line in uninterrupted[1:] if json.loads(line)["batch"] not in done)
+    batch = json.loads(missing)["batch"]
     with open(out, "ab") as fh:
         fh.write(missing[: len(missing) // 2])  # a kill in the middle of a write
     kept = _lines(out)[:-1]
     assert cli_main(_job(corpus, out, tiny_model_dir)) == 0
     assert "torn last line" in " ".join(capsys.readouterr().out.split())
+    now = _lines(out)
+    assert now[: len(kept)] == kept
+    assert json.loads(now[len(kept)]) == {"batch": batch, "error": TORN_ERROR, "torn": True}
+    assert sorted(now[:len(kept)] + now[len(kept) + 1:]) == sorted(line for line in uninterrupted if line != missing)
+
+
+def test_cli_synth_resume_cuts_a_line_torn_before_its_batch(interrupted, uninterrupted, tiny_model_dir: Path,
+                                                            capsys) -> None:
+    corpus, out = interrupted
+    done = set(_batches(out))
+    missing = next(line for line in uninterrupted[1:] if json.loads(line)["batch"] not in done)
+    with open(out, "ab") as fh:
+        fh.write(missing[:9])  # '{"batch":' and no index yet: nothing released
+    kept = _lines(out)[:-1]
+    assert cli_main(_job(corpus, out, tiny_model_dir)) == 0
+    assert "torn last line of 9 bytes" in " ".join(capsys.readouterr().out.split())
     assert _lines(out)[: len(kept)] == kept and sorted(_lines(out)) == sorted(uninterrupted)
 
 

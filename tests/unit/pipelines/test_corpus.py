@@ -181,23 +181,42 @@ def test_cli_corpus_resume_after_deleted_records_and_a_torn_line(tiny_model_dir,
 
     # a rerun with everything done writes nothing and loads no model
     assert main(_corpus_args(corpus, out, tmp_path / "no-such-model")) == 0
-    assert "done 0 / skipped 5 / errors 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "done 0 / skipped 5 / errors 0" in err and "holds 5 records (4 released, 1 error)" in err
     assert _lines(out) == first
 
-    # delete two records: only they are written again, the kept lines stay byte-identical
-    kept = [first[0], first[2], first[4]]
+    # delete the error record and two releases: a deleted release would be released twice, so the rerun is refused
+    # before the model loads, unless --allow-rerelease; the error record alone is retried
+    bad = next(n for n, line in enumerate(first) if b'"error"' in line)
+    gone = [n for n in range(len(first)) if n != bad][:2]
+    kept = [line for n, line in enumerate(first) if n not in gone and n != bad]
     out.write_bytes(b"".join(kept))
-    assert main(_corpus_args(corpus, out, tiny_model_dir)) == 0
-    assert "skipped 3" in capsys.readouterr().err
+    assert main(_corpus_args(corpus, out, tmp_path / "no-such-model")) == 2
+    err = capsys.readouterr().err
+    assert "was released to --out" in err and "--allow-rerelease" in err and err.count("\n") == 1
+    assert main(_corpus_args(corpus, out, tiny_model_dir, "--allow-rerelease")) == 0
+    err = capsys.readouterr().err
+    assert "skipped 2" in err and "warning: --allow-rerelease" in err and SECRET not in err
     now = _lines(out)
-    assert now[:3] == kept and sorted(now) == sorted(first)  # same seed: the rewritten records are the same lines
+    assert now[:2] == kept and sorted(now) == sorted(first)  # same seed: the rewritten records are the same lines
 
-    # a torn last line (a kill in the middle of a write) is cut off and its record written again
+    # a torn last line (a kill in the middle of a write) that got past its guarantee is kept as released: an error
+    # record saying so, never generated again; one torn before its guarantee is complete is cut off and written
     full = out.read_bytes()
-    out.write_bytes(full[: len(full) - len(now[-1]) // 2])
+    last = json.loads(now[-1])
+    cut = now[-1].index(b'"text":"') + 10  # inside the released text
+    out.write_bytes(full[: len(full) - len(now[-1]) + cut])
+    assert main(_corpus_args(corpus, out, tmp_path / "no-such-model")) == 0
+    assert "kept as released" in capsys.readouterr().err
+    torn = json.loads(_lines(out)[-1])
+    assert torn["id"] == last["id"] and torn["torn"] is True and torn["guarantee"] == last["guarantee"]
+    settled = _lines(out)
+    assert settled[:-1] == now[:-1]
+    bad_line = next(line for line in settled if json.loads(line)["id"] == "bad")
+    out.write_bytes(b"".join(line for line in settled if line != bad_line) + bad_line[:12])  # '{"id":"bad",'
     assert main(_corpus_args(corpus, out, tiny_model_dir)) == 0
-    assert "torn last line" in capsys.readouterr().err
-    assert out.read_bytes() == full
+    assert "torn last line of 12 bytes" in capsys.readouterr().err
+    assert sorted(_lines(out)) == sorted(settled)
 
 
 def test_cli_corpus_resume_after_sigkill(tiny_model_dir, tmp_path):

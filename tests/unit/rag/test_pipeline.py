@@ -272,7 +272,9 @@ def test_cli_rag_ask_questions_file_resumes_and_states_the_composed_budget(tmp_p
     assert set(recs) == {"q1", "q2", "q3", 4} and "is empty" in recs["q2"]["error"]
     assert recs["q1"]["guarantee"]["epsilon"] <= 8.0 and not ({"seconds", "doc_ids", "question"} & set(recs["q1"]))
     out.write_bytes(b"".join(line for line in lines if json.loads(line)["id"] != "q3"))
-    assert main(args) == 0
+    assert main(args) == 2  # a deleted answer would no longer be counted in the composed budget: refused
+    assert "--allow-rerelease" in capsys.readouterr().err
+    assert main([*args, "--allow-rerelease"]) == 0
     assert "done 1 / skipped 3" in capsys.readouterr().err
     assert sorted(out.read_bytes().splitlines(keepends=True)) == sorted(lines)  # same seed: the same line again
     assert main([*args, "--show-doc-ids"]) == 2
