@@ -50,8 +50,9 @@ def test_sanitize_corpus_on_tab_documents(embedded_lm, tmp_path, capsys):
         for m in row["entity_mentions"]:
             if len(m["span_text"]) >= 6 and m["entity_type"] in ("PERSON", "CODE"):
                 assert m["span_text"] not in text and m["span_text"] not in err
-    out.write_bytes(lines[0] + lines[2])
-    assert main(args) == 0
+    out.write_bytes(lines[0] + lines[2])  # a deleted release: refused (it would be released twice) unless allowed
+    assert main(args) == 2 and "--allow-rerelease" in capsys.readouterr().err
+    assert main([*args, "--allow-rerelease"]) == 0
     assert "done 1 / skipped 2" in capsys.readouterr().err
     now = out.read_bytes().splitlines(keepends=True)
     assert now[:2] == [lines[0], lines[2]] and now[2] == lines[1]

@@ -164,8 +164,8 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
     from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
 
     if args.prompts is None:
-        raise InvalidInputError("--out and --allow-rerelease apply to --prompts only (one prompt prints its protected "
-                                "prompt)")
+        option = "--out" if args.out is not None else "--allow-rerelease"
+        raise InvalidInputError(f"{option} applies to --prompts only (one prompt prints its protected prompt)")
     if args.prompt is not None or args.file is not None:
         raise InvalidInputError("give one prompt (argument or --file) or --prompts P.jsonl, not both")
     if not args.out:

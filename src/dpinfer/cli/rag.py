@@ -183,8 +183,8 @@ def run_ask(args: argparse.Namespace) -> int:
                      static_sigma=args.static_sigma, noise_scale=args.noise_scale, cli=True)
     if args.questions is None:
         if args.out or args.allow_rerelease:
-            raise InvalidInputError("--out and --allow-rerelease apply to --questions only (one question prints its "
-                                    "answer)")
+            option = "--out" if args.out else "--allow-rerelease"
+            raise InvalidInputError(f"{option} applies to --questions only (one question prints its answer)")
         if args.question is None:
             raise InvalidInputError("give a QUESTION, or --questions Q.jsonl --out OUT.jsonl")
         check_text(args.question, "the question")

@@ -205,8 +205,9 @@ def test_a_failed_final_write_keeps_the_release(doc, tmp_path, tiny_model_dir, c
 def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path, tiny_model_dir, capsys,
                                                               monkeypatch):
     """Texts are on disk as they finish: a full disk stops the run, says how many texts are safe and that rerunning
-    resumes; the torn line it may leave is cut off by the rerun."""
-    import dpinfer.pipelines.corpus as files
+    resumes; the torn line it may leave holds part of a text (after its batch index): the rerun keeps it as released
+    (an error record saying it was torn) and does not generate that batch again."""
+    import dpinfer.pipelines.synth_job as files
 
     real_write = files.write_line
     calls = [0]
@@ -230,6 +231,7 @@ def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path,
     assert "torn last line" in " ".join(capsys.readouterr().out.split())
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert "dpinfer" in lines[0] and sorted(x["batch"] for x in lines[1:]) == [0, 1, 2]
+    assert lines[2]["torn"] is True and "text" not in lines[2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "o.jsonl"]
 
 

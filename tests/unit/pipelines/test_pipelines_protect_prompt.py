@@ -382,7 +382,8 @@ def test_stage1_mechanism_meets_the_contract() -> None:
 
 def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_model_dir, capsys) -> None:
     """``--prompts P --out OUT``: one record per id (release + guarantee, never the prompt or its timing), a bad
-    prompt is an error record and the run goes on; a rerun after deleting a record writes only that one again."""
+    prompt is an error record and the run goes on; a rerun after deleting a record is refused (it would be released
+    twice) unless --allow-rerelease, which writes only that one again."""
     import json
 
     from dpinfer.cli import main
@@ -403,7 +404,8 @@ def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_
     assert "seconds" not in recs["a"] and "stage_seconds" not in recs["a"]
     assert "Zanzibarquux" not in out.read_text() + captured.err
     out.write_text("\n".join(line for line in lines if json.loads(line)["id"] != 3) + "\n")
-    assert main(args) == 0
+    assert main(args) == 2 and "--allow-rerelease" in capsys.readouterr().err
+    assert main([*args, "--allow-rerelease"]) == 0
     again = out.read_text().splitlines()
     assert again[:2] == [line for line in lines if json.loads(line)["id"] != 3]
     assert json.loads(again[2]) == recs[3]  # the same seed per id: the same release
