@@ -511,7 +511,7 @@ def check_rerelease(done: Mapping[str, Mapping[str, Any]], keyed_texts: Sequence
         planned.setdefault(d, k)
     if not problems:
         return None
-    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
     if not allow:
         raise ConfigurationError(f"{problems[0]}{more}; use another --out, restore OUT, or give {ALLOW_FLAG} to go on "
                                  "(the privacy loss of a text released twice adds up)")
