@@ -67,3 +67,23 @@ def test_dp_fusion_min_p_keeps_the_guarantee_and_the_public_support() -> None:
         probs, _, _ = mp.distribution(torch.stack([pub, private]))
         cut = (pub / 0.7) >= (pub / 0.7).max() + torch.log(torch.tensor(0.05, dtype=torch.float64))
         assert bool(((probs > 0) == cut).all())  # S = the public min-p set, whatever the private row
+
+
+def test_markdown_puts_each_method_beside_its_ceiling_and_the_checks_in_the_same_table() -> None:
+    def row(setting: str, method: str, eps: float, derailed: int) -> dict[str, object]:
+        return {"task": "sanitize", "setting": setting, "method": method, "T_max": 24, "min_p": None, "epsilon": eps,
+                "derailed": quality._share(derailed, 6), "english": 0.4, "similarity": 0.5, "ppl": 5.0,
+                "loops": 0.0, "tokens": 24.0, "seconds": 10.0}
+
+    res = {"model": "m", "seconds": 1.0, "sanitize": {
+        "rows": [row("previous", "dp-fusion", 40.0, 2), row("current", "original", float("inf"), 0)],
+        "document_tokens": 737, "spans": 20, "groups": 5,
+        "checks": [{"setting": "previous", "min_p": None,
+                    "audit": {"claimed_epsilon": 4.0, "epsilon_lb": 0.5, "trials": 2000, "exceeds": False},
+                    "loss": {"skipped": "TAB data not found"}}]},
+        "rag": {"skipped": "evaluation data not found"}}
+    md = quality.markdown(res)
+    assert "| previous | dp-fusion | 40 | 24 | – | 2/6 (33%" in md
+    assert "| current | original | ∞ (no privacy) |" in md
+    assert "0.500 / 4.000 (2000)" in md and "skipped (TAB data not found)" in md
+    assert "rag: skipped (evaluation data not found)" in md
