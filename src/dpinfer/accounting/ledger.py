@@ -401,14 +401,15 @@ class Charge:
         self.ledger._transition(self.id, "committed", ("pending", "void", "committed"))
         self.state = "committed"
 
-    def settle(self, cost: Cost | Guarantee | Loss) -> None:
+    def settle(self, cost: Cost | Guarantee | Loss, *, force: bool = False) -> None:
         """Replace the reserved cost by the release's exact ``cost`` (e.g. the guarantee of the planned release, when
         the reservation was made from its target before the model loaded), re-checked against the budget in one
-        transaction; if it does not fit, the reservation is cancelled and :class:`BudgetExceededError` raised."""
+        transaction; if it does not fit, the reservation is cancelled and :class:`BudgetExceededError` raised.
+        ``force=True`` (a release that already happened, priced late): written without the check."""
         params = None
         if isinstance(cost, Guarantee):
             params = json.dumps(plain(dict(cost.parameters)), sort_keys=True, ensure_ascii=False)
-        self.epsilon = self.ledger._settle(self, Cost.of(cost), params)
+        self.epsilon = self.ledger._settle(self, Cost.of(cost), params, force=force)
 
     def cancel(self) -> None:
         """Nothing was released: the reservation no longer counts."""
@@ -678,7 +679,7 @@ class Ledger:
             )
         return alone
 
-    def _settle(self, charge: Charge, price: Cost, params: str | None) -> float:
+    def _settle(self, charge: Charge, price: Cost, params: str | None, force: bool = False) -> float:
         refused: BudgetExceededError | None = None
         with self._transaction(f"settle charge {charge.id}") as con:
             row = con.execute("SELECT c.state, u.epsilon, u.delta FROM charges c JOIN units u ON u.unit = c.unit "
@@ -687,7 +688,8 @@ class Ledger:
                 raise LedgerError(f"charge {charge.id} is {row[0] if row else 'unknown'}; only a pending charge can "
                                   "be settled")
             try:
-                alone = self._check_fits(con, charge.unit, row[1], row[2], price, without=charge.id)
+                alone = price.epsilon(row[2]) if force else \
+                    self._check_fits(con, charge.unit, row[1], row[2], price, without=charge.id)
             except BudgetExceededError as exc:
                 refused = exc
                 con.execute("UPDATE charges SET state = 'cancelled', updated = ? WHERE id = ?",

@@ -38,7 +38,7 @@ from dpinfer.accounting.dp_fusion import conversion_cost
 from dpinfer.accounting.ledger import ApproxDp, Charge, Cost, Ledger, check_unit
 from dpinfer.errors import LedgerError
 
-__all__ = ["LedgerLike", "Spend", "charged", "current_spend", "open_ledger", "pure_steps_estimate",
+__all__ = ["LedgerCharges", "LedgerLike", "Spend", "charged", "current_spend", "open_ledger", "pure_steps_estimate",
            "single_order_estimate", "start_spend", "zcdp_estimate"]
 
 LedgerLike = Ledger | str | os.PathLike[str] | None
@@ -90,6 +90,8 @@ class Spend:
         self.resume_key = resume_key
         """A resumable job's key for this record: a pending charge left by a killed run is taken over."""
         self.charge: Charge | None = None
+        self.settled = False
+        """Whether the charge holds the release's exact cost (or an estimate from the parameters alone)."""
 
     def reserve(self, estimate: Cost | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None) -> None:
         """Step 1 (before the model loads): reserve ``estimate`` (None: a placeholder of ε = 0, priced at
@@ -97,6 +99,7 @@ class Spend:
         if self.charge is not None:
             return  # already reserved
         cost = estimate if estimate is not None else Cost.of(PureDp(0.0))
+        self.settled = estimate is not None
         self.charge = self.ledger.reserve(self.unit, cost, mechanism=mechanism,
                                           parameters={"estimate": estimate is not None, **(parameters or {})},
                                           scope=self.scope, resume_key=self.resume_key)
@@ -108,6 +111,7 @@ class Spend:
                                               resume_key=self.resume_key)
         else:
             self.charge.settle(guarantee)
+        self.settled = True
 
     def commit(self) -> None:
         """Step 3: the release was handed over."""
@@ -183,3 +187,42 @@ def charged(scope: str, *, what: str, default_unit: Callable[[Ledger, tuple[Any,
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+class LedgerCharges:
+    """A resumable corpus job's per-record charge hook on a ledger (``reserve(key)`` → ``commit(token)`` /
+    ``cancel(token)``, the protocol of the corpus loop), one unit per record.
+
+    ``reserve(key)`` reserves, before the record is generated, a placeholder on its unit (``unit_of(key)``) under a
+    resume key of this job and record, so a run killed and resumed takes over its own pending charge instead of
+    reserving twice; the pipeline prices it exactly when it plans the record (:meth:`settle`; a refusal becomes the
+    record's error); ``commit`` charges a record whose line is durable; one released without being priced (a torn
+    line settled as released) is charged ``bound_of(key)``, an upper bound from the parameters alone."""
+
+    def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
+                 bound_of: Callable[[str], Cost]) -> None:
+        self.ledger, self.job, self.scope, self.mechanism = ledger, job, scope, mechanism
+        self.unit_of, self.bound_of = unit_of, bound_of
+        self.spends: dict[str, Spend] = {}
+
+    def reserve(self, key: str) -> Spend:
+        spend = Spend(self.ledger, self.unit_of(key), self.scope, resume_key=self.ledger.resume_key(self.job, key))
+        spend.reserve(None, mechanism=self.mechanism)
+        self.spends[key] = spend
+        return spend
+
+    def settle(self, key: str, guarantee: Guarantee) -> None:
+        """The record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
+        self.spends[key].settle(guarantee)
+
+    def commit(self, spend: Spend) -> None:
+        if spend.charge is not None and spend.charge.state == "pending" and not spend.settled:
+            spend.charge.settle(self.bound_of(_key_of(self.spends, spend)), force=True)
+        spend.commit()
+
+    def cancel(self, spend: Spend) -> None:
+        spend.cancel()
+
+
+def _key_of(spends: Mapping[str, Spend], spend: Spend) -> str:
+    return next(key for key, value in spends.items() if value is spend)

@@ -827,6 +827,7 @@ def sanitize_many(
     tagger: Any = SANITIZE.tagger,
     seed: int | None = None,
     engine: Engine | None = None,
+    on_planned: Callable[[str | int, Guarantee], None] | None = None,
     **options: Any,
 ) -> Iterator[RecordOutcome]:
     """Sanitise many documents: plan each (:func:`plan_sanitize`), run every planned job through ONE
@@ -839,7 +840,9 @@ def sanitize_many(
     once before the model loads; a record without spans is tagged by ``tagger`` (built once). A record that cannot
     be planned (empty text, bad spans, nothing tagged, too long for the context window...) is yielded with its
     one-line ``error`` and the others go on. With a seed (tests and benchmarks only) each record's noise comes from
-    :func:`record_seed`.
+    :func:`record_seed`. ``on_planned(record_id, guarantee)`` is called once a record is planned, before any of its
+    tokens (a ledger prices its charge there: :class:`~dpinfer.pipelines.budget.LedgerCharges`); what it raises is
+    the record's error.
     """
     from dpinfer.generation import resolve_lm
     from dpinfer.validation import check_sanitize_params
@@ -879,6 +882,8 @@ def sanitize_many(
                                         "mentions), not a string")
             plan = plan_sanitize(rec.text, lm=model, spans=rec.spans, tagger=record_tg,
                                  seed=record_seed(seed, rec.id), checked=True, **options)
+            if on_planned is not None:
+                on_planned(rec.id, plan.guarantee)
         except Exception as exc:  # a per-record refusal: reported in its record, the run goes on
             yield RecordOutcome(rec.id, error=record_error(exc))
             continue

@@ -87,3 +87,33 @@ def test_protect_prompt_and_synthesize_charge_their_units(tiny_lm, tmp_path: Pat
     synthesize(["one review", "two reviews", "three reviews", "four"], lm=tiny_lm, epsilon=6.0, batch_size=2,
                max_new_tokens=3, seed=0, ledger=ledger, unit="corpus-1", skip_batches={0})
     assert len(ledger.history("corpus-1")) == 1  # a resumed run is not charged again
+
+
+def test_ledger_charges_hook_reserves_prices_commits_and_takes_over_after_a_kill(tmp_path: Path) -> None:
+    from dpinfer.accounting import Zcdp
+    from dpinfer.pipelines.budget import LedgerCharges
+
+    ledger = Ledger.init(tmp_path / "b.db", epsilon=100.0)
+    bound = Cost.of(Zcdp(1.0))
+    exact = Zcdp(0.25)
+
+    def hook() -> LedgerCharges:
+        return LedgerCharges(ledger, job="/jobs/out.jsonl", scope="document", mechanism="dp-fusion",
+                             unit_of=lambda key: f"doc-{key}", bound_of=lambda key: bound)
+
+    first = hook()
+    a, b, c = first.reserve("1"), first.reserve("2"), first.reserve("3")
+    first.settle("1", exact)
+    first.commit(a)  # record 1's line is durable
+    first.settle("2", exact)
+    # the run is killed here: record 2 planned and pending, record 3 reserved only
+    resumed = hook()
+    b2, c2 = resumed.reserve("2"), resumed.reserve("3")
+    assert (b2.charge.id, c2.charge.id) == (b.charge.id, c.charge.id)  # taken over, not reserved twice
+    resumed.settle("2", exact)
+    resumed.commit(b2)
+    resumed.commit(c2)  # released without being priced (a torn line): the bound
+    resumed.cancel(resumed.reserve("4"))  # an error record: nothing released
+    spent = {u.unit: (u.releases, u.pending, u.spent) for u in ledger.units()}
+    assert spent == {"doc-1": (1, 0, exact.to_epsilon(1e-5)), "doc-2": (1, 0, exact.to_epsilon(1e-5)),
+                     "doc-3": (1, 0, Zcdp(1.0).to_epsilon(1e-5)), "doc-4": (0, 0, 0.0)}
