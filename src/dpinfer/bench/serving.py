@@ -455,7 +455,7 @@ def format_markdown(res: dict[str, Any]) -> str:
     load = s["machine_load_before"]
     model = f"random-weight {s['shape']}" if s["shape"] else s["model"]
     lines = [
-        f"Serving speed (issue 14), one run: {model} on {s['device_name']} ({s['device']}), {s['dtype']}, torch "
+        f"Serving speed, one run: {model} on {s['device_name']} ({s['device']}), {s['dtype']}, torch "
         f"{s['torch']}, transformers {s['transformers']}; weights {_bytes(s['weight_bytes'])}; "
         f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens per release (EOS masked), "
         f"prefill included, median of {s['repeats']} interleaved round(s); machine load: torch threads "

@@ -35,7 +35,7 @@ def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
     from dpinfer.bench import serving as bench_serving
 
     bsv = bsub.add_parser("serving", parents=[common],
-                          help="the four serving figures of issue 14 (plain, DP-Fusion one document and corpus, "
+                          help="the four serving figures (plain, DP-Fusion one document and corpus, "
                                "InvisibleInk) vs their targets, in one run",
                           description=bench_serving.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_serving.add_arguments(bsv)
