@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = (args.file, args.template_file)
     check_output_path(args.out, inputs=inputs)
     check_output_path(partition_path(args.out), inputs=inputs, option="--out's partition file")
+    from dpinfer.pipelines.jobs import ReleaseDigests
+
+    check_output_path(ReleaseDigests.of(args.out).path, inputs=inputs, option="--out's digest file")
     template = template_arg(args)
     from dpinfer.models import model_name
     from dpinfer.pipelines.synthesize import load_references, plan_synthesis

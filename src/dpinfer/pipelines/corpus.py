@@ -163,6 +163,7 @@ def check_corpus_paths(corpus: str, out: str) -> None:
             raise ConfigurationError("--out is the --corpus file; writing there would overwrite the private corpus: "
                                      "choose another path")
     check_output_path(out, inputs=(corpus,))
+    check_output_path(ReleaseDigests.of(out).path, inputs=(corpus,), option="--out's digest file")
 
 
 @dataclass

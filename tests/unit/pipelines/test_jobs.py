@@ -327,3 +327,13 @@ def test_parse_prefix_and_settle_torn():
     assert settle_torn(b'{"id":"a","guarantee":{"e":1', "id", "guarantee") is None
     assert settle_torn(b'{"id":7,"guarantee":{"e":1},"text":"x', "id", "guarantee") == {
         "id": 7, "error": TORN_ERROR, "torn": True, "guarantee": {"e": 1}}
+
+
+def test_an_unwritable_digest_file_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    _no_model(monkeypatch)
+    job = JOBS["sanitize"]
+    out = tmp_path / "out.jsonl"
+    Path(f"{out}.digests").mkdir()
+    assert main(job.argv(job.write_input(tmp_path / "in.jsonl", [0]), out, tiny_model_dir)) == 2
+    err = capsys.readouterr().err
+    assert "--out's digest file" in err and "is a folder" in err and err.count("\n") == 1 and not out.exists()
