@@ -69,9 +69,14 @@ def test_rigorous_mechanisms_are_not_refuted(name):
     assert result.evaluation_trials + result.selection_trials == TRIALS
 
 
+WEAK_BROKEN_TRIALS = {("pad", "small-sigma"): 6000, ("pad", "large-clip"): 6000}
+"""Variants worth ε ≈ 21 against a claim of 4, whose Gaussian shift shows through an argmax only: more trials (at
+the default 20,000 both are refuted with ε_lb ≈ 6.3; docs/audit.md)."""
+
+
 @pytest.mark.parametrize(("name", "variant"), BROKEN_CASES)
 def test_broken_variants_are_caught(name, variant):
-    result = audit(name, trials=TRIALS, seed=3, broken=variant)
+    result = audit(name, trials=WEAK_BROKEN_TRIALS.get((name, variant), TRIALS), seed=3, broken=variant)
     sc = scenario(name)
     claim = sc.build().guarantee(sc.max_new_tokens).epsilon
     assert result.claimed_epsilon == pytest.approx(claim)  # the broken copy claims what the rigorous one does

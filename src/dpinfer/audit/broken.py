@@ -10,6 +10,9 @@ VARIANT`` must report an audited lower bound above that claim: the audit's power
   the whole ``(K, V)`` batch (``max|z|/127``), as a dynamic per-tensor quantisation of a batch does. The scale reads
   the private rows, so the public row depends on them (rule 2 of the project), and the mechanism's divergence bound
   or clipping, measured against that public row, no longer bounds what the output reveals.
+* PAD (``pad``): ``no-clip`` (the centred shift is released unclipped), ``small-sigma`` (the noise is σ/4 while the
+  claim is for σ) and ``large-clip`` (the shift is clipped at 4C while the claim is for C). The last two are worth
+  16 times the claimed zCDP ρ (ε ≈ 21 against a claim of 4 in the audit's scenario).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import torch
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import DPFusion
 from dpinfer.mechanisms.invisibleink import InvisibleInk, dclip_aggregate, topk_plus
+from dpinfer.mechanisms.pad import Pad, centre_and_clip
+from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs
 
 
@@ -86,8 +91,50 @@ class InvisibleInkInt8Public(InvisibleInk):
         return super().step(shared_scale_int8(logits), info, generator)
 
 
+class _PadBroken(Pad):
+    """PAD whose clip is ``clip_factor``·C and whose noise is ``noise_factor``·σ, while its claim (``guarantee()``,
+    inherited) is for C and σ (BROKEN). The public Top-k⁺ support still uses C."""
+
+    clip_factor = 1.0
+    noise_factor = 1.0
+
+    def pre_noise_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        idx, pub, _ = super().pre_noise_logits(logits)
+        private = logits.to(torch.float64)[1].index_select(0, idx)
+        return idx, pub, pub + centre_and_clip(private - pub, self.clip_norm * self.clip_factor)
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        idx, _, pre = self.pre_noise_logits(logits)
+        src = as_random_source(generator)
+        noisy = pre + self.sigma * self.noise_factor * src.normal(pre.shape, device=pre.device)
+        if self.temperature == 0.0:
+            j = torch.argmax(noisy)
+        else:
+            j = sample_probs(torch.softmax(noisy / self.temperature, dim=-1), src)
+        return StepResult(tokens=idx[j].to(torch.long))
+
+
+class PadNoClip(_PadBroken):
+    """PAD releasing the centred shift unclipped (BROKEN)."""
+
+    clip_factor = math.inf
+
+
+class PadSmallSigma(_PadBroken):
+    """PAD drawing its noise with σ/4 while claiming σ (BROKEN): 16× the claimed ρ."""
+
+    noise_factor = 0.25
+
+
+class PadLargeClip(_PadBroken):
+    """PAD clipping the shift at 4C while claiming C (BROKEN): 16× the claimed ρ."""
+
+    clip_factor = 4.0
+
+
 BROKEN: dict[str, dict[str, type[Mechanism]]] = {
     "dp-fusion": {"no-clip": DPFusionNoClip, "int8-public": DPFusionInt8Public},
     "invisibleink": {"no-clip": InvisibleInkNoClip, "int8-public": InvisibleInkInt8Public},
+    "pad": {"no-clip": PadNoClip, "small-sigma": PadSmallSigma, "large-clip": PadLargeClip},
 }
 """``BROKEN[mechanism][variant]``: the audit-only broken subclasses."""

@@ -7,7 +7,7 @@ the rest, and turns them into a lower bound on ε with Clopper-Pearson 95% inter
 audited lower bound; exit status 3 when the bound exceeds the claim (the claim is refuted), 0 otherwise.
 
 --broken VARIANT audits a deliberately broken copy that keeps the rigorous claim (dp-fusion and invisibleink:
-no-clip, int8-public); the audit must catch it. See docs/audit.md.
+no-clip, int8-public; pad: no-clip, small-sigma, large-clip); the audit must catch it. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 EXIT_REFUTED = 3
-BROKEN_HELP = "dp-fusion and invisibleink: no-clip, int8-public"
+BROKEN_HELP = "dp-fusion and invisibleink: no-clip, int8-public; pad: no-clip, small-sigma, large-clip"
 MECHANISMS_HELP = (
     "adapmixed, amin, dp-decoding, dp-fusion, dp-prompt, invisibleink, pad, pad-as-published, sampler, static"
 )

@@ -12,6 +12,11 @@ clipped difference sits at ±C). Its neighbour D′ follows the mechanism's adja
 * DP-Decoding, the sampler (local DP, any two inputs, K = 1): two different rows, one favouring X and one favouring A.
 * DP-Prompt in DP-GTR's stage-1 layout (local DP, K = 2 rewrites of 2 tokens, every token observed): rows at the
   clip bounds, favouring X on D and A on D′.
+* PAD (replace-by-null of one answer's context, K = 2): a public row with two finite logits (A and X, so the public
+  support is {A, X}) and, on D, a private row ±4000 along X − A, so the clipped shift is exactly ``(C/√2)(e_X − e_A)``:
+  the direction that moves the argmax most. The released token is then a one-bit view of a Gaussian shift of
+  ``C/σ`` standard deviations per step, which makes a σ too small or a C too large visible (a shift spread over many
+  tokens, as on the group pairs, barely moves the argmax).
 
 The batch and group mechanisms get two candidate pairs, a public row with logit 2 on A ("moderate": X keeps enough
 mass for a clipped or mollified shift to show) and one with logit 8 ("peaked": X is nearly impossible publicly, so
@@ -224,16 +229,33 @@ def _sampler(variant: str | None) -> Scenario:
                     "D: logit 8 on X, 0 elsewhere; D′: logit 8 on A, 0 elsewhere; τ = 1")
 
 
+PAD_MARGIN = 1.0
+"""The public row's lead of A over X in PAD's shift pair (the grid in docs/audit.md)."""
+
+
+def _pad_pairs() -> tuple[InputPair, ...]:
+    """PAD's pair: the public row has two finite logits, A (``PAD_MARGIN``) and X (0), so V⁺ = {A, X}; on D the
+    private row is ±4000 along X − A, so the centred shift is clipped exactly to ``(C/√2)(e_X − e_A)``, the direction
+    in which a clipped Gaussian shift moves the argmax between the two most; on D′ it is the public row."""
+    pub = torch.full((VOCAB,), -math.inf, dtype=torch.float64)
+    pub[TOKEN_A], pub[TOKEN_X] = PAD_MARGIN, 0.0
+    private = pub.clone()
+    private[TOKEN_A], private[TOKEN_X] = -FAR, FAR
+    return (InputPair("shift", torch.stack([pub, private]), torch.stack([pub, pub])),)
+
+
 def _pad(variant: str | None) -> Scenario:
+    cls = BROKEN["pad"][variant] if variant else Pad
     t = 4
 
     def build() -> Mechanism:
-        return Pad.calibrated(epsilon=EPSILON, delta=DELTA, max_new_tokens=t, top_k=None)
+        return cls.calibrated(epsilon=EPSILON, delta=DELTA, max_new_tokens=t, top_k=None)
 
-    return Scenario("pad", variant, build, _group_pairs(), t,
+    return Scenario("pad", variant, build, _pad_pairs(), t,
                     "replace-by-null of one answer's retrieved context (K = 2)",
-                    _GROUP_INPUTS.replace("the group's values replaced by placeholders", "no retrieved context")
-                    + "; σ = 1.5, argmax, full vocabulary")
+                    f"public row: logit {PAD_MARGIN:g} on A, 0 on X, −∞ elsewhere (V⁺ = {{A, X}}); D: private row "
+                    "−4000 on A, +4000 on X (the shift clips to norm C along X − A); D′: private row = public row (no "
+                    "retrieved context); σ = 1.5, argmax")
 
 
 def _pad_as_published(variant: str | None) -> Scenario:
