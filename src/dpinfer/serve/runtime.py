@@ -4,14 +4,17 @@ jobs of concurrent requests together, the budgets, the RAG stores and the metric
 Every operation is synchronous and runs in a worker thread of the web server; each one checks its parameters, plans
 its release (tags, tokenises, calibrates: the ex-ante guarantee is known here), **reserves its cost** on its unit
 (refused: nothing is generated), decodes, builds the release and commits the reservation; a failure in between
-cancels it. Model use is serialised by one lock: the batcher holds it while it runs a batch, and the operations the
+cancels it. Model use is serialised by one lock: the batcher holds it for each engine step, and the operations the
 batcher cannot take (prompt protection's three stages, token-by-token streaming) hold it for their run.
 
-Batching across requests (:class:`Batcher`): jobs queued by concurrent requests within ``window`` seconds of the
-first are run through one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call, the slot engine's
-continuous batching (one forward per decode step for every job; a job leaves when it finishes). Jobs queued while a
-batch runs wait for the next batch. The batch is made of jobs and public settings only; what the slot engine
-guarantees about public rows and shapes (rule 2, across jobs) is stated in :mod:`dpinfer.engine.runner`.
+Batching across requests (:class:`Batcher`): continuous batching on the one engine. Requests queue their planned
+jobs; the batcher thread submits them to the engine between steps (:meth:`Engine.submit
+<dpinfer.engine.Engine.submit>`) and calls :meth:`Engine.step <dpinfer.engine.Engine.step>` while any job runs: one
+forward pass per decode step for every admitted job, a job joining when the scheduler has room for it and leaving
+when it finishes. When the engine is idle, the first job waits ``window`` seconds for others so that requests sent
+together are planned together. Batches are made of jobs and public settings only; what the engine guarantees about
+public rows and shapes across jobs (rule 2) is stated in :mod:`dpinfer.engine.scheduler` and
+:mod:`dpinfer.engine.runner`.
 """
 
 from __future__ import annotations
@@ -89,16 +92,19 @@ class Metrics:
                 "# TYPE dpinfer_tokens_per_second gauge", f"dpinfer_tokens_per_second {rate:.3f}",
                 "# HELP dpinfer_queue_length Jobs waiting for the engine.",
                 "# TYPE dpinfer_queue_length gauge", f"dpinfer_queue_length {self.queue_length}",
-                "# HELP dpinfer_batches_total Engine runs of the batcher, and the jobs they carried.",
-                "# TYPE dpinfer_batches_total counter", f"dpinfer_batches_total {self.batches}",
+                "# HELP dpinfer_engine_steps_total Engine steps of the batcher (one token for every running job).",
+                "# TYPE dpinfer_engine_steps_total counter", f"dpinfer_engine_steps_total {self.batches}",
+                "# HELP dpinfer_batched_jobs_total Jobs the batcher submitted to the engine.",
                 "# TYPE dpinfer_batched_jobs_total counter", f"dpinfer_batched_jobs_total {self.batched_jobs}",
             ]
         return "\n".join(lines) + "\n"
 
 
 class Batcher:
-    """Runs the engine jobs of concurrent requests together (see the module docstring). ``run(job)`` blocks until the
-    job's output is ready and returns it (or raises the engine's error)."""
+    """Continuous batching across requests on the one engine (see the module docstring). ``run(job)`` blocks until the
+    job has finished and returns its output (or raises its error). The loop submits queued jobs between steps and
+    calls :meth:`Engine.step` while any job is running; a job that finished during another thread's steps (a stream
+    holding the model lock steps the same engine) is noticed by its status."""
 
     def __init__(self, engine: Any, lock: threading.Lock, metrics: Metrics, *, window: float = SERVE.batch_window_s,
                  batching: bool = True) -> None:
@@ -120,18 +126,30 @@ class Batcher:
     def close(self) -> None:
         self.queue.put(None)
 
-    def _take(self) -> list[tuple[Any, Future[Any]]] | None:
+    def _first(self) -> list[tuple[Any, Future[Any]]] | None:
+        """Idle: wait for a job, then ``window`` seconds for others to start with it (one planned pool)."""
         first = self.queue.get()
         if first is None:
             return None
         items = [first]
-        if not self.batching:
-            return items
         deadline = time.monotonic() + self.window
-        while True:
+        while self.batching:
             timeout = deadline - time.monotonic()
             try:
-                item = self.queue.get(timeout=max(timeout, 0.0)) if timeout > 0 else self.queue.get_nowait()
+                item = self.queue.get(timeout=timeout) if timeout > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self.queue.put(None)
+                break
+            items.append(item)
+        return items
+
+    def _drain(self) -> list[tuple[Any, Future[Any]]]:
+        items = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
             except queue.Empty:
                 return items
             if item is None:
@@ -140,28 +158,56 @@ class Batcher:
             items.append(item)
 
     def _loop(self) -> None:
+        from dpinfer.engine import JobStatus
+
+        active: list[tuple[Any, Future[Any]]] = []
         while True:
-            items = self._take()
-            if items is None:
-                return
+            if not active:
+                items = self._first()
+                if items is None:
+                    return
+            else:
+                items = self._drain()
+            for job, fut in items:
+                try:
+                    with self.lock:
+                        self.engine.submit(job)
+                except Exception as exc:  # refused before the model ran (its request gets the one-line error)
+                    fut.set_exception(exc)
+                    continue
+                active.append((job, fut))
             self.metrics.queue_length = self.queue.qsize()
-            jobs = [job for job, _ in items]
+            if items:
+                with self.metrics.lock:
+                    self.metrics.batched_jobs += len(items)
             t0 = time.perf_counter()
-            tokens = 0
             try:
                 with self.lock:
-                    for index, output in self.engine.run_jobs(jobs):
-                        tokens += len(output.sequences[0]) if output.sequences else 0
-                        items[index][1].set_result(output)
-            except BaseException as exc:  # every unfinished request gets the error; the loop goes on
-                for _, fut in items:
-                    if not fut.done():
+                    if self.engine.busy:
+                        self.engine.step()
+            except BaseException as exc:
+                if not any(job.error is not None for job, _ in active):  # not one job's failure: all of them
+                    for job, fut in active:
+                        if job.status is not JobStatus.FINISHED:
+                            with self.lock:
+                                self.engine.cancel(job)
                         fut.set_exception(exc)
-            finally:
-                with self.metrics.lock:
-                    self.metrics.batches += 1
-                    self.metrics.batched_jobs += len(items)
-                self.metrics.generated(tokens, time.perf_counter() - t0)
+                    active = []
+            tokens, still = 0, []
+            for job, fut in active:
+                if job.status is not JobStatus.FINISHED:
+                    still.append((job, fut))
+                elif job.error is not None:
+                    fut.set_exception(job.error)
+                elif job.output is None:
+                    fut.set_exception(DPInferError("the job was cancelled before it finished"))
+                else:
+                    tokens += len(job.output.sequences[0]) if job.output.sequences else 0
+                    fut.set_result(job.output)
+            active = still
+            with self.metrics.lock:
+                self.metrics.batches += 1
+            self.metrics.generated(tokens, time.perf_counter() - t0)
 
 
 # --------------------------------------------------------------------------------------------------- parameters
@@ -435,7 +481,7 @@ class Runtime:
         check_ask_params(**opts)
         rag = self.rag(principal, store)
         name, key = self.unit_key(principal, body.get("unit"), default=f"store.{store}")
-        with self.plan_lock:
+        with self.model_lock if opts["mechanism"] == "summarize" else self.plan_lock:  # summaries run the engine
             plan = rag.plan_ask(question, checked=True, **opts)
         del question
         def work() -> Any:
