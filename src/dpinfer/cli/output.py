@@ -144,6 +144,12 @@ class Parser(argparse.ArgumentParser):
     the closest option it has ("did you mean --epsilon?"), instead of leaving it to the top-level parser's usage.
     Sub-command parsers inherit the class (``add_subparsers`` uses the parent's)."""
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        """Help and usage into a pipe or a file are not wrapped (one line per option), as every other output."""
+        if sys.stdout.isatty() and sys.stderr.isatty():
+            return super()._get_formatter()
+        return self.formatter_class(prog=self.prog, width=PIPE_WIDTH)
+
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:

@@ -77,3 +77,14 @@ def test_unknown_flag_without_a_close_match_has_no_suggestion(capsys):
         main(["models", "--zzzzzz"])
     err = capsys.readouterr().err
     assert "dpinfer models: error: unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
+
+
+def test_help_and_usage_into_a_pipe_are_not_wrapped(capsys):
+    with pytest.raises(SystemExit):
+        main(["sanitize", "--help"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("usage: dpinfer sanitize [-h]") and "[--spans-only]" in first and "[file]" in first
+    with pytest.raises(SystemExit):
+        main(["sanitize", "doc.txt", "--epsilom", "3"])
+    usage, error = capsys.readouterr().err.splitlines()
+    assert usage.startswith("usage: dpinfer sanitize ") and error.startswith("dpinfer sanitize: error: ")
