@@ -792,6 +792,15 @@ class Ledger:
         digest = hmac.new(self._secret, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
         return "h-" + digest[:32]
 
+    def pending_charge(self, resume_key: str) -> Charge | None:
+        """The pending charge reserved under ``resume_key`` (by a run that was killed), or None."""
+        rows = self._query("SELECT id, unit, epsilon FROM charges WHERE resume_key = ? AND state = 'pending' "
+                           "ORDER BY id LIMIT 1", (resume_key,))
+        if not rows:
+            return None
+        charge_id, unit, epsilon = rows[0]
+        return Charge(self, int(charge_id), unit, math.inf if epsilon >= 1e308 else epsilon)
+
     def resume_key(self, job: str, record: str) -> str:
         """The key of one ``record`` of a resumable ``job`` (e.g. the output file's path and the record's id): an
         HMAC under the ledger's secret, so the ledger holds no job or record name."""

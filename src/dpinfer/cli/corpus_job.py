@@ -161,9 +161,16 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
         check_ray()
     records = read_corpus(args.corpus, id_field=args.id_field, text_field=args.text_field,
                           spans_field=args.spans_field)
-    run = run_corpus_job(records, args.out, lambda todo: _releases(args, list(todo), options),
+    charge = corpus_charges(args, records, options)
+    run = run_corpus_job(records, args.out, lambda todo: _releases(args, list(todo), options, charge),
                          job="dpinfer sanitize --corpus", source=f"--corpus {args.corpus}",
-                         allow_rerelease=args.allow_rerelease, progress=_progress("sanitize --corpus"), warn=warn)
+                         allow_rerelease=args.allow_rerelease, progress=_progress("sanitize --corpus"), warn=warn,
+                         charge=charge)
+    if charge is not None:  # charges a killed run left pending: its released lines committed, its errors dropped
+        from dpinfer.pipelines.corpus import id_key
+
+        charge.reconcile([str(id_key(r["id"])) for r in run.held if "error" not in r],
+                         [str(id_key(r["id"])) for r in run.held if "error" in r])
     # records whose spans left entity types uncovered, completed by the tagger
     completed = sum(1 for rec in run.new if "error" not in rec
                     and rec.get("settings", {}).get("span_source", {}).get("from") == "given+tagger")
@@ -210,8 +217,45 @@ def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: st
     return 0
 
 
-def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The output records of ``todo``, as they finish, on the chosen backend."""
+def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[str, Any]) -> Any:
+    """The per-record charge hook of ``sanitize --corpus`` on ``--ledger`` (None without a ledger): each record
+    charges its document's unit (a keyed hash of its text, or ``--unit NAME`` for every record) once; a resumed job
+    takes over the pending charge its killed run left (:class:`~dpinfer.pipelines.budget.LedgerCharges`)."""
+    import os
+
+    from dpinfer.accounting.ledger import ApproxDp, Cost
+    from dpinfer.cli.budget import ledger_path
+    from dpinfer.errors import LedgerError
+    from dpinfer.pipelines.budget import LedgerCharges, open_ledger
+    from dpinfer.pipelines.corpus import id_key
+    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
+    from dpinfer.taggers.base import TAB_LABELS, Span
+
+    ledger = open_ledger(ledger_path(args))
+    if ledger is None:
+        if args.unit is not None:
+            raise LedgerError("--unit was given without a ledger: give --ledger PATH or DPINFER_LEDGER")
+        return None
+    if args.backend == "ray":
+        raise LedgerError("--backend ray does not charge a ledger yet: run the corpus with --backend local")
+    texts = {str(id_key(r.id)): r.text for r in records}
+    # an upper bound of any record's cost, from the parameters alone: every group a record could have
+    every = resolve_groups([Span(0, 1, label) for label in TAB_LABELS], options.get("groups"))
+    bound = estimate_cost(options["method"], every, options.get("epsilon"), options.get("group_epsilon"),
+                          options["delta"], options["alpha"])
+    if bound is None:  # a whole-document mechanism, calibrated to its target
+        from dpinfer.defaults import SANITIZE
+
+        bound = Cost.of(ApproxDp(options.get("epsilon") or SANITIZE.epsilon, options["delta"]))
+    return LedgerCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
+                         unit_of=lambda key: args.unit or ledger.unit_for_text(texts[key]),
+                         bound_of=lambda key: bound)
+
+
+def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any],
+              charge: Any = None) -> Iterator[dict[str, Any]]:
+    """The output records of ``todo``, as they finish, on the chosen backend (``charge``: the ledger's hook, which
+    prices each record when it is planned)."""
     tagger = args.tagger
     if args.backend == "ray":
         from dpinfer.pipelines.corpus_ray import sanitize_corpus_ray
@@ -222,7 +266,7 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
         return
     from dpinfer.engine import Engine
     from dpinfer.models import load_model
-    from dpinfer.pipelines.corpus import release_record
+    from dpinfer.pipelines.corpus import id_key, release_record
     from dpinfer.pipelines.sanitize import sanitize_many
     from dpinfer.taggers import get_tagger
 
@@ -234,5 +278,6 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
     engine = Engine(lm)
     for start in range(0, len(todo), CHUNK_RECORDS):
         chunk = todo[start:start + CHUNK_RECORDS]
-        for outcome in sanitize_many(chunk, engine=engine, tagger=tg, seed=args.seed, **options):
+        planned = None if charge is None else (lambda rid, g: charge.settle(str(id_key(rid)), g))
+        for outcome in sanitize_many(chunk, engine=engine, tagger=tg, seed=args.seed, on_planned=planned, **options):
             yield release_record(outcome)

@@ -107,7 +107,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     from dpinfer.cli.corpus_job import add_corpus_arguments
 
     add_ledger_options(sz, "the document's unit on the ledger (default: a keyed hash of its text, HMAC under the "
-                           "ledger's secret); with --corpus: a record's unit is its id field, or this NAME for all")
+                           "ledger's secret; with --corpus, of each record's text), or NAME")
 
     add_corpus_arguments(sz)
     sz.set_defaults(func=run)
@@ -176,13 +176,7 @@ def run(args: argparse.Namespace) -> int:
                           tagger=args.tagger, groups=groups, cli=True)
     _check_max_input_tokens(args)
     if args.corpus is not None:
-        from dpinfer.cli.budget import ledger_path
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
-
-        if ledger_path(args) is not None:
-            from dpinfer.errors import LedgerError
-
-            raise LedgerError("--corpus does not charge a ledger yet: sanitise the documents one by one with --ledger")
 
         check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
                               alpha=args.alpha, cli=True)

@@ -223,6 +223,15 @@ class LedgerCharges:
     def cancel(self, spend: Spend) -> None:
         spend.cancel()
 
+    def reconcile(self, released: list[str], errors: list[str]) -> None:
+        """After a run: a record whose line is in OUT but whose charge a killed run left pending is committed; an
+        error record's pending charge (it released nothing) is cancelled."""
+        for keys, done in ((released, True), (errors, False)):
+            for key in keys:
+                left = self.ledger.pending_charge(self.ledger.resume_key(self.job, key))
+                if left is not None:
+                    left.commit() if done else left.cancel()
+
 
 def _key_of(spends: Mapping[str, Spend], spend: Spend) -> str:
     return next(key for key, value in spends.items() if value is spend)

@@ -158,3 +158,50 @@ def test_protect_prompt_needs_a_unit_and_is_refused_before_the_model_loads(tmp_p
     err = capsys.readouterr().err
     assert err.startswith("dpinfer: error: budget exceeded for unit 'alice': budget ε = 5 ") and err.count("\n") == 1
     assert "this release costs ε = 8 " in err
+
+
+CORPUS = [
+    ("Mr Smith, a lawyer practising in London, lodged an application on 20 May 1998.", ["Smith", "London"]),
+    ("The applicant was born in 1970 and lives in Izmir.", ["Izmir"]),
+    ("On 20 May 1998 the Court decided to communicate the application to the Government.", ["20 May 1998"]),
+    ("Mr Jones represented the applicants before the Court.", ["Jones"]),
+]
+
+
+def test_a_resumed_sanitize_corpus_charges_each_record_once_after_a_kill(tiny_model_dir, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc-{i}", "text": text, "spans": [
+        {"start": text.index(v), "end": text.index(v) + len(v), "label": "PERSON" if v[0] in "SJ" else "LOC"}
+        for v in values]}) + "\n" for i, (text, values) in enumerate(CORPUS)), encoding="utf-8")
+    path = tmp_path / "b.db"
+    Ledger.init(path, epsilon=1000.0)
+    args = ["sanitize", "--corpus", str(corpus), "--out", str(tmp_path / "out.jsonl"), "--model", str(tiny_model_dir),
+            "--max-new-tokens", "4", "--seed", "5", "--spans-only", "--ledger", str(path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    # killed right after its second record's line is written, before that record's charge is committed
+    code = ("import os, signal, sys\nimport dpinfer.pipelines.corpus as c\nappend = c.CorpusOutput.append\n"
+            "count = [0]\ndef killing_append(self, record):\n    append(self, record)\n    count[0] += 1\n"
+            "    if count[0] == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "c.CorpusOutput.append = killing_append\nfrom dpinfer.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-500:]
+    ledger = Ledger(path)
+    killed = sorted(c.state for u in ledger.units() for c in ledger.history(u.unit))
+    assert killed == ["committed", "pending", "pending", "pending"]  # one committed; the other three counted
+    assert main(args) == 0  # resumed: the two missing records
+    units = ledger.units()
+    assert len(units) == len(CORPUS)  # one unit per document (a keyed hash of its text)
+    charges = [c for u in units for c in ledger.history(u.unit)]
+    assert len(charges) == len(CORPUS) and {c.state for c in charges} == {"committed"}  # each record once
+    released = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert len(released) == len(CORPUS)
+    for text, _ in CORPUS:
+        assert ledger.status(ledger.unit_for_text(text)).releases == 1
+    assert main(args) == 0  # a rerun of the finished job charges nothing
+    assert len([c for u in ledger.units() for c in ledger.history(u.unit)]) == len(CORPUS)
