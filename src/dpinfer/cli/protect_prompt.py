@@ -112,11 +112,21 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.cli.budget import cli_spend, ledger_path, report_charge
 
     if args.prompts is not None or args.out is not None or args.allow_rerelease:
-        if ledger_path(args) is not None:
-            from dpinfer.errors import LedgerError
+        charge = None
+        if ledger_path(args) is not None:  # every prompt charged to the prompt source, at a cost known in advance
+            import os
 
-            raise LedgerError("--prompts does not charge a ledger yet: protect the prompts one by one with --ledger")
-        return _run_prompts(args, jem_epsilon)
+            from dpinfer.errors import LedgerError
+            from dpinfer.pipelines.budget import LedgerCharges, open_ledger, pure_steps_estimate
+
+            if args.epsilon is None or args.unit is None:
+                raise LedgerError("--prompts with a ledger needs --unit (the prompt source) and --epsilon (each "
+                                  "prompt's cost is then known before the model loads)")
+            cost = pure_steps_estimate(args.epsilon, args.delta, n * args.max_new_tokens, bounded_range=True)
+            charge = LedgerCharges(open_ledger(ledger_path(args)), job=os.path.abspath(args.out or ""),
+                                   scope="prompt-source", mechanism=args.method, unit_of=lambda key: args.unit,
+                                   bound_of=lambda key: cost, exact=True)
+        return _run_prompts(args, jem_epsilon, charge)
     prompt = _read_prompt(args)
 
     from dpinfer.models import load_model
@@ -178,7 +188,7 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
     return read_corpus(args.prompts, id_field=args.id_field, text_field=args.prompt_field, spans_field=None)
 
 
-def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
+def _run_prompts(args: argparse.Namespace, jem_epsilon: float, charge: Any = None) -> int:
     """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, one after another, each release
     appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line with the budget per
     prompt."""
@@ -188,8 +198,13 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float) -> int:
     records = _check_prompts_args(args)
     run = run_corpus_job(records, args.out, lambda todo: _protect_each(args, jem_epsilon, list(todo)),
                          job="dpinfer protect-prompt --prompts", source=f"--prompts {args.prompts}",
-                         allow_rerelease=args.allow_rerelease,
+                         allow_rerelease=args.allow_rerelease, charge=charge,
                          progress=lambda total: record_progress("protect-prompt --prompts", total), warn=warn)
+    if charge is not None:  # charges a killed run left pending: its released lines committed, its errors dropped
+        from dpinfer.pipelines.corpus import id_key
+
+        charge.reconcile([str(id_key(r["id"])) for r in run.held if "error" not in r],
+                         [str(id_key(r["id"])) for r in run.held if "error" in r])
     return print_job_summary(args, "protect-prompt --prompts", run,
                              per_record_budget(run.held, what="prompt", groups=False), records=len(records))
 

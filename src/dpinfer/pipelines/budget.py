@@ -200,14 +200,16 @@ class LedgerCharges:
     line settled as released) is charged ``bound_of(key)``, an upper bound from the parameters alone."""
 
     def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
-                 bound_of: Callable[[str], Cost]) -> None:
+                 bound_of: Callable[[str], Cost], exact: bool = False) -> None:
         self.ledger, self.job, self.scope, self.mechanism = ledger, job, scope, mechanism
         self.unit_of, self.bound_of = unit_of, bound_of
+        self.exact = exact
+        """``bound_of`` is each record's exact cost (from the parameters alone): reserved as it is, never settled."""
         self.spends: dict[str, Spend] = {}
 
     def reserve(self, key: str) -> Spend:
         spend = Spend(self.ledger, self.unit_of(key), self.scope, resume_key=self.ledger.resume_key(self.job, key))
-        spend.reserve(None, mechanism=self.mechanism)
+        spend.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
         self.spends[key] = spend
         return spend
 

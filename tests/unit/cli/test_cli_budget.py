@@ -205,3 +205,21 @@ def test_a_resumed_sanitize_corpus_charges_each_record_once_after_a_kill(tiny_mo
         assert ledger.status(ledger.unit_for_text(text)).releases == 1
     assert main(args) == 0  # a rerun of the finished job charges nothing
     assert len([c for u in ledger.units() for c in ledger.history(u.unit)]) == len(CORPUS)
+
+
+def test_protect_prompt_prompts_charge_the_source_once_per_prompt(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "What is a kettle for?"}\n{"id": 2, "prompt": "Where is Izmir?"}\n')
+    path = str(tmp_path / "b.db")
+    Ledger.init(path, epsilon=5000.0)
+    job = ["protect-prompt", "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl"), "--method", "dp-prompt",
+           "--max-new-tokens", "4", "--seed", "0", "--model", str(tiny_model_dir), "--ledger", path]
+    assert main([*job, "--temperature", "1.0", "--unit", "alice"]) == 2
+    assert "needs --unit (the prompt source) and --epsilon" in capsys.readouterr().err
+    assert main([*job, "--epsilon", "500", "--unit", "alice"]) == 0
+    released = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    charges = Ledger(path).history("alice")
+    assert [c.state for c in charges] == ["committed", "committed"] and len(released) == 2
+    assert Ledger(path).status("alice").scope == "prompt-source"
+    assert main([*job, "--epsilon", "500", "--unit", "alice"]) == 0  # nothing left to do: nothing charged
+    assert len(Ledger(path).history("alice")) == 2
