@@ -81,12 +81,15 @@ def test_readme_has_snippets_and_commands():
 
 
 def test_readme_python_snippets_run(clone, embedded_lm):
+    namespace: dict = {"__name__": "__readme__"}
     for i, block in enumerate(blocks("python")):
+        if any(not Path(m).exists() for m in re.findall(r'load_model\("(/[^"]+)"', block)):
+            continue  # an example of bringing one's own model: it names a folder of the reader's
         code = block
         for pattern, repl in SHORT:
             code = re.sub(pattern, repl, code)
-        try:
-            exec(compile(code, f"README.md python block {i}", "exec"), {"__name__": "__readme__"})
+        try:  # the blocks share one namespace, as in one session that follows the README
+            exec(compile(code, f"README.md python block {i}", "exec"), namespace)
         except Exception as exc:  # the failing block, named
             pytest.fail(f"README python block {i} failed: {type(exc).__name__}: {exc}")
 
