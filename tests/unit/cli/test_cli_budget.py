@@ -75,7 +75,7 @@ def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir
     assert "default budget of a new unit: ε = 25, δ = 1e-05" in capsys.readouterr().out
     monkeypatch.setenv("DPINFER_LEDGER", path)  # the environment names the ledger
     argv = ["sanitize", str(doc), "--spans", str(spans), "--model", str(tiny_model_dir), "--max-new-tokens", "4",
-            "--epsilon", "20", "--seed", "0", "--unit", "case-7"]
+            "--epsilon", "20", "--seed", "0", "--unit", "case-7", "--spans-only"]
     assert main([*argv, "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["method"] == "dp-fusion"
