@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 total, lat, tokens = at_once(k)
             rows.append({"clients": k, "requests": len(lat), "p50_s": round(_percentile(lat, 50), 2),
                          "p99_s": round(_percentile(lat, 99), 2), "mean_s": round(statistics.mean(lat), 2),
-                         "requests_per_s": round(len(lat) / total, 3), "tokens_per_s": round(tokens / total, 1),
+                         "requests_per_s": round(len(lat) / total, 3), "tokens": tokens,
+                         "tokens_per_s": round(tokens / total, 1),
                          "total_s": round(total, 2)})
     finally:
         server.should_exit = True
