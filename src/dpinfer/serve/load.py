@@ -92,6 +92,18 @@ def fire(url: str, body: dict[str, Any], clients: int, *, on_start: threading.Ev
         return list(pool.map(one, range(clients)))
 
 
+def _charges(ledger: Path, unit: str) -> int:
+    """Pending and committed charges of ``unit`` (0 while the unit has none)."""
+    from dpinfer.accounting.ledger import Ledger
+    from dpinfer.errors import LedgerError
+
+    try:
+        st = Ledger(ledger).status(unit)
+    except LedgerError:
+        return 0
+    return st.releases + st.pending
+
+
 def ledger_state(ledger: Path, unit: str) -> dict[str, Any]:
     from dpinfer.accounting.ledger import Ledger
 
@@ -138,7 +150,11 @@ def run(model: str | None, *, clients: int = 50, admits: int = 3, max_new_tokens
         th = threading.Thread(target=load)
         th.start()
         started.wait(timeout=120)
+        # kill once the ledger holds a charge of this unit (a reservation or a commit), or after kill_after seconds
+        until = time.monotonic() + max(kill_after, 60.0)
         time.sleep(kill_after)
+        while time.monotonic() < until and _charges(ledger, "load-2") == 0:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         th.join(timeout=600)
@@ -181,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--admits", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--kill-after", type=float, default=1.0, help="seconds after the load starts to kill -9 the server")
+    p.add_argument("--kill-after", type=float, default=1.0,
+                   help="kill -9 the server this many seconds after the load starts, or later, once the ledger holds "
+                        "a charge of the unit (at most 60 s)")
     args = p.parse_args(argv)
     if not (1 <= args.clients <= 200 and 1 <= args.admits < args.clients):
         print("load: --clients must be 1-200 and --admits below it", file=sys.stderr)

@@ -15,7 +15,7 @@ def test_fifty_clients_three_admitted_and_a_kill_mid_load(tiny_model_dir, tmp_pa
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "DPINFER_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "dpinfer.serve.load", "--model", str(tiny_model_dir),
-                           "--max-new-tokens", "24", "--kill-after", "0.5"],
+                           "--max-new-tokens", "24", "--kill-after", "0.2"],
                           capture_output=True, text=True, env=env, timeout=1500)
     out = json.loads(proc.stdout)
     print(json.dumps(out))  # the figures, shown with -s
