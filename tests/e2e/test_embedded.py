@@ -60,7 +60,8 @@ def test_cli_sanitize_example_document(embedded_lm, capsys):
     doc = root / "examples" / "echr_case_001-66929.txt"
     spans = root / "examples" / "echr_case_001-66929.spans.json"
     assert example_document().startswith("PROCEDURE")
-    rc = main(["sanitize", str(doc), "--spans", str(spans), "--max-new-tokens", "24", "--seed", "0", "--json"])
+    rc = main(["sanitize", str(doc), "--spans", str(spans), "--spans-only", "--max-new-tokens", "24", "--seed", "0",
+               "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     groups = {g["name"]: g for g in out["guarantee"]["groups"]}

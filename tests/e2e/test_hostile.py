@@ -51,7 +51,7 @@ def doc(tmp_path: Path) -> Path:
 def test_zero_spans_refused(doc: Path, tmp_path: Path) -> None:
     empty = tmp_path / "none.json"
     empty.write_text("[]")
-    assert_refused(dpinfer("sanitize", str(doc), "--spans", str(empty)))
+    assert_refused(dpinfer("sanitize", str(doc), "--spans", str(empty), "--spans-only"))
 
 
 def test_spans_of_another_document_refused(doc: Path, tmp_path: Path) -> None:
@@ -148,6 +148,7 @@ def test_piped_stdout_holds_only_the_release(doc: Path) -> None:
     assert "Guarantee" in res.stdout
 
 
+@pytest.mark.full
 def test_local_dp_baseline_t_max_does_not_follow_the_document(tmp_path: Path) -> None:
     text = DOC.read_text(encoding="utf-8")
     short, long = tmp_path / "short.txt", tmp_path / "long.txt"

@@ -193,8 +193,8 @@ def test_a_failed_final_write_keeps_the_release(doc, tmp_path, tiny_model_dir, c
 
     monkeypatch.setattr(os, "replace", broken)
     out = tmp_path / "release.txt"
-    rc = main(["sanitize", str(doc[0]), "--spans", str(doc[1]), "--model", str(tiny_model_dir), "--max-new-tokens",
-               "4", "--epsilon", "30", "--out", str(out), "--json"])
+    rc = main(["sanitize", str(doc[0]), "--spans", str(doc[1]), "--spans-only", "--model", str(tiny_model_dir),
+               "--max-new-tokens", "4", "--epsilon", "30", "--out", str(out), "--json"])
     cap = capsys.readouterr()
     assert rc == 2 and "No space left on device" in cap.err and "standard output" in cap.err
     assert cap.err.count("\n") == 1 and "Traceback" not in cap.err

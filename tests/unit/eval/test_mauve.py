@@ -131,7 +131,7 @@ def test_missing_mauve_text_names_the_extra(monkeypatch):
     x = np.zeros((20, 4))
     with pytest.raises(MissingDependencyError) as info:
         mauve_score(x, x + 1.0)
-    assert "pip install 'dpinfer[mauve]'" in str(info.value)
+    assert '.venv/bin/pip install -e ".[mauve]"' in str(info.value)
     assert "GPL" in str(info.value)
     with pytest.raises(MissingDependencyError):
         mauve_interval(x, x + 1.0)
