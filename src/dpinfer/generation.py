@@ -133,6 +133,13 @@ class TextStreamer:
         delta, self.emitted = text[self.emitted:], len(text)
         return delta
 
+    def flush(self) -> str:
+        """The text still held back at the end (a last character left incomplete), so that the pieces add up to the
+        decoded text."""
+        text = self.lm.decode(self.ids)
+        delta, self.emitted = text[self.emitted:], len(text)
+        return delta
+
 
 def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
            lm: LM | str | None = None, max_new_tokens: int = GENERATE.max_new_tokens,
@@ -151,3 +158,6 @@ def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | No
             piece = streamer.push(tok)
             if piece:
                 yield piece
+    tail = streamer.flush()
+    if tail:
+        yield tail

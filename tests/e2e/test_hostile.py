@@ -140,12 +140,18 @@ def test_json_with_a_seed_holds_no_seed_and_no_step_series(released_json: dict) 
     assert released_json["guarantee"].get("seeded") is True
 
 
-def test_piped_stdout_holds_only_the_release(doc: Path) -> None:
-    res = dpinfer("sanitize", str(doc), "--spans", str(GOLD), "--max-new-tokens", "24")
+def test_piped_stdout_holds_only_the_release(doc: Path, tmp_path: Path) -> None:
+    out = tmp_path / "release.txt"
+    res = dpinfer("sanitize", str(doc), "--spans", str(GOLD), "--max-new-tokens", "24", "--out", str(out))
     assert res.returncode == 0, res.stderr[-2000:]
+    # stdout is the release (which may quote the document's untagged, public text) and then the guarantee: never
+    # the document shown as input
+    release = out.read_text(encoding="utf-8").strip()
+    assert res.stdout.lstrip().startswith(release)
+    rest = res.stdout.lstrip()[len(release):]
     text = DOC.read_text(encoding="utf-8")
-    assert text[:200] not in res.stdout and "PROCEDURE\n\nThe case originated" not in res.stdout
-    assert "Guarantee" in res.stdout
+    assert text[:200] not in rest and "PROCEDURE\n\nThe case originated" not in rest
+    assert rest.lstrip().startswith("Guarantee")
 
 
 @pytest.mark.full

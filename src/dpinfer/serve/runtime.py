@@ -422,6 +422,10 @@ class Runtime:
                         if piece:
                             released = True
                             yield {"delta": piece}
+                tail = streamer.flush()
+                if tail:
+                    released = True
+                    yield {"delta": tail}
                 out = run.output
             res = finish_sanitize(plan, out, seconds=time.perf_counter() - t0)
             self.metrics.generated(len(out.sequences[0]), 0.0)
