@@ -17,7 +17,18 @@ and refuses one that would overspend its budget.
 True
 """
 
-from dpinfer.accounting.accountant import LossEvent, calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
+from dpinfer.accounting.accountant import (
+    Adjacency,
+    Composition,
+    LossEvent,
+    NoGuaranteeEvent,
+    NoLossEvent,
+    PrivacyAccountant,
+    calibrate_event,
+    compose_steps,
+    ex_ante_guarantee,
+    grow_bracket,
+)
 from dpinfer.accounting.calibration import calibrate, zcdp_rho_for_target
 from dpinfer.accounting.guarantee import DataDependentSpend, GroupGuarantee, Guarantee
 from dpinfer.accounting.ledger import Charge, Cost, Ledger, UnitStatus
@@ -37,13 +48,18 @@ from dpinfer.accounting.losses import (
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "Adjacency",
     "Charge",
+    "Composition",
     "Cost",
     "DataDependentSpend",
     "GroupGuarantee",
     "Guarantee",
     "Ledger",
     "LossEvent",
+    "NoGuaranteeEvent",
+    "NoLossEvent",
+    "PrivacyAccountant",
     "PrivacyLoss",
     "PureDp",
     "RdpCurve",

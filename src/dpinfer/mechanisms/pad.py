@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from dpinfer.accounting import DataDependentSpend, Guarantee, PrivacyLoss, zcdp_rho_for_target
-from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.accountant import Adjacency, calibrate_event, compose_steps, ex_ante_guarantee
 from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -60,11 +60,13 @@ from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs
 
 ADJACENCIES = {
-    "replace-by-null": "replace-by-null of one answer's retrieved context (the documents replaced by nothing); this "
-                       "covers the content of that context, not whether a document is in the store (adding or "
-                       "removing one can change what is retrieved: use --adjacency replace-one for membership)",
-    "replace-one": "replace-one of one answer's retrieved context (the documents replaced by any others, which also "
-                   "covers a different retrieval)",
+    Adjacency.REPLACE_BY_NULL:
+        "replace-by-null of one answer's retrieved context (the documents replaced by nothing); this covers the "
+        "content of that context, not whether a document is in the store (adding or removing one can change what is "
+        "retrieved: use --adjacency replace-one for membership)",
+    Adjacency.REPLACE_ONE:
+        "replace-one of one answer's retrieved context (the documents replaced by any others, which also covers a "
+        "different retrieval)",
 }
 DEFAULT_SIGMA = 1.5
 """σ of the rigorous PAD: fixed, and C solved from the target (issue 12)."""
@@ -118,7 +120,7 @@ def centre_and_clip(shift: torch.Tensor, clip_norm: float) -> torch.Tensor:
 
 
 def clip_norm_for_target(epsilon: float, delta: float, *, max_new_tokens: int, sigma: float = DEFAULT_SIGMA,
-                         adjacency: str = "replace-by-null") -> float:
+                         adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL) -> float:
     """The clip norm C whose ``T_max``-token answer with noise σ meets (ε, δ), solved by the accountant
     (:func:`~dpinfer.accounting.calibrate_event` on the composed :class:`GaussianShiftEvent`, so the reported ε never
     exceeds the target). Close to ``σ·sqrt(2ρ*/T_max) / m`` with ρ* the largest zCDP ρ meeting the target and m = 1
@@ -137,19 +139,17 @@ def clip_norm_for_target(epsilon: float, delta: float, *, max_new_tokens: int, s
 
 
 @functools.lru_cache(maxsize=256)
-def _solve_clip_norm(eps: float, delta: float, max_new_tokens: int, sigma: float, adjacency: str) -> float:
+def _solve_clip_norm(eps: float, delta: float, max_new_tokens: int, sigma: float, adjacency: Adjacency) -> float:
     """:func:`clip_norm_for_target` after its checks; cached (a pure function of public parameters), so a session of
     answers at one setting bisects once instead of once per answer (about 0.1–0.5 s each on a loaded CPU)."""
-    scale = 2.0 if adjacency == "replace-one" else 1.0
+    scale = 2.0 if adjacency is Adjacency.REPLACE_ONE else 1.0
     guess = sigma * math.sqrt(2.0 * zcdp_rho_for_target(eps, delta) / max_new_tokens) / scale
     return calibrate_event(lambda c: GaussianShiftEvent(scale * c, sigma), steps=max_new_tokens, epsilon=eps,
                            delta=delta, lo=guess / 2.0, hi=guess * 2.0, name="clip norm C")
 
 
-def _adjacency(value: object) -> str:
-    if value not in ADJACENCIES:
-        raise ConfigurationError(f"adjacency must be one of {', '.join(ADJACENCIES)}, got {value!r}")
-    return str(value)
+def _adjacency(value: object) -> Adjacency:
+    return Adjacency.of(value, choices=ADJACENCIES)
 
 
 class Pad(Mechanism):
@@ -187,7 +187,7 @@ class Pad(Mechanism):
         top_k: int | None = 20,
         temperature: float = 0.0,
         delta: float = 1e-5,
-        adjacency: str = "replace-by-null",
+        adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL,
     ) -> None:
         self.clip_norm = _positive(
             clip_norm, "clip_norm C", " (use Pad.calibrated(epsilon=..., max_new_tokens=...) to derive it from ε)"
@@ -200,7 +200,7 @@ class Pad(Mechanism):
 
     @classmethod
     def calibrated(cls, *, epsilon: float, max_new_tokens: int, delta: float = 1e-5, sigma: float = DEFAULT_SIGMA,
-                   adjacency: str = "replace-by-null", **kw: Any) -> Pad:
+                   adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL, **kw: Any) -> Pad:
         """The PAD whose answer of at most ``max_new_tokens`` tokens is (ε, δ)-DP for its retrieved context: σ fixed,
         C solved (:func:`clip_norm_for_target`)."""
         clip = clip_norm_for_target(epsilon, delta, max_new_tokens=max_new_tokens, sigma=sigma, adjacency=adjacency)
@@ -209,7 +209,7 @@ class Pad(Mechanism):
     @property
     def sensitivity(self) -> float:
         """Δ: the L2 distance the released mean can move between adjacent contexts (C or 2C)."""
-        return self.clip_norm * (2.0 if self.adjacency == "replace-one" else 1.0)
+        return self.clip_norm * (2.0 if self.adjacency is Adjacency.REPLACE_ONE else 1.0)
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
         if num_contexts != 2:
@@ -271,7 +271,8 @@ class Pad(Mechanism):
         return ex_ante_guarantee(
             self.loss_event(), steps=t, delta=self.delta, mechanism=self.name, adjacency=ADJACENCIES[self.adjacency],
             parameters={"clip_norm": self.clip_norm, "sigma": self.sigma, "top_k": self.top_k,
-                        "temperature": self.temperature, "adjacency": self.adjacency, "rho": self.rho(t), "T_max": t},
+                        "temperature": self.temperature, "adjacency": self.adjacency.value, "rho": self.rho(t),
+                        "T_max": t},
             max_new_tokens=t,
         )
 
