@@ -13,44 +13,13 @@ Every message names parameters, values, sizes and paths only, never input text.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
-from typing import IO, Any
-
-from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
-from dpinfer.errors import ConfigurationError, InvalidInputError
-
-MAX_TEXT_BYTES = 4 * 1024 * 1024
-"""Largest document or prompt file read whole (4 MiB, far beyond any supported model's context window)."""
-
-
-def decode_text(data: bytes, where: str) -> str:
-    """``data`` as UTF-8 text, or a one-line refusal naming ``where`` (never the content): larger than
-    :data:`MAX_TEXT_BYTES`, binary (NUL bytes), not UTF-8, or empty.
-
-    >>> decode_text(b"ok", "doc.txt")
-    'ok'
-    """
-    if len(data) > MAX_TEXT_BYTES:
-        raise InvalidInputError(f"{where} is larger than {MAX_TEXT_BYTES // (1024 * 1024)} MiB; split it into parts")
-    if b"\x00" in data:
-        raise InvalidInputError(f"{where} looks binary (it contains NUL bytes); give a UTF-8 text file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{where} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
-    if not text.strip():
-        raise InvalidInputError(f"{where} is empty")
-    return text
-
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # ------------------------------------------------------------------------------------------------------ scalars
 # The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
 # re-exported here under the names this module always had.
-from dpinfer.checks import (  # noqa: E402
+from dpinfer.checks import (
     check_alpha,
     check_delta,
     check_seed,
@@ -62,7 +31,21 @@ from dpinfer.checks import (  # noqa: E402
     positive_number,
     rdp_conversion_cost,
 )
-from dpinfer.checks import is_number as _is_number  # noqa: E402, F401
+from dpinfer.checks import is_number as _is_number  # noqa: F401
+from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
+from dpinfer.errors import ConfigurationError, InvalidInputError
+
+# File reading and atomic writing live in dpinfer.io; re-exported here under the names this module always had.
+from dpinfer.io import (  # noqa: F401
+    MAX_TEXT_BYTES,
+    atomic_open,
+    atomic_write_text,
+    check_output_path,
+    decode_text,
+    input_file,
+    rescue_write_text,
+    sniff_text_file,
+)
 
 
 def _namer(cli: bool) -> Any:
@@ -265,114 +248,3 @@ def check_text(value: object, what: str) -> str:
     if not value.strip():
         raise InvalidInputError(f"{what} is empty (or only white space)")
     return value
-
-
-# ------------------------------------------------------------------------------------------------------ files
-def input_file(source: str | os.PathLike[str], what: str = "input") -> Path:
-    """``source`` as a readable regular file; says whether it is missing, a folder or something else."""
-    p = Path(source)
-    if p.is_dir():
-        raise InvalidInputError(f"{p} is a folder; give the {what} file")
-    if not p.exists():
-        raise InvalidInputError(f"no such file: {p}")
-    if not p.is_file():
-        raise InvalidInputError(f"{p} is not a regular file; give the {what} as a file")
-    if not os.access(p, os.R_OK):
-        raise InvalidInputError(f"{p} is not readable (check its permissions)")
-    return p
-
-
-def sniff_text_file(source: str | os.PathLike[str], what: str = "data") -> Path:
-    """``source`` as a regular, non-empty file whose first 64 KiB are UTF-8 text without NUL bytes (a cheap check
-    of a large data file before any model loads; the loader still checks the rest)."""
-    import codecs
-
-    p = input_file(source, what)
-    with p.open("rb") as f:
-        head = f.read(64 * 1024)
-    if not head.strip():
-        raise InvalidInputError(f"{p} is empty")
-    if b"\x00" in head:
-        raise InvalidInputError(f"{p} looks binary (it contains NUL bytes); give a UTF-8 text file")
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(f"{p} is not valid UTF-8 text (bad byte at offset {exc.start})") from None
-    return p
-
-
-def check_output_path(path: str | os.PathLike[str], *, inputs: Iterable[str | os.PathLike[str] | None] = (),
-                      option: str = "--out") -> Path:
-    """Refuse, before any work, an output path that cannot be written or that is one of ``inputs``.
-
-    Refused: a folder, a path in a missing folder, a folder that cannot be written (probed by creating and removing a
-    temporary file), an existing file that is read-only or not a regular file, and the input itself or a hard or
-    symbolic link to it (same device and inode): writing there would overwrite the private document.
-    """
-    p = Path(path)
-    if not str(path).strip():
-        raise ConfigurationError(f"{option} is empty; give a file path")
-    if p.is_dir():
-        raise ConfigurationError(f"{option} {p} is a folder; give a file path inside it")
-    folder = p.parent
-    if not folder.exists():
-        raise ConfigurationError(f"{option} {p}: the folder {folder} does not exist; create it first")
-    if not folder.is_dir():
-        raise ConfigurationError(f"{option} {p}: {folder} is not a folder")
-    if p.exists():
-        if not p.is_file():
-            raise ConfigurationError(f"{option} {p} exists and is not a regular file; give a file path")
-        for inp in inputs:
-            if inp is None or str(inp) == "-":
-                continue
-            with contextlib.suppress(OSError):
-                if os.path.samefile(p, inp):
-                    raise ConfigurationError(f"{option} {p} is the input file (or a link to it); writing there would "
-                                             "overwrite the private input: choose another path")
-        if not os.access(p, os.W_OK):
-            raise ConfigurationError(f"{option} {p} exists and is read-only; choose another path")
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".probe")
-    except OSError as exc:
-        raise ConfigurationError(f"{option} {p}: cannot write in {folder} ({exc.strerror or 'permission denied'})"
-                                 ) from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
-    return p
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
-    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one step
-    (:func:`os.replace`), on any error or interruption it is removed: no partial output and no leftover file.
-    The file is created with mode 0600 (it holds output derived from private data)."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (see :func:`atomic_open`)."""
-    with atomic_open(path) as f:
-        f.write(text)
-
-
-def rescue_write_text(text: str, suffix: str) -> Path | None:
-    """Save ``text`` to a new private file (mode 0600) in the temporary folder; its path, or None if that fails too."""
-    try:
-        fd, name = tempfile.mkstemp(prefix="dpinfer-rescue-", suffix=suffix)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError:
-        return None
-    return Path(name)

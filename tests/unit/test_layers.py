@@ -1,8 +1,9 @@
 """Imports flow one way: no module under the lower layers imports a higher one (parsed with ast, lazy imports and
 ``TYPE_CHECKING`` imports included, since a lazy upward import is still a dependency running back up the layers).
 
-Layers, bottom up: ``errors`` → ``checks`` → ``accounting`` → ``mechanisms`` → ``engine`` (with ``models``) →
-taggers, pipelines, eval, audit, bench → interfaces (``cli``, the Python API).
+Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
+``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``) → taggers, eval → ``runtime`` →
+pipelines → bench, serve, audit → interfaces (``cli``, the Python API).
 """
 
 from __future__ import annotations
@@ -15,14 +16,28 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dpinfer"
 
-UPPER = ("pipelines", "cli", "bench", "taggers", "eval", "audit", "generation", "validation", "api")
+UPPER = ("pipelines", "cli", "bench", "taggers", "eval", "audit", "generation", "validation", "api", "runtime",
+         "serve")
 """Packages and modules above the engine: nothing in the core may import them."""
 
+INTERFACES = ("pipelines", "cli", "bench", "serve", "audit", "api", "generation")
+"""What runs a request (pipelines) and what serves one (command line, server, benchmarks, audit, Python API)."""
+
+BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models")
+"""Everything above the bottom layer (errors, defaults, checks, io, release)."""
+
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "checks.py": (*UPPER, "accounting", "mechanisms", "engine", "models"),
-    "accounting": (*UPPER, "mechanisms", "engine", "models"),
-    "mechanisms": (*UPPER, "engine", "models"),
+    "checks.py": BOTTOM,
+    "io.py": BOTTOM,
+    "release.py": BOTTOM,
+    "configs": (*UPPER, "engine", "models"),
+    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models"),
+    "mechanisms": (*UPPER, "methods", "engine", "models"),
+    "methods": INTERFACES,
     "engine": UPPER,
+    "taggers": (*INTERFACES, "runtime"),
+    "eval": (*INTERFACES, "runtime"),
+    "runtime.py": INTERFACES,
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 
@@ -72,6 +87,18 @@ def _violations() -> list[str]:
 
 def test_no_import_runs_back_up_the_layers() -> None:
     assert _violations() == []
+
+
+def test_listing_methods_imports_no_torch() -> None:
+    """The method tables are light: every task's names and --help are listed without torch or a mechanism."""
+    import subprocess
+
+    code = ("import sys\nfrom dpinfer.methods import TABLE_MODULES, method_names, methods_help\n"
+            "for task in TABLE_MODULES:\n    method_names(task); methods_help(task)\n"
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('dpinfer.mechanisms.')\n"
+            "       and m != 'dpinfer.mechanisms.registry']\nprint('IMPORTED', bad)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "IMPORTED []" in res.stdout, res.stdout + res.stderr
 
 
 def test_the_check_sees_an_upward_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from dpinfer._json import plain
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.io import OutputLines, append_line, encode_record, read_output_lines, write_line  # noqa: F401 - re-exported
 
 T = TypeVar("T")
 
@@ -339,68 +339,6 @@ class OutputLock:
         os.close(self._fd)
         self._fd = None
         return removed
-
-
-@dataclass
-class OutputLines:
-    """The complete lines of an append-only output file (:func:`read_output_lines`) and its torn tail, if any."""
-
-    lines: list[tuple[int, bytes]]
-    """``(line number, bytes without the newline)`` of every complete, non-blank line."""
-    complete_bytes: int
-    """Length of the file up to and including its last newline."""
-    torn: bytes = b""
-    """What follows the last newline: a line cut short by a kill, a crash or a full disk in the middle of a write."""
-
-    def cut(self, path: str | os.PathLike[str], what: str) -> int:
-        """Cut the torn tail off ``path`` (after the complete lines were accepted); the number of bytes cut. A tail
-        that cannot be the start of a record (a line of ours starts with ``{``) is refused and left in place."""
-        if not self.torn:
-            return 0
-        if self.torn.strip() and not self.torn.lstrip().startswith(b"{"):
-            raise InvalidInputError(f"--out {path}: its last line is not {what} and does not end with a newline; give "
-                                    "a new path or the output of an earlier run of this job")
-        with open(path, "r+b") as fh:
-            fh.truncate(self.complete_bytes)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return len(self.torn)
-
-
-def read_output_lines(path: str | os.PathLike[str]) -> OutputLines:
-    """The complete lines of ``path`` and its torn tail, read without changing the file (the caller checks the
-    lines, then :meth:`OutputLines.cut` cuts the tail)."""
-    data = Path(path).read_bytes()
-    end = data.rfind(b"\n") + 1
-    lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1) if raw.strip()]
-    return OutputLines(lines=lines, complete_bytes=end, torn=data[end:])
-
-
-def write_line(fd: int, line: bytes) -> None:
-    """Write one complete line to ``fd`` (opened with ``O_APPEND``) and ``fsync`` it: one ``write`` for a regular
-    file (the loop only guards against a short write)."""
-    view = memoryview(line)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.fsync(fd)
-
-
-def append_line(path: str | os.PathLike[str], line: bytes) -> None:
-    """Append one complete line to ``path`` (created with mode 0600): :func:`write_line` on an ``O_APPEND``
-    descriptor."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        write_line(fd, line)
-    finally:
-        os.close(fd)
-
-
-def encode_record(record: Mapping[str, Any]) -> bytes:
-    """One output line: compact JSON (keys in the record's order), UTF-8, with its newline."""
-    return (json.dumps(plain(dict(record)), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            + "\n").encode("utf-8")
-
 
 
 # ------------------------------------------------------------------------------------------- what OUT released
