@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpinfer.release import (
@@ -49,6 +49,7 @@ def test_forbidden_keys_are_found_at_any_depth_and_named_without_values() -> Non
     assert forbidden_keys(rel, allow={"seed", "seconds", "debug"}) == []
 
 
+@settings(deadline=None)
 @given(st.dictionaries(st.sampled_from([*sorted(FORBIDDEN_KEYS), "text", "guarantee", "settings"]),
                        st.integers(), min_size=1))
 def test_check_release_refuses_exactly_the_forbidden_top_level_keys(rel: dict[str, int]) -> None:
