@@ -34,6 +34,8 @@ from typing import Any
 
 from dpinfer.errors import DataNotFoundError
 
+DESCRIPTION = __doc__
+
 DEFAULT_DOC = "echr_case_001-66929.txt"
 INSTRUCTION = "Rewrite the following court document in your own words, keeping its meaning:\n\n"
 

@@ -41,8 +41,16 @@ import json
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dpinfer.bench import plots
+from dpinfer.bench.harness import Progress, write_json, write_text
+from dpinfer.defaults import PROTECT
+from dpinfer.eval.intervals import mean_interval, ratio_interval
+
+DESCRIPTION = __doc__
 
 METHODS = ("dp-prompt", "dp-gtr-ndp", "dp-gtr-jem", "dp-prompt-equal-eps")
 LABELS = {"dp-prompt": "DP-Prompt (equal τ)", "dp-gtr-ndp": "DP-GTR (NDP)", "dp-gtr-jem": "DP-GTR (JEM)",
@@ -175,26 +183,13 @@ class LMAnswerer:
         return out
 
 
-def _mean_ci(values: list[float]) -> tuple[float, float, float]:
-    if not values:
-        return (math.nan, math.nan, math.nan)
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return (m, math.nan, math.nan)
-    from scipy.stats import t
-
-    half = t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return (m, m - half, m + half)
-
-
 # ---------------------------------------------------------------------------------------------------------- quality
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
                 seed: int, answerers: list[Any], progress: Any = None, suppress: str | None = None,
                 n_exemplars: int | None = None) -> dict[str, Any]:
-    from dpinfer.defaults import PROTECT
     from dpinfer.engine import Engine
-    from dpinfer.eval.metrics import wilson_interval
+    from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import SeededRandom
     from dpinfer.pipelines import protect_prompt as pp
@@ -277,7 +272,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 "empty_share": sum(not p.strip() for p in prot) / len(prot),
             }
             for metric in ("rouge1", "rougeL", "bleu"):
-                mean, low, high = _mean_ci([s[metric] for s in scores])
+                mean, low, high = mean_interval([s[metric] for s in scores], digits=None)
                 row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = mean, low, high
             row["rouge1_items"] = [s["rouge1"] for s in scores]  # (repeat, question) order, the same in every row
             row["accuracy"] = {}
@@ -298,27 +293,6 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
         "examples": examples,
         "seconds": time.perf_counter() - t_start,
     }
-
-
-def ratio_interval(num: list[float], den: list[float], *, resamples: int = 2000, seed: int = 0
-                   ) -> tuple[float, float]:
-    """95% paired-bootstrap percentile interval of ``mean(num) / mean(den)`` (the same items resampled in both;
-    the bootstrap's own seed, a statistic of the benchmark, not privacy noise).
-
-    >>> lo, hi = ratio_interval([0.5, 0.4, 0.6, 0.5], [1.0, 0.8, 1.2, 1.0])
-    >>> round(lo, 6), round(hi, 6)  # every item is exactly half: the ratio never moves
-    (0.5, 0.5)
-    """
-    import numpy as np
-
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    if a.shape != b.shape or a.size < 2:
-        return (math.nan, math.nan)
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
-    sa, sb = a[idx].mean(axis=1), b[idx].mean(axis=1)
-    ratios = np.divide(sa, sb, out=np.full_like(sa, np.inf), where=sb > 0)
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return (float(low), float(high))
 
 
 def issue_check(res: dict[str, Any], answerer: str) -> list[dict[str, Any]]:
@@ -380,30 +354,9 @@ def format_markdown(res: dict[str, Any], settings: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ans = res["answerers"][0]
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for method, marker in zip(METHODS, "osD^", strict=True):
-        pts = [r for r in res["rows"] if r["method"] == method]
-        ax.plot([r["rouge1"] for r in pts], [r["accuracy"][ans]["accuracy"] for r in pts], marker=marker,
-                label=LABELS[method])
-        for r in pts:
-            ax.annotate(f"τ={r['tau']:g}", (r["rouge1"], r["accuracy"][ans]["accuracy"]), fontsize=7)
-    ax.axhline(res["original"][ans]["accuracy"], color="grey", linestyle="--", label="original question")
-    ax.axhline(0.2, color="black", linestyle=":", label="chance")
-    ax.set_xlabel("ROUGE-1 with the original question (leakage, lower is more private)")
-    ax.set_ylabel(f"accuracy ({ans})")
-    ax.set_title("CSQA: DP-GTR vs DP-Prompt")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def plot(res: dict[str, Any], path: Path) -> Path | None:
+    """Accuracy vs ROUGE-1 leakage per method (:func:`dpinfer.bench.plots.gtr_leakage_accuracy`)."""
+    return plots.gtr_leakage_accuracy(res, path, LABELS)
 
 
 # ---------------------------------------------------------------------------------------------------------- perf
@@ -413,7 +366,6 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     """Seconds of one DP-Prompt release and one whole DP-GTR release of ``question`` (alternated, ``repeats`` pairs,
     seed ``seed + r`` for pair r), with the DP-GTR release's per-stage split; the best (smallest) of each."""
     from dpinfer.bench import machine_load
-    from dpinfer.defaults import PROTECT
     from dpinfer.eval.embeddings import shared_embedder
     from dpinfer.pipelines import protect_prompt as pp
     from dpinfer.pipelines.clip_bounds import clip_bounds
@@ -470,12 +422,33 @@ def perf_markdown(perf: dict[str, Any]) -> str:
     ])
 
 
-# ---------------------------------------------------------------------------------------------------------- main
-def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
-    from dpinfer.defaults import PROTECT
+# ---------------------------------------------------------------------------------------------------------- entry
+@dataclass(frozen=True)
+class GtrBenchConfig:
+    """Settings of ``dpinfer bench gtr`` (one field per option; the ``--perf``-dependent defaults resolved)."""
+
+    dataset: str = "csqa"
+    n: int = 200
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    repeats: int = 3
+    n_rewrites: int = 10
+    n_keywords: int = 10
+    jem_epsilon: float = PROTECT.jem_epsilon
+    suppress: str | None = None
+    n_exemplars: int | None = None
+    max_new_tokens: int = 48
+    delta: float = 1e-5
+    batch_questions: int = 4
+    answer_model: str | None = None
+    perf: bool = False
+    model: str | None = None
+    seed: int = 0
+    out: str | None = None
+
+
+def config_from_args(args: argparse.Namespace) -> GtrBenchConfig:
+    """The config of parsed ``dpinfer bench gtr`` options, checked before any data or model loads."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import load_model
-    from dpinfer.pipelines.protect_prompt import DEFAULT_JEM_EPSILON
     from dpinfer.validation import check_output_path, int_at_least, positive_number
 
     if args.temperatures is None:
@@ -486,48 +459,61 @@ def main(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     int_at_least(repeats, "--repeats", 1)
     for name in ("n_rewrites", "n_keywords", "batch_questions"):
         int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 1)
-    jem_epsilon = DEFAULT_JEM_EPSILON if args.jem_epsilon is None else positive_number(args.jem_epsilon,
+    jem_epsilon = PROTECT.jem_epsilon if args.jem_epsilon is None else positive_number(args.jem_epsilon,
                                                                                        "--jem-epsilon")
     if args.perf and args.n_rewrites < 2:
         raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
-    out_dir = Path(args.out) if args.out else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        check_output_path(out_dir / "gtr.json")
-    records = load_csqa(args.dataset, 1 if args.perf else args.n)
-    lm = load_model(args.model)
-    settings = {"n": len(records), "repeats": repeats, "temperatures": temperatures,
-                "n_rewrites": args.n_rewrites, "n_keywords": args.n_keywords, "jem_epsilon": jem_epsilon,
-                "max_new_tokens": args.max_new_tokens, "delta": args.delta, "model": lm.name,
-                "batch_questions": args.batch_questions,
-                "suppress": getattr(args, "suppress", None) or PROTECT.suppress,
-                "n_exemplars": getattr(args, "n_exemplars", None) or PROTECT.n_exemplars}  # never the seed
-    if args.perf:
-        perf = run_perf(lm, records[0]["question"], n_rewrites=args.n_rewrites, max_new_tokens=args.max_new_tokens,
-                        repeats=repeats, seed=args.seed, temperature=temperatures[0], n_keywords=args.n_keywords,
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        check_output_path(Path(args.out) / "gtr.json")
+    return GtrBenchConfig(
+        dataset=args.dataset, n=args.n, temperatures=tuple(temperatures), repeats=repeats, n_rewrites=args.n_rewrites,
+        n_keywords=args.n_keywords, jem_epsilon=jem_epsilon, suppress=args.suppress, n_exemplars=args.n_exemplars,
+        max_new_tokens=args.max_new_tokens, delta=args.delta, batch_questions=args.batch_questions,
+        answer_model=args.answer_model, perf=args.perf, model=args.model, seed=args.seed, out=args.out)
+
+
+def run(config: GtrBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """The quality table (or, with ``perf``, the latency run); ``gtr.json``, ``gtr.md`` (and ``gtr.png``) written
+    into ``config.out`` when given; the results with their Markdown (``"markdown"``)."""
+    from dpinfer.models import load_model
+
+    c = config
+    records = load_csqa(c.dataset, 1 if c.perf else c.n)
+    lm = load_model(c.model)
+    settings = {"n": len(records), "repeats": c.repeats, "temperatures": list(c.temperatures),
+                "n_rewrites": c.n_rewrites, "n_keywords": c.n_keywords, "jem_epsilon": c.jem_epsilon,
+                "max_new_tokens": c.max_new_tokens, "delta": c.delta, "model": lm.name,
+                "batch_questions": c.batch_questions, "suppress": c.suppress or PROTECT.suppress,
+                "n_exemplars": c.n_exemplars or PROTECT.n_exemplars}  # never the seed
+    out_dir = Path(c.out) if c.out else None
+    if c.perf:
+        perf = run_perf(lm, records[0]["question"], n_rewrites=c.n_rewrites, max_new_tokens=c.max_new_tokens,
+                        repeats=c.repeats, seed=c.seed, temperature=c.temperatures[0], n_keywords=c.n_keywords,
                         n_exemplars=settings["n_exemplars"], suppress=settings["suppress"])
-        md = perf_markdown(perf)
-        result = {"perf": perf, "settings": settings, "markdown": md}
+        result = {"perf": perf, "settings": settings, "markdown": perf_markdown(perf)}
     else:
         from dpinfer.generation import resolve_lm
 
         answerers: list[Any] = [MiniLMAnswerer()]
-        if args.answer_model:
-            answerers.append(LMAnswerer(resolve_lm(args.answer_model)))
-        res = run_quality(lm, records, temperatures=temperatures, repeats=repeats, n_rewrites=args.n_rewrites,
-                          n_keywords=args.n_keywords, jem_epsilon=jem_epsilon, max_new_tokens=args.max_new_tokens,
-                          delta=args.delta, batch_questions=args.batch_questions, seed=args.seed,
-                          answerers=answerers, progress=progress, suppress=settings["suppress"],
+        if c.answer_model:
+            answerers.append(LMAnswerer(resolve_lm(c.answer_model)))
+        res = run_quality(lm, records, temperatures=list(c.temperatures), repeats=c.repeats,
+                          n_rewrites=c.n_rewrites, n_keywords=c.n_keywords, jem_epsilon=c.jem_epsilon,
+                          max_new_tokens=c.max_new_tokens, delta=c.delta, batch_questions=c.batch_questions,
+                          seed=c.seed, answerers=answerers, progress=progress, suppress=settings["suppress"],
                           n_exemplars=settings["n_exemplars"])
-        md = format_markdown(res, settings)
-        result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]), "markdown": md}
+        result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]),
+                  "markdown": format_markdown(res, settings)}
         if out_dir is not None:
-            result["plot"] = str(plot(res, out_dir / "gtr.png"))
+            png = plot(res, out_dir / "gtr.png")
+            result["plot"] = str(png) if png else None
     if out_dir is not None:
-        from dpinfer._json import plain
-        from dpinfer.validation import atomic_write_text
-
-        atomic_write_text(out_dir / "gtr.md", result["markdown"] + "\n")
-        atomic_write_text(out_dir / "gtr.json", json.dumps(plain({k: v for k, v in result.items()
-                                                                   if k != "markdown"}), indent=2) + "\n")
+        write_text(out_dir / "gtr.md", result["markdown"] + "\n")
+        write_json(out_dir / "gtr.json", {k: v for k, v in result.items() if k != "markdown"})
     return result
+
+
+def render(result: dict[str, Any]) -> str:
+    """What ``dpinfer bench gtr`` prints: the Markdown, and the plot's path when one was drawn."""
+    return result["markdown"] + (f"\n\nplot: {result['plot']}" if result.get("plot") else "")

@@ -43,7 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpinfer.bench.harness import write_json, write_text
 from dpinfer.defaults import RAG, SANITIZE
+from dpinfer.eval.intervals import share
+
+DESCRIPTION = __doc__
 
 TASKS = ("sanitize", "rag", "protect", "synth")
 SETTINGS = ("previous", "current")
@@ -173,13 +177,6 @@ def rag_template(setting: str) -> Any:
     return RagTemplate.completion() if setting == "previous" else RagTemplate()
 
 
-def _share(k: int, n: int) -> dict[str, Any]:
-    from dpinfer.eval.metrics import wilson_interval
-
-    lo, hi = wilson_interval(k, n)
-    return {"count": k, "n": n, "share": k / n if n else math.nan, "wilson95": [lo, hi]}
-
-
 def _mean(xs: Sequence[float]) -> float:
     xs = [x for x in xs if math.isfinite(x)]
     return statistics.fmean(xs) if xs else math.nan
@@ -242,7 +239,7 @@ def run_sanitize(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[
                 row["epsilon"] = res.guarantee.epsilon
             rel = row["releases"]
             row.update({
-                "derailed": _share(sum(x["derailed"] for x in rel), len(rel)),
+                "derailed": share(sum(x["derailed"] for x in rel), len(rel)),
                 "english": _mean([x["english"] for x in rel]), "similarity": _mean([x["similarity"] for x in rel]),
                 "ppl": statistics.median(x["ppl"] for x in rel), "loops": _mean([x["loops"] for x in rel]),
                 "tokens": _mean([x["tokens"] for x in rel]), "seconds": _mean([x["seconds"] for x in rel]),
@@ -341,7 +338,7 @@ def run_rag(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[str]
                 rows.append({
                     "task": "rag", "setting": setting, "method": method, "epsilon": eps,
                     "rouge_l": _mean([rouge(t, r) for t, r in zip(texts, refs, strict=True)]),
-                    "similarity": _mean(sims), "on_topic": _share(sum(s >= TOPIC_THRESHOLD for s in sims), len(sims)),
+                    "similarity": _mean(sims), "on_topic": share(sum(s >= TOPIC_THRESHOLD for s in sims), len(sims)),
                     "tokens": _mean([a.tokens for a in answers]), "seconds": seconds / len(questions),
                     "examples": texts[:2],
                 })
@@ -409,7 +406,7 @@ def run_synth(lm: Any, emb: Any, cfg: QualityBenchConfig, progress: Callable[[st
         except Exception as exc:  # mauve-text is an optional extra
             mauve = {"mauve": math.nan, "mauve_skipped": f"{type(exc).__name__}"}
         rows.append({"task": "synth", "method": method, "epsilon": res.guarantee.epsilon, "B": b,
-                     "on_topic": _share(sum(s >= TOPIC_THRESHOLD for s in nearest), len(nearest)),
+                     "on_topic": share(sum(s >= TOPIC_THRESHOLD for s in nearest), len(nearest)),
                      "similarity": _mean(nearest), "mauve": mauve.get("mauve"), "mauve_ci95": mauve.get("mauve_ci95"),
                      "examples": texts[:2]})
     return {"rows": rows, "real": len(real_texts)}
@@ -427,7 +424,6 @@ class _Progress:
 
 
 def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    from dpinfer._json import plain
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
 
@@ -460,15 +456,10 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
                 res[task] = failed
         res["seconds"] = time.perf_counter() - t0
         if config.out:  # written after every task: a long run keeps what it measured
-            import json
-
-            out = Path(config.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "bench_quality.json").write_text(json.dumps(plain(res), indent=1, ensure_ascii=False) + "\n",
-                                                    encoding="utf-8")
+            write_json(Path(config.out) / "bench_quality.json", res)
         res["markdown"] = markdown(res)
         if config.out:
-            (Path(config.out) / "bench_quality.md").write_text(res["markdown"] + "\n", encoding="utf-8")
+            write_text(Path(config.out) / "bench_quality.md", res["markdown"] + "\n")
     return res
 
 

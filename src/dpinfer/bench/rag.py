@@ -32,17 +32,24 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dpinfer.bench import plots
+from dpinfer.bench.harness import Progress, parse_list, write_json, write_text
+from dpinfer.eval import intervals
+
+DESCRIPTION = __doc__
 
 DATASETS = ("medical", "enron")
 ALL_METHODS = ("none", "public", "summarize", "distance-threshold", "static", "pad-as-published", "pad")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, choices=DATASETS, help="medical (GenMedGPT dialogues) | enron (AESLC)")
+    p.add_argument("--data", dest="dataset", required=True, choices=DATASETS,
+                   help="medical (GenMedGPT dialogues) | enron (AESLC)")
     p.add_argument("--docs", type=int, default=1000, help="documents in the store (default 1000)")
     p.add_argument("--attacks", type=int, default=100, help="attack prompts from held-out records (default 100)")
     p.add_argument("--benign", type=int, default=50, help="benign questions from held-out records (default 50)")
@@ -139,11 +146,8 @@ class Row:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        from dpinfer.eval.metrics import wilson_interval
-
         def share(k: int) -> dict[str, Any]:
-            lo, hi = wilson_interval(k, self.n)
-            return {"count": k, "share": k / self.n if self.n else math.nan, "wilson95": [lo, hi]}
+            return intervals.share(k, self.n)
 
         return {
             "label": self.label, "method": self.method, "epsilon": self.epsilon, "prompts": self.n,
@@ -247,54 +251,7 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
-    """Leakage (Repeat and ROUGE≥0.5 prompt shares, Wilson bars) vs ε for pad; other methods as lines."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    pad = sorted((r for r in rows if r["method"] == "pad"), key=lambda r: r["epsilon"])
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, colour, name in (("repeat_prompts", "tab:red", "Repeat Prompts"),
-                              ("rouge_prompts_0.5", "tab:blue", "ROUGE Prompts ≥ 0.5")):
-        if pad:
-            xs = [r["epsilon"] for r in pad]
-            ys = [r[key]["share"] for r in pad]
-            err = [[y - r[key]["wilson95"][0] for y, r in zip(ys, pad, strict=True)],
-                   [r[key]["wilson95"][1] - y for y, r in zip(ys, pad, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", color=colour, capsize=3, label=f"pad: {name}")
-        for r, style in zip((r for r in rows if r["method"] != "pad"), ("--", ":", "-.", (0, (5, 1)), (0, (1, 3)),
-                                                                         (0, (3, 1, 1, 1))), strict=False):
-            if key == "repeat_prompts":
-                ax.axhline(r[key]["share"], color="grey", linestyle=style, linewidth=1,
-                           label=f"{r['label']}: Repeat Prompts")
-    ax.set_xscale("log")
-    ax.set_xlabel("ε per answer (pad, δ = 1e-5)")
-    ax.set_ylabel("share of attack prompts")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
 # ------------------------------------------------------------------------------------------------ entry
-def _parse_list(text: str, kind: type, option: str) -> list[Any]:
-    from dpinfer.errors import ConfigurationError
-
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigurationError(f"{option} must be a comma-separated list, got {text!r}") from None
-    if not values:
-        raise ConfigurationError(f"{option} is empty")
-    return values
-
-
 def _configs(methods: list[str], epsilons: list[float], theta: float | None, static_sigma: float,
              support_top_ks: Sequence[int | None] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
     out = []
@@ -346,16 +303,16 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     from dpinfer.pipelines.rag import METHODS, check_ask_params
     from dpinfer.validation import check_output_path
 
-    methods = tuple(_parse_list(args.methods, str, "--methods"))
+    methods = tuple(parse_list(args.methods, str, "--methods"))
     for m in methods:
         if m not in METHODS:
             raise ConfigurationError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    epsilons = tuple(_parse_list(args.epsilons, float, "--epsilons"))
+    epsilons = tuple(parse_list(args.epsilons, float, "--epsilons"))
     for e in epsilons:
         check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=args.max_new_tokens, cli=True)
     support_top_ks = None
     if args.support_top_k is not None:
-        ks = _parse_list(args.support_top_k, int, "--support-top-k")
+        ks = parse_list(args.support_top_k, int, "--support-top-k")
         if any(k < 0 for k in ks):
             raise ConfigurationError(f"--support-top-k must be integers ≥ 0 (0 = full vocabulary), got "
                                      f"{args.support_top_k!r}")
@@ -367,7 +324,7 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
         check_ask_params(mechanism="distance-threshold", theta=args.theta, cli=True)
     check_ask_params(mechanism="static", static_sigma=args.static_sigma, cli=True)
     config = RagBenchConfig(
-        data=args.data, docs=args.docs, attacks=args.attacks, benign=args.benign, methods=methods, epsilons=epsilons,
+        data=args.dataset, docs=args.docs, attacks=args.attacks, benign=args.benign, methods=methods, epsilons=epsilons,
         max_new_tokens=args.max_new_tokens, support_top_ks=support_top_ks, theta=args.theta,
         static_sigma=args.static_sigma, seed=args.seed,
         store=args.store, out=args.out, perf=args.perf, perf_questions=args.perf_questions, model=args.model,
@@ -378,14 +335,13 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     return config
 
 
-def run(config: RagBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: RagBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Run the attack table (or, with ``perf``, the throughput comparison); write its files next to
     ``config.prefix``; return the measurements (with ``"markdown"`` for the table)."""
     def say(what: str) -> None:
         if progress is not None:
             progress(what)
-        else:
-            print(what, file=sys.stderr, flush=True)
+        print(what, file=sys.stderr, flush=True)
 
     data = load_data(config.data, config.docs, config.attacks, config.benign)  # before the model loads
 
@@ -419,15 +375,13 @@ def run(config: RagBenchConfig, progress: Callable[[str], None] | None = None) -
         rows.append(row)
         say(f"{label}: repeat {row['repeat_prompts']['count']}/{row['prompts']}, rouge≥0.5 "
             f"{row['rouge_prompts_0.5']['count']}, PPL {row['ppl']:.2f} ({time.perf_counter() - t1:.0f} s)")
-        _write_json(json_path, {"meta": meta, "rows": rows, "complete": False})  # nothing finished is lost
-    _write_json(json_path, {"meta": meta, "rows": rows, "complete": True})
+        write_json(json_path, {"meta": meta, "rows": rows, "complete": False})  # nothing finished is lost
+    write_json(json_path, {"meta": meta, "rows": rows, "complete": True})
     md = markdown(rows, meta)
-    from dpinfer.validation import atomic_write_text
-
-    atomic_write_text(prefix.with_name(prefix.name + ".md"), md)
+    write_text(prefix.with_name(prefix.name + ".md"), md)
     png = prefix.with_name(prefix.name + ".png")
-    plotted = plot(rows, png, f"{config.data}: {len(data.attacks)} attack prompts, {config.docs} documents, "
-                              f"T_max = {config.max_new_tokens}")
+    plotted = plots.rag_leakage(rows, png, f"{config.data}: {len(data.attacks)} attack prompts, {config.docs} "
+                                           f"documents, T_max = {config.max_new_tokens}")
     return {"meta": meta, "rows": rows, "markdown": md, "files": [str(json_path), f"{prefix}.md"]
             + ([str(png)] if plotted else [])}
 
@@ -450,13 +404,6 @@ def render(result: dict[str, Any]) -> str:
     lines.append(f"  pad support k = {meta.get('support_top_k')}; torch threads {meta.get('torch_threads')} on "
                  f"{meta.get('cpu_count')} CPUs, load average {meta.get('load_average_1min')}")
     return "\n".join(lines) + "\n"
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    from dpinfer._json import plain
-    from dpinfer.validation import atomic_write_text
-
-    atomic_write_text(path, json.dumps(plain(obj), indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, meta: dict[str, Any]
@@ -511,5 +458,5 @@ def _perf(config: RagBenchConfig, rag: Any, data: BenchData, epsilon: float, met
                        "support_top_k": config.support_top_ks[0] if config.support_top_ks else "pipeline default",
                        **machine_load()}, "perf": out}
     prefix = config.prefix
-    _write_json(prefix.with_name(prefix.name + ".perf.json"), result)
+    write_json(prefix.with_name(prefix.name + ".perf.json"), result)
     return result

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpinfer.bench import plots
+from dpinfer.bench.harness import write_json, write_text
+from dpinfer.eval.intervals import mean_interval, wilson
 from dpinfer.taggers.base import Span
+
+DESCRIPTION = __doc__
 
 DEFAULT_EPSILONS = (12.0, 20.0, 40.0, 100.0)
 
@@ -164,21 +169,18 @@ def _paired(per_doc: list[dict[str, Any]], releases: dict[tuple[str, float | Non
 
 
 def mean_ci95(xs: list[float]) -> tuple[float | None, list[float] | None]:
-    """The mean of per-document differences and its 95% interval, ``mean ± 1.96·sd/√n`` (normal approximation),
-    rounded to 3 digits; ``(None, None)`` without data, an infinite interval for one document."""
+    """The mean of per-document differences and its 95% interval (normal approximation,
+    :func:`dpinfer.eval.intervals.mean_interval`), rounded to 3 digits; ``(None, None)`` without data."""
     if not xs:
         return None, None
-    m = statistics.fmean(xs)
-    half = 1.96 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.inf
-    return round(m, 3), [round(m - half, 3), round(m + half, 3)]
+    m, lo, hi = mean_interval(xs, method="normal", digits=3)
+    return m, [lo, hi]
 
 
 def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, Any]:
-    from dpinfer.eval.metrics import wilson_interval
-
     wins = sum(g.win for g in r["games"])
     n = len(r["games"])
-    lo, hi = wilson_interval(wins, n)
+    lo, hi = wilson(wins, n)
     ppls = [p for p in r["ppl"] if math.isfinite(p)]
     return {
         "method": method, "target_epsilon": eps,
@@ -406,40 +408,6 @@ def format_perf(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
-    """Privacy–utility plot (PPL vs ASR, one series per method, ε annotated); needs matplotlib (``[eval]``)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 5))
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in res["rows"]:
-        if r["ppl_mean"] is not None and r["asr"] is not None:
-            by_method.setdefault(r["method"], []).append(r)
-    for method, rs in by_method.items():
-        xs = [r["ppl_mean"] for r in rs]
-        ys = [r["asr"] for r in rs]
-        ax.plot(xs, ys, marker="o", linestyle="-" if len(rs) > 1 else "none", label=method)
-        for r in rs:
-            if r["target_epsilon"] is not None:
-                ax.annotate(f"ε={r['target_epsilon']:g}", (r["ppl_mean"], r["asr"]), fontsize=7,
-                            xytext=(3, 3), textcoords="offset points")
-    ax.axhline(0.2, color="grey", linestyle=":", linewidth=1, label="chance (1/5)")
-    ax.set_xscale("log")
-    ax.set_xlabel("perplexity of the release (log scale, lower is better)")
-    ax.set_ylabel("LOSS-attack success rate (lower is more private)")
-    ax.set_title("Privacy–utility on TAB-ECHR")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 @dataclass(frozen=True)
 class SanitizeBenchConfig:
     """Settings of ``dpinfer bench sanitize`` (one field per option)."""
@@ -559,7 +527,8 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
                          max_new_tokens=128 if c.max_new_tokens is None else c.max_new_tokens, seed=c.seed,
                          repeats=c.repeats, progress=progress)
         res["markdown"] = format_corpus(res)
-        (out / "sanitize_corpus.md").write_text(res["markdown"] + "\n")
+        write_text(out / "sanitize_corpus.md", res["markdown"] + "\n")
+        write_json(out / "sanitize_corpus.json", res)
         return res
     if c.perf:
         doc = load_tab(c.data, 1, 2600 if c.max_chars is None else c.max_chars, skip=c.skip)[0]
@@ -567,7 +536,8 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
                        seed=c.seed, repeats=c.repeats, progress=progress, hf_baselines=c.hf_baselines)
         res["settings"]["quantize"] = c.quantize
         res["markdown"] = format_perf(res)
-        (out / "sanitize_perf.md").write_text(res["markdown"] + "\n")
+        write_text(out / "sanitize_perf.md", res["markdown"] + "\n")
+        write_json(out / "sanitize_perf.json", res)
         return res
     max_chars = 2000 if c.max_chars is None else c.max_chars
     max_new_tokens = 128 if c.max_new_tokens is None else c.max_new_tokens
@@ -590,9 +560,9 @@ def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = No
                        "decoding": decoding or "sanitize defaults", "quantize": c.quantize,
                        "scorer": "float32 (whole-sequence passes)"}
     res["markdown"] = format_quality(res)
-    (out / "sanitize_quality.md").write_text(res["markdown"] + "\n")
-    (out / "sanitize_quality.json").write_text(json.dumps(res, indent=2))
-    png = plot_quality(res, out / "sanitize_privacy_utility.png")
+    write_text(out / "sanitize_quality.md", res["markdown"] + "\n")
+    write_json(out / "sanitize_quality.json", res)
+    png = plots.sanitize_privacy_utility(res, out / "sanitize_privacy_utility.png")
     res["plot"] = str(png) if png else None
     return res
 

@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench.engine import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
+from dpinfer.bench.harness import write_json, write_text
+
+DESCRIPTION = __doc__
 
 
 @dataclass(frozen=True)
@@ -414,14 +417,8 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
         res["summary"]["plain"]["weight_bytes_per_s"] = weights * res["summary"]["plain"]["best_value"]
     res["markdown"] = format_markdown(res)
     if c.out:
-        from dpinfer._json import plain as plain_json
-
-        out = Path(c.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "serving.json").write_text(json.dumps(plain_json(res), indent=2, ensure_ascii=False) + "\n",
-                                          encoding="utf-8")
-        (out / "serving.md").write_text(res["markdown"] + "\n", encoding="utf-8")
-        res["files"] = [str(out / "serving.json"), str(out / "serving.md")]
+        res["files"] = [str(write_json(Path(c.out) / "serving.json", res)),
+                        str(write_text(Path(c.out) / "serving.md", res["markdown"] + "\n"))]
     return res
 
 

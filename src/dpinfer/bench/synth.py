@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpinfer.bench import plots
+from dpinfer.bench.harness import write_json, write_text
 from dpinfer.defaults import SYNTH
+
+DESCRIPTION = __doc__
 
 DEFAULT_METHODS = ("public", "invisibleink", "amin")
 DEFAULT_BATCH_SIZES = (2, 4, 8)
@@ -217,39 +221,6 @@ def format_perf(res: dict[str, Any]) -> str:
     )
 
 
-def plot_quality(res: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(r["method"] for r in res["rows"]):
-        rows = [r for r in res["rows"] if r["method"] == method]
-        if method == "public":
-            r = rows[0]
-            ax.axhspan(r["mauve_low"], r["mauve_high"], color="grey", alpha=0.2)
-            ax.axhline(r["mauve"], color="grey", linestyle="--", label="public (no references)")
-            continue
-        xs = [r["lm_calls_per_token"] for r in rows]
-        ys = [r["mauve"] for r in rows]
-        err = [[y - r["mauve_low"] for y, r in zip(ys, rows, strict=True)],
-               [r["mauve_high"] - y for y, r in zip(ys, rows, strict=True)]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("LM calls per token (B + 1)")
-    ax.set_ylabel("MAUVE vs held-out texts")
-    ax.set_title(f"ε = {res['settings']['epsilon']:g}, T_max = {res['settings']['max_new_tokens']}")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 @dataclass(frozen=True)
 class SynthBenchConfig:
     """Settings of ``dpinfer bench synth`` (one field per option)."""
@@ -379,7 +350,7 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
         res["markdown"] = format_perf(res)
         res["settings"] = {"model": lm.name, "data": str(path), "device": str(lm.device),
                            "dtype": str(lm.model.dtype).removeprefix("torch.")}
-        (out_dir / "bench_synth_perf.json").write_text(json.dumps(plain(res), indent=2), encoding="utf-8")
+        write_json(out_dir / "bench_synth_perf.json", res)
         return res
     res = run_quality(lm, refs, real, methods=c.methods, batch_sizes=c.batch_sizes, epsilon=c.epsilon,
                       delta=c.delta, n_texts=c.n_texts, max_new_tokens=c.max_new_tokens, top_k=c.top_k,
@@ -401,10 +372,10 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
         if not math.isclose(old.get("real", {}).get("ppl", math.nan), res["real"]["ppl"], rel_tol=1e-4):
             raise ConfigurationError("--append: the held-out texts differ from the earlier run's")
     res["markdown"] = format_quality(res)
-    plot = plot_quality(res, out_dir / "bench_synth_mauve.png")
+    plot = plots.synth_mauve(res, out_dir / "bench_synth_mauve.png")
     res["plot"] = str(plot) if plot else None
-    (out_dir / "bench_synth.json").write_text(json.dumps(plain(res), indent=2, ensure_ascii=False), encoding="utf-8")
-    (out_dir / "bench_synth.md").write_text(res["markdown"] + "\n", encoding="utf-8")
+    write_json(out_dir / "bench_synth.json", res)
+    write_text(out_dir / "bench_synth.md", res["markdown"] + "\n")
     return res
 
 

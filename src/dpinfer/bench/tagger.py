@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dpinfer.bench.harness import write_json
 from dpinfer.errors import InvalidInputError, MissingDependencyError
 from dpinfer.paths import data_file
 from dpinfer.taggers.base import TAB_LABELS, Tagger
@@ -418,26 +419,28 @@ def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
 
 
 def run(config: TaggerBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every tagger of ``config`` on its datasets (:func:`run_tagger_bench`)."""
+    """Run every tagger of ``config`` on its datasets (:func:`run_tagger_bench`); with a ``--json PATH``, the results
+    are written there (atomically)."""
     if progress:
         progress(", ".join(config.taggers))
-    return run_tagger_bench(config.taggers, n_tab=config.n, n_synth=config.n, datasets=config.datasets)
+    results = run_tagger_bench(config.taggers, n_tab=config.n, n_synth=config.n, datasets=config.datasets)
+    if isinstance(config.json, str) and config.json != "-":
+        write_json(config.json, results)
+    return results
+
+
+def render(results: dict[str, Any]) -> str:
+    """The Markdown report ``dpinfer bench tagger`` prints."""
+    return format_markdown(results)
 
 
 def report(config: TaggerBenchConfig, results: dict[str, Any]) -> None:
-    """Print the Markdown report, or the JSON (``config.json``: True / ``"-"`` prints it, a path receives it)."""
-    target = config.json
-    if target:
-        text = json.dumps(results, indent=2)
-        if target is True or target == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            from dpinfer.validation import atomic_write_text
-
-            atomic_write_text(str(target), text + "\n")
-            sys.stdout.write(format_markdown(results))
+    """Print the JSON (``config.json`` True or ``"-"``) or the Markdown report (otherwise; a ``--json PATH`` was
+    written by :func:`run`)."""
+    if config.json is True or config.json == "-":
+        sys.stdout.write(json.dumps(results, indent=2) + "\n")
     else:
-        sys.stdout.write(format_markdown(results))
+        sys.stdout.write(render(results))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from dpinfer import __version__
-from dpinfer.cli.bench import check_bench_args, run_bench
+from dpinfer.cli.bench import add_bench_command, check_bench_args, run_bench
 from dpinfer.cli.output import (
     EXIT_ERROR,
     Parser,
@@ -51,14 +51,14 @@ BUILTIN_COMMAND_MODULES: tuple[str, ...] = (
     "dpinfer.cli.bench",
 )
 """The built-in commands, in ``--help`` order, on the protocol of :data:`COMMAND_MODULES` (``add_parser`` is
-optional: :mod:`dpinfer.cli.bench` only adds ``dpinfer bench`` entries)."""
+optional: ``dpinfer bench`` is added last, from the bench manifest, by :func:`dpinfer.cli.bench.add_bench_command`)."""
 
 
 COMMAND_MODULES: tuple[str, ...] = ("dpinfer.cli.rag", "dpinfer.cli.protect_prompt", "dpinfer.cli.calibrate_clip",
                                     "dpinfer.cli.serve", "dpinfer.cli.budget")
 """Command modules, one per command (``dpinfer.cli.<name>``). Each defines ``add_parser(sub, common)``, which adds its
 subcommand to ``sub`` (parents ``[common]`` for ``--json``) with ``set_defaults(func=run)``, where ``run(args) -> int``
-returns the exit status, and optionally ``add_bench_parser(bench_sub, common)`` for its ``dpinfer bench`` entry. A
+returns the exit status (benchmarks are entries of :data:`dpinfer.bench.harness.MANIFEST`, not commands). A
 command module imports torch, models and pipelines lazily inside ``run`` (parameter errors come in under a second)."""
 
 
@@ -77,11 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in modules:
         if hasattr(module, "add_parser"):
             module.add_parser(sub, common)
-    b = sub.add_parser("bench", help="benchmarks (print what they measured, with their baseline, in one run)")
-    bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    for module in modules:
-        if hasattr(module, "add_bench_parser"):
-            module.add_bench_parser(bsub, common)
+    add_bench_command(sub, common)  # one sub-command per entry of the bench manifest
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``dpinfer bench engine | sanitize | synth | serving | quality | tagger``: the built-in benchmarks.
+"""``dpinfer bench NAME``: the built-in benchmarks, one sub-command per entry of the bench manifest.
 
 Each prints what it measured, with its baseline, in one run. Their options are checked here before any model loads.
 """
@@ -6,54 +6,25 @@ Each prints what it measured, with its baseline, in one run. Their options are c
 from __future__ import annotations
 
 import argparse
-import importlib
+import functools
 from typing import Any
 
+from dpinfer.bench.harness import MANIFEST, entry
 from dpinfer.cli.output import cli_k, print_json, progress_runner
 from dpinfer.errors import InvalidInputError
 
 
-def add_bench_parser(bsub: Any, common: argparse.ArgumentParser) -> None:
-    from dpinfer.bench import engine as bench_engine
-
-    be = bsub.add_parser("engine", parents=[common], help="engine tokens/s vs HF generate; --jobs N: the slot engine",
-                         description=bench_engine.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_engine.add_arguments(be)
-    be.set_defaults(func=run_engine)
-    from dpinfer.bench import sanitize as bench_sanitize
-
-    bs = bsub.add_parser("sanitize", parents=[common], help="sanitisation privacy-utility (PPL, ASR, leaks) or --perf",
-                         description=bench_sanitize.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_sanitize.add_arguments(bs)
-    bs.set_defaults(func=run_sanitize)
-    from dpinfer.bench import synth as bench_synth
-
-    bsy = bsub.add_parser("synth", parents=[common], help="synthetic-text MAUVE vs compute (B) at fixed ε, or --perf",
-                          description=bench_synth.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_synth.add_arguments(bsy)
-    bsy.set_defaults(func=run_synth)
-    from dpinfer.bench import serving as bench_serving
-
-    bsv = bsub.add_parser("serving", parents=[common],
-                          help="the four serving figures (plain, DP-Fusion one document and corpus, "
-                               "InvisibleInk) vs their targets, in one run",
-                          description=bench_serving.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_serving.add_arguments(bsv)
-    bsv.set_defaults(func=run_serving)
-    from dpinfer.bench import quality as bench_quality
-
-    bq = bsub.add_parser("quality", parents=[common],
-                         help="each task's DP method beside the same model without privacy (ceiling) and the public "
-                              "floor: derailment, PPL, loops, relevance, accuracy, MAUVE, in one table",
-                         description=bench_quality.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_quality.add_arguments(bq)
-    bq.set_defaults(func=run_quality)
-    from dpinfer.bench import tagger as bench_tagger
-
-    bt = bsub.add_parser("tagger", help="tagger precision / recall / F1 against gold spans",
-                         description=bench_tagger.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_tagger.add_arguments(bt)
-    bt.set_defaults(func=run_tagger)
+def add_bench_command(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dpinfer bench NAME``: one sub-command per entry of :data:`dpinfer.bench.harness.MANIFEST`, with the
+    benchmark's own options (:class:`~dpinfer.bench.harness.Bench`)."""
+    b = sub.add_parser("bench", help="benchmarks (print what they measured, with their baseline, in one run)")
+    bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for e in MANIFEST:
+        bench = e.load()
+        p = bsub.add_parser(e.name, parents=[common] if e.common_options else [], help=e.help,
+                            description=bench.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+        bench.add_arguments(p)
+        p.set_defaults(func=functools.partial(run_bench, e.name))
 
 
 BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max_new_tokens", "n_texts",
@@ -101,53 +72,18 @@ def check_bench_args(args: argparse.Namespace) -> None:
 
 
 def run_bench(name: str, args: argparse.Namespace) -> int:
-    """``dpinfer bench NAME``: check the options, convert them to the bench's typed config
-    (``dpinfer.bench.<name>.config_from_args``), run it (``run(config, progress)``) under a spinner, and print what it
-    returns (its ``report``, or ``render`` / ``--json``).
-
-    A bench module without ``config_from_args`` is run the older way, ``main(args, progress=...)``, returning a dict
-    with its ``"markdown"`` (and optional ``"plot"`` path)."""
+    """``dpinfer bench NAME``: check the options and convert them to the bench's config (``config_from_args``), run
+    it (``run(config, progress)``) under a spinner, and print its ``render(results)``, or with ``--json`` the results
+    (without their Markdown)."""
     check_bench_args(args)
-    bench = importlib.import_module(f"dpinfer.bench.{name}")
+    bench = entry(name).load()
+    config = bench.config_from_args(args)
     prog, update = progress_runner(f"bench {name}")
-    if hasattr(bench, "config_from_args"):
-        config = bench.config_from_args(args)
-        with prog:
-            res = bench.run(config, progress=update)
-        if hasattr(bench, "report"):
-            bench.report(config, res)
-            return 0
+    with prog:
+        res = bench.run(config, progress=update)
+    if getattr(args, "json", False) is True or getattr(args, "json", None) == "-":
+        print_json({k: v for k, v in res.items() if k != "markdown"})
     else:
-        with prog:
-            res = bench.main(args, progress=update)
-    if args.json:
-        print_json(res)
-    elif hasattr(bench, "render"):
-        print(bench.render(res))
-    else:
-        print(res["markdown"] + (f"\n\nplot: {res['plot']}" if res.get("plot") else ""))
+        text = bench.render(res)
+        print(text, end="" if text.endswith("\n") else "\n")
     return 0
-
-
-def run_engine(args: argparse.Namespace) -> int:
-    return run_bench("engine", args)
-
-
-def run_sanitize(args: argparse.Namespace) -> int:
-    return run_bench("sanitize", args)
-
-
-def run_synth(args: argparse.Namespace) -> int:
-    return run_bench("synth", args)
-
-
-def run_serving(args: argparse.Namespace) -> int:
-    return run_bench("serving", args)
-
-
-def run_quality(args: argparse.Namespace) -> int:
-    return run_bench("quality", args)
-
-
-def run_tagger(args: argparse.Namespace) -> int:
-    return run_bench("tagger", args)

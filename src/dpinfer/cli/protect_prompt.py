@@ -238,19 +238,3 @@ def _protect_each(args: argparse.Namespace, jem_epsilon: float, todo: list[Any])
             for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
                 release.pop(timing, None)
             yield {"id": rec.id, **release}
-
-
-def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
-    from dpinfer.bench import gtr
-
-    b = bench_sub.add_parser("gtr", parents=[common], help="prompt protection on CSQA: ROUGE/BLEU leakage vs "
-                                                           "accuracy, DP-GTR vs DP-Prompt, or --perf",
-                             description=gtr.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    gtr.add_arguments(b)
-    b.set_defaults(func=run_bench)
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from dpinfer.cli.bench import run_bench as run_named_bench
-
-    return run_named_bench("gtr", args)

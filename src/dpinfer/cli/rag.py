@@ -122,29 +122,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     info.set_defaults(func=run_info)
 
 
-def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
-    """``dpinfer bench rag``."""
-    from dpinfer.bench import rag as bench_rag
-
-    b = bench_sub.add_parser("rag", parents=[common], help="RAG extraction attack: leakage, PPL, tokens/s or --perf",
-                             description=bench_rag.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_rag.add_arguments(b)
-    b.set_defaults(func=run_bench)
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """``dpinfer bench rag``: options checked (config), then the run, then the report (text or ``--json``)."""
-    from dpinfer.bench import rag as bench_rag
-
-    config = bench_rag.config_from_args(args)
-    result = bench_rag.run(config)
-    if args.json:
-        _print_json({k: v for k, v in result.items() if k != "markdown"})
-        return 0
-    sys.stdout.write(bench_rag.render(result))
-    return 0
-
-
 def run_add(args: argparse.Namespace) -> int:
     from dpinfer.errors import ConfigurationError
     from dpinfer.pipelines.rag import PrivateRAG, read_documents

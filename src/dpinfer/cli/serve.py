@@ -65,28 +65,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     kc.set_defaults(func=run_keys_create)
 
 
-def add_bench_parser(bench_sub: Any, common: argparse.ArgumentParser) -> None:
-    """``dpinfer bench serve``."""
-    from dpinfer.serve import bench as bench_serve
-
-    b = bench_sub.add_parser("serve", parents=[common], help="batching across HTTP requests: 8 concurrent vs "
-                             "sequential sanitisations, p50/p99 at 1, 8, 32 clients", description=bench_serve.__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench_serve.add_arguments(b)
-    b.set_defaults(func=run_bench)
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from dpinfer.serve import bench as bench_serve
-
-    result = bench_serve.run(args)
-    if args.json:
-        print_json(result)
-    else:
-        sys.stdout.write(bench_serve.render(result))
-    return 0
-
-
 def run_keys_create(args: argparse.Namespace) -> int:
     from dpinfer.serve.keys import KeyStore
 

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from dpinfer.errors import ConfigurationError, InvalidInputError, MissingDependencyError, install_hint
+from dpinfer.eval.intervals import mean_interval
 
 MAUVE_INSTALL = install_hint("mauve")
 # faiss prints this (from C++, straight to file descriptor 2) whenever there are < 39 points per centroid, which is
@@ -255,8 +256,7 @@ def mauve_interval(
         raise ConfigurationError(f"mauve_interval needs at least two distinct seeds, got {seed_list}")
     if not 0.0 < confidence < 1.0:
         raise ConfigurationError(f"confidence must be in (0, 1), got {confidence}")
-    _import_mauve()  # fail fast, before any work
-    from scipy.stats import t as student_t  # scipy comes with scikit-learn, a dependency of mauve-text
+    _import_mauve()  # fail fast, before any work (scipy, for the t quantile, comes with mauve-text's scikit-learn)
 
     if subsample is not None and not 0.0 < subsample <= 1.0:
         raise ConfigurationError(f"subsample must be a fraction in (0, 1], got {subsample}")
@@ -270,9 +270,7 @@ def mauve_interval(
         return mauve_score(p, q, seed=s, **options).score
 
     scores = tuple(score(s) for s in seed_list)
-    k = len(scores)
-    mean = float(np.mean(scores))
+    mean, low, high = mean_interval(scores, method="t", confidence=confidence, digits=None)
     std = float(np.std(scores, ddof=1))
-    half = float(student_t.ppf((1 + confidence) / 2, k - 1)) * std / math.sqrt(k)
-    return MauveInterval(mean=mean, std=std, low=max(0.0, mean - half), high=min(1.0, mean + half),
+    return MauveInterval(mean=mean, std=std, low=max(0.0, low), high=min(1.0, high),
                          confidence=confidence, scores=scores, seeds=seed_list)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dpinfer.errors import InvalidInputError
+from dpinfer.eval.intervals import Z95, wilson
 from dpinfer.taggers.base import Span
 
 
@@ -47,15 +48,9 @@ def perplexity(lm, context: Sequence[int], output: Sequence[int]) -> float:
     return math.exp(continuation_nll(lm, [context], output)[0] / len(output))
 
 
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion (works for 0 and n successes)."""
-    if n <= 0:
-        return (math.nan, math.nan)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (0 and n successes too): :func:`dpinfer.eval.intervals.wilson`."""
+    return wilson(successes, n, z)
 
 
 def repeated_ngram_share(tokens: Sequence[int], n: int = 4) -> float:

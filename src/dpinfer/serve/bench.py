@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+DESCRIPTION = __doc__
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--docs", type=int, default=8, help="documents of the sequential/concurrent comparison (default 8)")
@@ -48,7 +50,13 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[k]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def config_from_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed options (the bench's config), ``--clients`` checked before any model loads."""
+    _levels(args.clients)
+    return args
+
+
+def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     import httpx
     import uvicorn
 

@@ -72,7 +72,7 @@ def test_dp_fusion_min_p_keeps_the_guarantee_and_the_public_support() -> None:
 def test_markdown_puts_each_method_beside_its_ceiling_and_the_checks_in_the_same_table() -> None:
     def row(setting: str, method: str, eps: float, derailed: int) -> dict[str, object]:
         return {"task": "sanitize", "setting": setting, "method": method, "T_max": 24, "min_p": None, "epsilon": eps,
-                "derailed": quality._share(derailed, 6), "english": 0.4, "similarity": 0.5, "ppl": 5.0,
+                "derailed": quality.share(derailed, 6), "english": 0.4, "similarity": 0.5, "ppl": 5.0,
                 "loops": 0.0, "tokens": 24.0, "seconds": 10.0}
 
     res = {"model": "m", "seconds": 1.0, "sanitize": {

@@ -61,19 +61,48 @@ def test_option_lists_are_parsed_and_checked_before_any_model() -> None:
             synth.config_from_args(build_parser().parse_args(["bench", "synth", *bad]))
 
 
-def test_a_bench_module_on_the_older_main_protocol_still_runs(monkeypatch, capsys) -> None:
-    """Command modules written against the one-file CLI call ``_run_bench_module(name, args)`` for a bench whose
-    module has ``main(args, progress)`` returning its markdown: kept working."""
+def test_every_manifest_entry_is_a_sub_command_with_the_bench_protocol(capsys) -> None:
+    """``dpinfer bench`` is built from the manifest alone: each entry's module has the protocol's members (checked
+    here, not guessed at run time) and its sub-command's --help shows its description."""
+    from dpinfer.bench.harness import MANIFEST, Bench
+
+    names = [e.name for e in MANIFEST]
+    assert names == ["engine", "sanitize", "synth", "serving", "quality", "tagger", "rag", "gtr", "serve"]
+    for e in MANIFEST:
+        bench = e.load()
+        for member in ("DESCRIPTION", *(n for n in vars(Bench) if not n.startswith("_"))):
+            assert hasattr(bench, member), (e.name, member)
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", e.name, "--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert f"dpinfer bench {e.name}" in out and bench.DESCRIPTION.split()[0] in out
+
+
+def test_a_bench_added_to_the_manifest_is_run_through_its_protocol(monkeypatch, capsys) -> None:
+    """A toy benchmark: one module and one manifest entry give ``dpinfer bench toy`` (options, config, run, render,
+    --json without the Markdown)."""
     import argparse
     import sys
     import types
 
+    from dpinfer.bench import harness
+
+    toy = types.ModuleType("dpinfer_toy_bench")
+    toy.DESCRIPTION = "A toy benchmark."  # type: ignore[attr-defined]
+    toy.add_arguments = lambda p: p.add_argument("--n", type=int, default=1)  # type: ignore[attr-defined]
+    toy.config_from_args = lambda args: {"n": args.n}  # type: ignore[attr-defined]
+    toy.run = lambda config, progress=None: {"n": config["n"], "markdown": f"| n = {config['n']} |"}  # type: ignore
+    toy.render = lambda res: res["markdown"]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dpinfer_toy_bench", toy)
+    monkeypatch.setattr(harness, "MANIFEST", (*harness.MANIFEST, harness.BenchEntry("toy", "dpinfer_toy_bench",
+                                                                                   "a toy")))
+    monkeypatch.setattr("dpinfer.cli.bench.MANIFEST", harness.MANIFEST)
+    assert main(["bench", "toy", "--n", "2"]) == 0
+    assert capsys.readouterr().out == "| n = 2 |\n"
+    assert main(["--json", "bench", "toy"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"n": 1}
     from dpinfer.cli import _run_bench_module
 
-    old = types.ModuleType("dpinfer.bench.oldstyle")
-    old.main = lambda args, progress=None: {"markdown": f"| n = {args.n} |", "plot": "p.png"}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dpinfer.bench.oldstyle", old)
-    assert _run_bench_module("oldstyle", argparse.Namespace(n=2, json=False)) == 0
-    assert capsys.readouterr().out == "| n = 2 |\n\nplot: p.png\n"
-    assert _run_bench_module("oldstyle", argparse.Namespace(n=2, json=True)) == 0
-    assert json.loads(capsys.readouterr().out)["markdown"] == "| n = 2 |"
+    assert _run_bench_module("toy", argparse.Namespace(n=3, json=False)) == 0
+    assert capsys.readouterr().out == "| n = 3 |\n"

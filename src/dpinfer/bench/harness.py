@@ -1,0 +1,140 @@
+"""The benchmark harness: one protocol every benchmark follows, the manifest ``dpinfer bench`` is built from, and the
+helpers every benchmark shares (atomic files, option lists).
+
+A benchmark is a module that implements :class:`Bench`: ``add_arguments(parser)`` adds its options,
+``config_from_args(args)`` turns them into its frozen config (checking them before any model or data loads),
+``run(config, progress)`` measures and returns the results (a dict; it writes its files, JSON atomically, with
+:func:`write_json`), ``render(results)`` is what it prints, and ``DESCRIPTION`` its ``--help`` text. Figures are
+drawn in :mod:`dpinfer.bench.plots`, intervals come from :mod:`dpinfer.eval.intervals`.
+
+:data:`MANIFEST` lists the benchmarks, ``"module"`` entries like :mod:`dpinfer.mechanisms.registry`'s: listing the names
+and their one-line help imports no benchmark (and so no torch). Adding a benchmark is its module and one entry.
+
+>>> [e.name for e in MANIFEST][:3]
+['engine', 'sanitize', 'synth']
+>>> entry("gtr").module
+'dpinfer.bench.gtr'
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+from dpinfer.errors import ConfigurationError
+
+Progress = Callable[[str], None]
+"""``progress(stage)``: names the stage a benchmark has reached (a spinner on the command line)."""
+
+
+class Bench(Protocol):
+    """What ``dpinfer bench NAME`` runs (a module implements it)."""
+
+    DESCRIPTION: str
+    """The ``--help`` text (usually the module's docstring)."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add the benchmark's options to its sub-command."""
+
+    def config_from_args(self, args: argparse.Namespace) -> Any:
+        """The frozen config of the parsed options, every option checked before any model or data loads."""
+
+    def run(self, config: Any, progress: Progress | None = None) -> dict[str, Any]:
+        """Measure (baselines in the same run), write the files the config asks for, return the results."""
+
+    def render(self, results: dict[str, Any]) -> str:
+        """The text ``dpinfer bench NAME`` prints (``--json`` prints the results instead)."""
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One benchmark of the manifest: its sub-command, its module (imported when the parser is built) and its
+    one-line help. ``common_options``: whether the sub-command takes the global ``--json`` (a benchmark with its own
+    ``--json`` option says False)."""
+
+    name: str
+    module: str
+    help: str
+    common_options: bool = True
+
+    def load(self) -> Bench:
+        return cast(Bench, importlib.import_module(self.module))
+
+
+MANIFEST: tuple[BenchEntry, ...] = (
+    BenchEntry("engine", "dpinfer.bench.engine", "engine tokens/s vs HF generate; --jobs N: the slot engine"),
+    BenchEntry("sanitize", "dpinfer.bench.sanitize", "sanitisation privacy-utility (PPL, ASR, leaks) or --perf"),
+    BenchEntry("synth", "dpinfer.bench.synth", "synthetic-text MAUVE vs compute (B) at fixed ε, or --perf"),
+    BenchEntry("serving", "dpinfer.bench.serving", "the four serving figures (plain, DP-Fusion one document and "
+                                                   "corpus, InvisibleInk) vs their targets, in one run"),
+    BenchEntry("quality", "dpinfer.bench.quality", "each task's DP method beside the same model without privacy "
+                                                   "(ceiling) and the public floor: derailment, PPL, loops, relevance, "
+                                                   "accuracy, MAUVE, in one table"),
+    BenchEntry("tagger", "dpinfer.bench.tagger", "tagger precision / recall / F1 against gold spans",
+               common_options=False),
+    BenchEntry("rag", "dpinfer.bench.rag", "RAG extraction attack: leakage, PPL, tokens/s or --perf"),
+    BenchEntry("gtr", "dpinfer.bench.gtr", "prompt protection on CSQA: ROUGE/BLEU leakage vs accuracy, DP-GTR vs "
+                                           "DP-Prompt, or --perf"),
+    BenchEntry("serve", "dpinfer.serve.bench", "batching across HTTP requests: 8 concurrent vs sequential "
+                                               "sanitisations, p50/p99 at 1, 8, 32 clients"),
+)
+"""Every ``dpinfer bench`` sub-command, in ``--help`` order."""
+
+
+def entry(name: str) -> BenchEntry:
+    """The manifest entry of benchmark ``name``."""
+    for e in MANIFEST:
+        if e.name == name:
+            return e
+    raise ConfigurationError(f"unknown benchmark {name!r}; choose one of {', '.join(e.name for e in MANIFEST)}")
+
+
+# ---------------------------------------------------------------------------------------------------- files
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (a reader never sees half a file; an interrupted run leaves the previous
+    file); its folder is created. Returns the path."""
+    from dpinfer.validation import atomic_write_text
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(p, text)
+    return p
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON (non-finite floats as strings, :func:`dpinfer._json.plain`) atomically."""
+    from dpinfer._json import plain
+
+    return write_text(path, json.dumps(plain(obj), indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------- options
+T = TypeVar("T")
+
+
+def parse_list(text: str, kind: Callable[[str], T], option: str) -> list[T]:
+    """The comma-separated values of ``option`` converted by ``kind``; refused (one line) when one does not convert
+    or none is given.
+
+    >>> parse_list("64, 16,4", float, "--epsilons")
+    [64.0, 16.0, 4.0]
+    """
+    try:
+        values = [kind(x.strip()) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigurationError(f"{option} must be a comma-separated list, got {text!r}") from None
+    if not values:
+        raise ConfigurationError(f"{option} is empty")
+    return values
+
+
+def check_choices(values: Sequence[str], choices: Sequence[str], option: str) -> None:
+    """Refuse (one line) a value of ``option`` outside ``choices``."""
+    for v in values:
+        if v not in choices:
+            raise ConfigurationError(f"{option}: unknown {v!r}; choose from {', '.join(choices)}")
