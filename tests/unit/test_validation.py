@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError, InvalidInputError
 from dpinfer.pipelines.synthesize import synthesize
 
@@ -85,6 +86,6 @@ def test_fast_budget_check_matches_dp_fusion_calibration(alpha, delta) -> None:
     check_sanitize_budget(epsilon=above, delta=delta, alpha=alpha)
     for t_max in (1, 700):
         with pytest.raises(InfeasibleBudgetError):
-            DPFusion.calibrated({"G": below}, max_new_tokens=t_max, delta=delta, alpha=alpha)
-        DPFusion.calibrated({"G": above}, max_new_tokens=t_max, delta=delta, alpha=alpha)
+            DPFusion.calibrated(Budget({"G": below}, delta), Spec(t_max, alpha=alpha))
+        DPFusion.calibrated(Budget({"G": above}, delta), Spec(t_max, alpha=alpha))
     assert SANITIZE.epsilon == 40.0  # the default the pre-check assumes (it reads it from dpinfer.defaults)

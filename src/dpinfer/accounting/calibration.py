@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from dpinfer.accounting._format import format_up
 from dpinfer.accounting.losses import DELTA_HINT, PrivacyLoss, SingleOrderRdp, Zcdp
@@ -98,3 +100,63 @@ def zcdp_rho_for_target(epsilon: float, delta: float) -> float:
     while Zcdp(hi).to_epsilon(delta) <= epsilon:
         hi *= 2.0
     return calibrate(Zcdp, epsilon=epsilon, delta=delta, lo=0.0, hi=hi, name="ρ")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The target of a calibration: ε (one figure, or one per group of a mechanism that bounds groups apart, e.g.
+    DP-Fusion's ``{"PERSON": 15.0}``) and δ. Public parameters only.
+
+    >>> Budget(10.0, 1e-6).scalar(), Budget({"PERSON": 15.0}, 1e-5).groups()
+    (10.0, {'PERSON': 15.0})
+    """
+
+    epsilon: float | Mapping[str, float]
+    delta: float
+
+    def scalar(self, name: str = "the target ε", hint: str = "") -> float:
+        """ε as one positive number (a per-group budget is refused: the mechanism has one ε)."""
+        if isinstance(self.epsilon, Mapping):
+            raise ConfigurationError(f"{name} must be one number, not one per group (got {len(self.epsilon)} groups)")
+        return positive_number(self.epsilon, name, hint)
+
+    def groups(self) -> dict[str, float]:
+        """ε per group (group name → ε); one number is refused (the mechanism needs the groups)."""
+        if not isinstance(self.epsilon, Mapping):
+            raise ConfigurationError(f"the target ε must be one figure per group ({{group: ε}}), got {self.epsilon!r}")
+        return dict(self.epsilon)
+
+class Spec:
+    """What a calibration reads besides the :class:`Budget`: the maximum length ``T_max`` (``max_new_tokens``) and
+    the mechanism's other public parameters (its constructor's keywords, e.g. ``batch_size``, ``temperature``,
+    ``top_k``), never private data. ``Spec(200, batch_size=8)``.
+
+    >>> s = Spec(200, batch_size=8, temperature=1.1)
+    >>> s.max_new_tokens, s.params, s.with_params(top_k=None).params["top_k"] is None
+    (200, {'batch_size': 8, 'temperature': 1.1}, True)
+    """
+
+    __slots__ = ("max_new_tokens", "params")
+
+    def __init__(self, max_new_tokens: int, /, **params: Any) -> None:
+        object.__setattr__(self, "max_new_tokens", max_new_tokens)
+        object.__setattr__(self, "params", dict(params))
+
+    max_new_tokens: int
+    params: dict[str, Any]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Spec is frozen")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Spec) and (self.max_new_tokens, self.params) == (other.max_new_tokens, other.params)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.params.items())
+        return f"Spec({self.max_new_tokens!r}{extra})"
+
+    def with_params(self, **params: Any) -> Spec:
+        """A copy with ``params`` added or replaced."""
+        return Spec(self.max_new_tokens, **{**self.params, **params})

@@ -48,7 +48,7 @@ def check_lambda(lam: object) -> float:
     """DP-Decoding's λ ∈ [0, 1) (λ = 1 samples from the model alone: no guarantee)."""
     return check_probability(
         lam, "lam (the weight of the model's distribution)",
-        "; λ = 1 would sample from the model alone and has no guarantee. Use DPDecoding.calibrated(epsilon, ...) to "
+        "; λ = 1 would sample from the model alone and has no guarantee. Use DPDecoding.calibrated(budget, spec) to "
         "pick λ for a target ε.",
         high_open=True,
     )
@@ -112,7 +112,7 @@ def check_prompt_temperature(temperature: object) -> float:
     """DP-Prompt's τ > 0 (ε_tok is infinite at τ = 0)."""
     return positive_number(
         temperature, "temperature",
-        "; ε_tok = 2(b_max − b_min)/τ is infinite at τ = 0. Use DPPrompt.calibrated(epsilon, ...) to pick τ for a "
+        "; ε_tok = 2(b_max − b_min)/τ is infinite at τ = 0. Use DPPrompt.calibrated(budget, spec) to pick τ for a "
         "target ε.",
     )
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.audit.broken import BROKEN
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import Mechanism, StepInfo, StepResult, available_mechanisms
@@ -131,7 +132,7 @@ def _dp_fusion(variant: str | None) -> Scenario:
     t = 4
 
     def build() -> Mechanism:
-        return cls.calibrated({"GROUP": EPSILON}, max_new_tokens=t, delta=DELTA, alpha=8.0)
+        return cls.calibrated(Budget({"GROUP": EPSILON}, DELTA), Spec(t, alpha=8.0))
 
     return Scenario("dp-fusion", variant, build, _group_pairs(), t, "replace-by-null of one group (K = m + 1 = 2)",
                     _GROUP_INPUTS + "; α = 8")
@@ -142,7 +143,7 @@ def _invisibleink(variant: str | None) -> Scenario:
     t = 4
 
     def build() -> Mechanism:
-        return cls.calibrated(epsilon=EPSILON, delta=DELTA, batch_size=2, max_new_tokens=t, top_k=None)
+        return cls.calibrated(Budget(EPSILON, DELTA), Spec(t, batch_size=2, top_k=None))
 
     return Scenario("invisibleink", variant, build, _batch_pairs(), t, "replace-by-null of one reference (B = 2)",
                     _BATCH_INPUTS + "; full vocabulary")
@@ -152,7 +153,7 @@ def _amin(variant: str | None) -> Scenario:
     t = 2
 
     def build() -> Mechanism:
-        return AminSVT.calibrated(epsilon=EPSILON, delta=DELTA, batch_size=2, max_new_tokens=t)
+        return AminSVT.calibrated(Budget(EPSILON, DELTA), Spec(t, batch_size=2))
 
     return Scenario("amin", variant, build, _batch_pairs(), t, "replace-by-null of one reference (B = 2)",
                     _BATCH_INPUTS + "; SVT on (σ = 0.3, θ = 0.7)")
@@ -172,7 +173,7 @@ def _dp_decoding(variant: str | None) -> Scenario:
     t = 1
 
     def build() -> Mechanism:
-        return DPDecoding.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, vocab_size=VOCAB)
+        return DPDecoding.calibrated(Budget(EPSILON, DELTA), Spec(t, vocab_size=VOCAB))
 
     pairs = _local_pair(_row(TOKEN_X, 40.0), _row(TOKEN_A, 40.0))
     return Scenario("dp-decoding", variant, build, pairs, t, _LOCAL,
@@ -207,8 +208,7 @@ def _dp_prompt(variant: str | None) -> Scenario:
     n, t = 2, 2  # DP-GTR stage 1: n rewrites of the same prompt, t tokens each, in independent mode
 
     def build() -> Mechanism:
-        inner = DPPrompt.calibrated(EPSILON, delta=DELTA, max_new_tokens=t, clip_min=0.0, clip_max=4.0,
-                                    num_rewrites=n)
+        inner = DPPrompt.calibrated(Budget(EPSILON, DELTA), Spec(t, clip_min=0.0, clip_max=4.0, num_rewrites=n))
         return _RewriteAfterRewrite(inner, t)
 
     d, d_prime = _row(TOKEN_X, 4.0), 4.0 - _row(TOKEN_X, 4.0)
@@ -249,7 +249,7 @@ def _pad(variant: str | None) -> Scenario:
     t = 4
 
     def build() -> Mechanism:
-        return cls.calibrated(epsilon=EPSILON, delta=DELTA, max_new_tokens=t, top_k=None)
+        return cls.calibrated(Budget(EPSILON, DELTA), Spec(t, top_k=None))
 
     return Scenario("pad", variant, build, _pad_pairs(), t,
                     "replace-by-null of one answer's retrieved context (K = 2)",

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import plots
 from dpinfer.bench.harness import Progress, write_json, write_text
 from dpinfer.defaults import PROTECT
@@ -215,8 +216,8 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
         gtr_g = gtr_mech.guarantee(max_new_tokens)
         one_g = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
                                     temperature=tau).guarantee(max_new_tokens)
-        eq_mech = DPPrompt.calibrated(gtr_g.epsilon, delta=delta, max_new_tokens=max_new_tokens, clip_min=lo,
-                                      clip_max=hi, num_rewrites=1)
+        eq_mech = DPPrompt.calibrated(Budget(gtr_g.epsilon, delta),
+                                      Spec(max_new_tokens, clip_min=lo, clip_max=hi, num_rewrites=1))
         eq_g = eq_mech.guarantee(max_new_tokens)
         released: dict[str, list[list[str]]] = {m: [[] for _ in range(repeats)] for m in METHODS}
         for rep in range(repeats):

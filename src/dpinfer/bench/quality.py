@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench.harness import write_json, write_text
 from dpinfer.defaults import RAG, SANITIZE
 from dpinfer.eval.intervals import share
@@ -266,8 +267,9 @@ def run_privacy_checks(lm: Any, cfg: QualityBenchConfig, progress: Callable[[str
             sc = scenario("dp-fusion")
 
             def build(min_p: float | None = opts["min_p"], t: int = sc.max_new_tokens) -> DPFusion:
-                return DPFusion.calibrated({"GROUP": EPSILON}, max_new_tokens=t, delta=DELTA, alpha=8.0,
-                                           temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=min_p)
+                return DPFusion.calibrated(Budget({"GROUP": EPSILON}, DELTA),
+                                           Spec(t, alpha=8.0, temperature=SANITIZE.temperature,
+                                                top_k=SANITIZE.top_k, min_p=min_p))
 
             res = run_audit(dataclasses.replace(sc, build=build), trials=cfg.audit_trials, seed=cfg.seed)
             row["audit"] = {"claimed_epsilon": res.claimed_epsilon, "epsilon_lb": res.epsilon_lb,

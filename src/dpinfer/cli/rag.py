@@ -168,10 +168,11 @@ def run_ask(args: argparse.Namespace) -> int:
     else:
         _check_questions_args(args)
     if args.mechanism == "pad":  # an unreachable ε is refused before anything loads
+        from dpinfer.accounting.calibration import Budget, Spec
         from dpinfer.mechanisms.pad import Pad
 
-        Pad.calibrated(epsilon=args.epsilon or RAG.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
-                       sigma=args.sigma, adjacency=args.adjacency)
+        Pad.calibrated(Budget(args.epsilon or RAG.epsilon, args.delta),
+                       Spec(args.max_new_tokens, sigma=args.sigma, adjacency=args.adjacency))
     store = DocumentStore(args.store, create=False)  # missing store: one line, before the model loads
     if store.count() == 0:
         raise InvalidInputError(f"the store {args.store} holds no documents; add some with: "

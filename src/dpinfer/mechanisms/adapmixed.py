@@ -21,9 +21,13 @@ none, and :meth:`spend` reports the realised figure as a :class:`~dpinfer.accoun
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 
 from dpinfer.accounting import DataDependentSpend, Guarantee, epsilon_from_rdp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.checks import check_alpha, check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
@@ -100,6 +104,13 @@ class AdaPMixED(Mechanism):
         self._spent = torch.zeros(len(ORDERS), dtype=torch.float64)
         self._private = 0
 
+    @classmethod
+    def calibrated(cls, budget: Budget, spec: Spec) -> AdaPMixED:
+        """No ex-ante calibration exists: ``budget``'s ε is the cap its data-dependent accounting stops at (converted
+        at its δ); ``spec.params`` are the constructor's other keywords (``batch_size``, ...)."""
+        positive_int(spec.max_new_tokens, "max_new_tokens")
+        return cls(epsilon=budget.scalar("the budget ε"), delta=budget.delta, **spec.params)
+
     def start(self, num_contexts: int, vocab_size: int) -> None:
         check_batch_layout("AdaPMixED", self.batch_size, num_contexts)
         self._spent.zero_()
@@ -169,6 +180,10 @@ class AdaPMixED(Mechanism):
             "(AdaPMixED's own accounting)",
             value,
         )
+
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT: the private tokens and the realised loss (:meth:`spend`) of the last generation."""
+        return {"private_tokens": self._private, "spent": self.spend().to_dict()}
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """None ex ante: AdaPMixED's loss depends on the references (report :meth:`spend` ex post)."""

@@ -29,12 +29,14 @@ With ``svt=False`` every token is private (``r = T_max``, no SVT cost): Amin et 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from dpinfer.accounting import Guarantee
 from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import SparseVectorExponentialEvent
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -91,7 +93,7 @@ class AminSVT(Mechanism):
     ``StepResult.stats``: ``private`` (1.0 for a private token) and ``distance`` (‖p̄ − p_pub‖₁): DATA-DEPENDENT.
 
     >>> from dpinfer.mechanisms.base import StepInfo
-    >>> mech = AminSVT.calibrated(epsilon=10.0, delta=1e-6, batch_size=8, max_new_tokens=200)
+    >>> mech = AminSVT.calibrated(Budget(10.0, 1e-6), Spec(200, batch_size=8))
     >>> mech.guarantee(200).epsilon <= 10.0, mech.max_private_tokens
     (True, 100)
     >>> mech.start(num_contexts=9, vocab_size=6)
@@ -119,7 +121,7 @@ class AminSVT(Mechanism):
         as_published: bool = False,
         delta: float = 1e-6,
     ) -> None:
-        self.clip_norm = positive_number(clip_norm, "clip_norm C", " (use AminSVT.calibrated(epsilon=..., ...))")
+        self.clip_norm = positive_number(clip_norm, "clip_norm C", " (use AminSVT.calibrated(budget, spec))")
         self.batch_size = positive_int(batch_size, "batch_size B")
         self.temperature = positive_number(temperature, "temperature τ")
         self.public_temperature = (
@@ -162,13 +164,14 @@ class AminSVT(Mechanism):
         return compose_steps(self.loss_event(), self.private_tokens(max_new_tokens)).rho  # type: ignore
 
     @classmethod
-    def calibrated(
-        cls, *, epsilon: float, delta: float = 1e-6, batch_size: int, max_new_tokens: int, **kw: Any
-    ) -> AminSVT:
-        """The largest C whose text of at most ``max_new_tokens`` tokens is (ε, δ)-DP (bisection on ρ(C))."""
-        eps = positive_number(epsilon, "the target ε")
-        t = positive_int(max_new_tokens, "max_new_tokens")
-        check_delta(delta, "δ")
+    def calibrated(cls, budget: Budget, spec: Spec) -> AminSVT:
+        """The largest C whose text of at most ``spec.max_new_tokens`` tokens is (ε, δ)-DP (bisection on ρ(C));
+        ``spec.params``: ``batch_size`` B and the constructor's other keywords."""
+        kw: dict[str, Any] = dict(spec.params)
+        batch_size = kw.pop("batch_size", None)
+        eps = budget.scalar("the target ε")
+        t = positive_int(spec.max_new_tokens, "max_new_tokens")
+        delta = check_delta(budget.delta, "δ")
         template = cls(clip_norm=1.0, batch_size=batch_size, delta=delta, **kw)
         steps = template.private_tokens(t)
 
@@ -178,6 +181,10 @@ class AminSVT(Mechanism):
         hi = grow_bracket(lambda c: compose_steps(event(c), steps).to_epsilon(delta) <= eps)
         clip = calibrate_event(event, steps=steps, epsilon=eps, delta=delta, lo=0.0, hi=hi, name="clip norm C")
         return cls(clip_norm=clip, batch_size=batch_size, delta=delta, **kw)
+
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT: how many tokens were private (drawn from the references' aggregate)."""
+        return {"private_tokens": int(math.fsum(float(s.get("private", 0.0)) for s in steps))} if steps else {}
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP for at most ``min(r, T_max)`` private tokens, from parameters only."""

@@ -9,22 +9,31 @@ step it receives the logits of the K contexts the engine steps together and retu
 A mechanism also states its guarantee *ex ante*, from its parameters and the maximum number of tokens ``T_max`` only
 (:meth:`Mechanism.guarantee`). Figures computed from realised distributions (mixing weights, divergences) are returned
 per step in :attr:`StepResult.stats`, which is data-dependent by construction and never called ε.
+
+Every mechanism has the same two entry points besides its constructor: :meth:`Mechanism.calibrated` (``budget``: the
+target ε and δ, ``spec``: ``T_max`` and its other public parameters) solves its knob so that :meth:`guarantee` meets
+the target, and :meth:`Mechanism.diagnostics` summarises a finished generation's data-dependent figures.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 
+from dpinfer.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.accounting.calibration import Budget, Spec
     from dpinfer.mechanisms.randomness import Randomness
 
 Mode = Literal["joint", "independent"]
+M = TypeVar("M", bound="Mechanism")
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,25 @@ class Mechanism(ABC):
 
     name: ClassVar[str] = "mechanism"
     mode: ClassVar[Mode] = "joint"
+
+    @classmethod
+    def calibrated(cls: type[M], budget: Budget, spec: Spec) -> M:
+        """The mechanism whose generation of at most ``spec.max_new_tokens`` tokens meets ``budget`` (ε, δ) ex ante,
+        from public parameters only (``spec.params``: the constructor's other keywords). The same signature for every
+        mechanism; this default refuses: a mechanism without a calibration is built from its parameters."""
+        raise ConfigurationError(f"{cls.name} has no calibration to a target ε; build it from its parameters")
+
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT figures of the last generation, from the per-step ``stats`` it returned (``steps``, as the
+        engine collects them) and its own state: for diagnostics only, never ε, never in a release.
+
+        The default: the mean of each numeric statistic over the steps (``{"mean_<stat>": ...}``)."""
+        sums: dict[str, list[float]] = {}
+        for stats in steps:
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    sums.setdefault(key, []).append(float(value))
+        return {f"mean_{k}": math.fsum(v) / len(v) for k, v in sums.items()}
 
     def start(self, num_contexts: int, vocab_size: int) -> None:  # noqa: B027 - optional hook
         """Called once before the first step; check that the context layout fits (e.g. K = m + 1)."""

@@ -34,6 +34,7 @@ import torch
 
 from dpinfer.accounting import Guarantee, PrivacyLoss
 from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import (
     LAMBDA_MAX,
     UniformMixtureEvent,
@@ -174,34 +175,29 @@ class DPDecoding(Mechanism):
         return positive_int(max_new_tokens, "max_new_tokens") * self.num_sequences
 
     @classmethod
-    def calibrated(
-        cls,
-        epsilon: float,
-        *,
-        delta: float,
-        max_new_tokens: int,
-        vocab_size: int,
-        num_sequences: int = 1,
-        **kwargs: Any,
-    ) -> DPDecoding:
-        """The DP-Decoding mechanism with the largest λ whose ex-ante guarantee meets ``(epsilon, delta)``.
+    def calibrated(cls, budget: Budget, spec: Spec) -> DPDecoding:
+        """The DP-Decoding mechanism with the largest λ whose ex-ante guarantee meets ``budget`` (ε, δ) over
+        ``spec.max_new_tokens`` tokens; ``spec.params``: ``vocab_size`` V, ``num_sequences`` (1) and the
+        constructor's other keywords.
 
         Solved with :func:`dpinfer.accounting.calibrate` on the per-token ε_tok (λ is a smooth increasing function
         of it, ``λ = (e^ε_tok − 1)/(V − 1 + e^ε_tok)``), evaluating exactly the loss that :meth:`guarantee` reports,
         so the result always meets the target. Where the target needs λ closer to 1 than a float holds,
         :data:`LAMBDA_MAX` is returned. A target so small that only a loss converting to ε = 0 meets it (below about
         1e-4 at δ = 1e-5) raises :class:`~dpinfer.errors.InfeasibleBudgetError` naming the smallest positive ε
-        reachable (the accountant's policy, see :func:`~dpinfer.accounting.calibrate`). Other keyword arguments
+        reachable (the accountant's policy, see :func:`~dpinfer.accounting.calibrate`). Other parameters
         (``temperature``, ``mode``, ``row``) go to the constructor.
 
-        >>> mech = DPDecoding.calibrated(50.0, delta=1e-5, max_new_tokens=256, vocab_size=49152)
+        >>> mech = DPDecoding.calibrated(Budget(50.0, 1e-5), Spec(256, vocab_size=49152))
         >>> mech.guarantee(256).epsilon <= 50.0, f"{mech.lam:.3g}"
         (True, '1.01e-05')
         """
-        v = check_vocab_size(vocab_size)
-        n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_sequences, "num_sequences")
-        delta = check_delta(delta, "δ")
-        epsilon = positive_number(epsilon, "the target ε")
+        kwargs: dict[str, Any] = dict(spec.params)
+        v = check_vocab_size(kwargs.pop("vocab_size", None))
+        num_sequences = kwargs.pop("num_sequences", 1)
+        n = positive_int(spec.max_new_tokens, "max_new_tokens") * positive_int(num_sequences, "num_sequences")
+        delta = check_delta(budget.delta, "δ")
+        epsilon = budget.scalar("the target ε")
 
         def event(eps_tok: float) -> UniformMixtureEvent:
             return UniformMixtureEvent(lambda_for_epsilon(eps_tok, v), v)

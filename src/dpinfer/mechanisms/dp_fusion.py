@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from dpinfer.accounting import GroupGuarantee, Guarantee
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.dp_fusion import (
     ACCOUNTINGS,
     ADJACENCIES,
@@ -166,7 +167,7 @@ class DPFusion(Mechanism):
             if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0.0 < b < math.inf:
                 raise ConfigurationError(
                     f"every bound b_i = α·β_i must be a finite number > 0, got {list(bounds)!r} (the paper uses "
-                    "αβ between 0.01 and 0.10; use DPFusion.calibrated(...) to derive them from a target ε)"
+                    "αβ between 0.01 and 0.10; use DPFusion.calibrated(budget, spec) to derive them from a target ε)"
                 )
         if isinstance(group_names, (str, bytes)) or not isinstance(group_names, Sequence):
             raise ConfigurationError(f"group_names must be a sequence of names, got {group_names!r}")
@@ -223,29 +224,26 @@ class DPFusion(Mechanism):
         return tuple(b / self.alpha for b in self.bounds)
 
     @classmethod
-    def calibrated(
-        cls,
-        group_epsilon: Mapping[str, float],
-        *,
-        max_new_tokens: int,
-        delta: float = 1e-5,
-        alpha: float = 2.0,
-        accounting: str = "dpinfer",
-        adjacency: str = "replace-by-null",
-        **kw: Any,
-    ) -> DPFusion:
-        """The DP-Fusion mechanism whose group i meets ``(group_epsilon[i], delta)`` over ``max_new_tokens`` tokens.
+    def calibrated(cls, budget: Budget, spec: Spec) -> DPFusion:
+        """The DP-Fusion mechanism whose group i meets ``(budget.epsilon[i], budget.delta)`` over
+        ``spec.max_new_tokens`` tokens (``budget.epsilon``: group name → target ε; ``spec.params``: ``alpha`` (2),
+        ``accounting`` ("dpinfer"), ``adjacency`` ("replace-by-null") and the constructor's other keywords).
 
         Each b_i is the largest bound with ``SingleOrderRdp(α, T_max·step_epsilon(b_i, m, α)).to_epsilon(δ) ≤ ε_i``
         (:func:`dpinfer.accounting.calibrate`), i.e. exactly the loss :meth:`guarantee` reports. A target below the
         single-order conversion cost (≈ 10.1 at α = 2, δ = 1e-5) raises
-        :class:`~dpinfer.errors.InfeasibleBudgetError` with the smallest reachable ε. Other keyword arguments go to
-        the constructor.
+        :class:`~dpinfer.errors.InfeasibleBudgetError` with the smallest reachable ε.
 
-        >>> mech = DPFusion.calibrated({"PERSON": 15.0, "CODE": 12.0}, max_new_tokens=200)
+        >>> mech = DPFusion.calibrated(Budget({"PERSON": 15.0, "CODE": 12.0}, 1e-5), Spec(200))
         >>> [round(b, 4) for b in mech.bounds], mech.guarantee(200).epsilon <= 15.0
         ([0.0482, 0.0186], True)
         """
+        group_epsilon = budget.epsilon
+        kw: dict[str, Any] = dict(spec.params)
+        max_new_tokens, delta = spec.max_new_tokens, budget.delta
+        alpha = kw.pop("alpha", 2.0)
+        accounting = kw.pop("accounting", "dpinfer")
+        adjacency = kw.pop("adjacency", "replace-by-null")
         if not isinstance(group_epsilon, Mapping) or len(group_epsilon) == 0:
             raise ConfigurationError(
                 f"group_epsilon must map each privacy group's name to its target ε, got {group_epsilon!r}"

@@ -36,8 +36,9 @@ import torch
 
 from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp
 from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, check_prompt_temperature
-from dpinfer.checks import check_delta, positive_int, positive_number
+from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.layout import check_row_layout
@@ -185,34 +186,27 @@ class DPPrompt(Mechanism):
         return positive_int(max_new_tokens, "max_new_tokens") * self.num_rewrites
 
     @classmethod
-    def calibrated(
-        cls,
-        epsilon: float,
-        *,
-        delta: float,
-        max_new_tokens: int,
-        clip_min: float,
-        clip_max: float,
-        num_rewrites: int = 1,
-        **kwargs: Any,
-    ) -> DPPrompt:
-        """The DP-Prompt mechanism with the smallest temperature τ whose ex-ante guarantee meets ``(epsilon, delta)``.
+    def calibrated(cls, budget: Budget, spec: Spec) -> DPPrompt:
+        """The DP-Prompt mechanism with the smallest temperature τ whose ex-ante guarantee meets ``budget`` (ε, δ) over
+        ``spec.max_new_tokens`` tokens; ``spec.params``: ``clip_min``, ``clip_max``, ``num_rewrites`` (1) and the
+        constructor's other keywords (``mode``, ``row``).
 
         The loss decreases in τ; :func:`dpinfer.accounting.calibrate` bisects τ between a bracket found from basic
         composition (``τ = 2(b_max − b_min)·n·T_max/ε`` always meets the target), evaluating exactly the loss that
         :meth:`guarantee` reports. A target so small that only a loss converting to ε = 0 meets it (below about 1e-4
         at δ = 1e-5) raises :class:`~dpinfer.errors.InfeasibleBudgetError` naming the smallest positive ε reachable
-        (the accountant's policy, see :func:`~dpinfer.accounting.calibrate`). Other keyword arguments (``mode``,
-        ``row``) go to the constructor.
+        (the accountant's policy, see :func:`~dpinfer.accounting.calibrate`).
 
-        >>> mech = DPPrompt.calibrated(100.0, delta=1e-5, max_new_tokens=256, clip_min=0.0, clip_max=10.0)
+        >>> mech = DPPrompt.calibrated(Budget(100.0, 1e-5), Spec(256, clip_min=0.0, clip_max=10.0))
         >>> mech.guarantee(256).epsilon <= 100.0, round(mech.temperature, 3), round(mech.epsilon_per_token, 4)
         (True, 15.584, 1.2834)
         """
-        lo_clip, hi_clip = check_clip_bounds(clip_min, clip_max)
-        n = positive_int(max_new_tokens, "max_new_tokens") * positive_int(num_rewrites, "num_rewrites")
-        delta = check_delta(delta, "δ")
-        epsilon = positive_number(epsilon, "the target ε")
+        kwargs: dict[str, Any] = dict(spec.params)
+        lo_clip, hi_clip = check_clip_bounds(kwargs.pop("clip_min", None), kwargs.pop("clip_max", None))
+        num_rewrites = kwargs.pop("num_rewrites", 1)
+        n = positive_int(spec.max_new_tokens, "max_new_tokens") * positive_int(num_rewrites, "num_rewrites")
+        delta = check_delta(budget.delta, "δ")
+        epsilon = budget.scalar("the target ε")
         width = hi_clip - lo_clip
 
         def event(tau: float) -> ClippedLogitsEvent:

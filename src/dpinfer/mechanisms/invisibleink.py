@@ -24,12 +24,14 @@ and many texts from disjoint, data-independent batches keep the same ρ (paralle
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from dpinfer.accounting import Guarantee, zcdp_rho_for_target
 from dpinfer.accounting.accountant import compose_steps, ex_ante_guarantee
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import ClippedExponentialEvent
 from dpinfer.checks import check_delta, optional_positive_int, positive_int, positive_number
 from dpinfer.errors import InvalidInputError
@@ -119,7 +121,7 @@ class InvisibleInk(Mechanism):
     ``expanded`` (1.0 when the token lies outside the public top-k): the last two are DATA-DEPENDENT diagnostics.
 
     >>> from dpinfer.mechanisms.base import StepInfo
-    >>> mech = InvisibleInk.calibrated(epsilon=10.0, delta=1e-6, batch_size=7, temperature=1.1, max_new_tokens=500)
+    >>> mech = InvisibleInk.calibrated(Budget(10.0, 1e-6), Spec(500, batch_size=7, temperature=1.1))
     >>> round(mech.clip_norm, 3), round(mech.rho(500), 3)
     (0.604, 1.539)
     >>> mech.start(num_contexts=8, vocab_size=5)
@@ -144,7 +146,7 @@ class InvisibleInk(Mechanism):
         delta: float = 1e-6,
     ) -> None:
         self.clip_norm = positive_number(
-            clip_norm, "clip_norm C", " (use InvisibleInk.calibrated(epsilon=..., ...) to derive it from a target ε)"
+            clip_norm, "clip_norm C", " (use InvisibleInk.calibrated(budget, spec) to derive it from a target ε)"
         )
         self.batch_size = positive_int(batch_size, "batch_size B (references per generated text)")
         self.temperature = positive_number(
@@ -154,27 +156,30 @@ class InvisibleInk(Mechanism):
         self.delta = check_delta(delta, "δ")
 
     @classmethod
-    def calibrated(
-        cls,
-        *,
-        epsilon: float,
-        delta: float = 1e-6,
-        batch_size: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        **kw: Any,
-    ) -> InvisibleInk:
-        """The mechanism whose generation of at most ``max_new_tokens`` tokens is (ε, δ)-DP per reference.
+    def calibrated(cls, budget: Budget, spec: Spec) -> InvisibleInk:
+        """The mechanism whose generation of at most ``spec.max_new_tokens`` tokens is (ε, δ)-DP per reference
+        (``spec.params``: ``batch_size`` B, ``temperature`` τ (default 1.0), the constructor's other keywords).
 
         ``ρ = zcdp_rho_for_target(ε, δ)`` then ``C = B·τ·sqrt(2ρ/T_max)``.
         """
-        eps = positive_number(epsilon, "the target ε", "; smaller ε is stronger privacy (e.g. 10)")
-        t = positive_int(max_new_tokens, "max_new_tokens")
-        b = positive_int(batch_size, "batch_size B")
-        tau = positive_number(temperature, "temperature τ")
-        rho = zcdp_rho_for_target(eps, check_delta(delta, "δ"))
+        kw: dict[str, Any] = dict(spec.params)
+        eps = budget.scalar("the target ε", "; smaller ε is stronger privacy (e.g. 10)")
+        t = positive_int(spec.max_new_tokens, "max_new_tokens")
+        b = positive_int(kw.pop("batch_size", None), "batch_size B")
+        tau = positive_number(kw.pop("temperature", 1.0), "temperature τ")
+        delta = check_delta(budget.delta, "δ")
+        rho = zcdp_rho_for_target(eps, delta)
         clip = clip_norm_for_rho(rho, batch_size=b, temperature=tau, max_new_tokens=t)
         return cls(clip_norm=clip, batch_size=b, temperature=tau, delta=delta, **kw)
+
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT: the share of tokens drawn outside the public top-k (the Top-k⁺ expansion) and the share of
+        clipped coordinates on V⁺, over the generation's steps."""
+        if not steps:
+            return {}
+        n = len(steps)
+        return {"expanded_token_share": math.fsum(float(s.get("expanded", 0.0)) for s in steps) / n,
+                "clipped_share": math.fsum(float(s.get("clipped", 0.0)) for s in steps) / n}
 
     def start(self, num_contexts: int, vocab_size: int) -> None:
         check_batch_layout("InvisibleInk", self.batch_size, num_contexts)

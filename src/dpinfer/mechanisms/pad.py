@@ -33,7 +33,7 @@ Two registered mechanisms:
   The accountant is reset per answer (:meth:`~dpinfer.mechanisms.base.Mechanism.start`) unless ``carry_over=True``,
   which reproduces the authors' code (one accountant for the whole run).
 
->>> mech = Pad.calibrated(epsilon=64.0, delta=1e-5, max_new_tokens=64)
+>>> mech = Pad.calibrated(Budget(64.0, 1e-5), Spec(64))
 >>> round(mech.clip_norm, 3), mech.sigma
 (1.431, 1.5)
 >>> g = mech.guarantee(64)
@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from dpinfer.accounting import DataDependentSpend, Guarantee, PrivacyLoss, zcdp_rho_for_target
 from dpinfer.accounting.accountant import Adjacency, calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -190,7 +192,7 @@ class Pad(Mechanism):
         adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL,
     ) -> None:
         self.clip_norm = _positive(
-            clip_norm, "clip_norm C", " (use Pad.calibrated(epsilon=..., max_new_tokens=...) to derive it from ε)"
+            clip_norm, "clip_norm C", " (use Pad.calibrated(budget, spec) to derive it from ε)"
         )
         self.sigma = _positive(sigma, "sigma σ", f"; the default {DEFAULT_SIGMA} keeps answers readable")
         self.top_k = None if top_k is None else positive_int(top_k, "top_k (None for the full vocabulary)")
@@ -199,11 +201,17 @@ class Pad(Mechanism):
         self.adjacency = _adjacency(adjacency)
 
     @classmethod
-    def calibrated(cls, *, epsilon: float, max_new_tokens: int, delta: float = 1e-5, sigma: float = DEFAULT_SIGMA,
-                   adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL, **kw: Any) -> Pad:
-        """The PAD whose answer of at most ``max_new_tokens`` tokens is (ε, δ)-DP for its retrieved context: σ fixed,
-        C solved (:func:`clip_norm_for_target`)."""
-        clip = clip_norm_for_target(epsilon, delta, max_new_tokens=max_new_tokens, sigma=sigma, adjacency=adjacency)
+    def calibrated(cls, budget: Budget, spec: Spec) -> Pad:
+        """The PAD whose answer of at most ``spec.max_new_tokens`` tokens is (ε, δ)-DP for its retrieved context: σ
+        fixed (``spec.params["sigma"]``, default 1.5), C solved (:func:`clip_norm_for_target`); ``spec.params`` also
+        carries ``adjacency`` and the constructor's other keywords."""
+        kw: dict[str, Any] = dict(spec.params)
+        sigma = kw.pop("sigma", DEFAULT_SIGMA)
+        adjacency = kw.pop("adjacency", Adjacency.REPLACE_BY_NULL)
+        delta = budget.delta
+        epsilon = budget.epsilon if not isinstance(budget.epsilon, Mapping) else budget.scalar()
+        clip = clip_norm_for_target(epsilon, delta, max_new_tokens=spec.max_new_tokens, sigma=sigma,
+                                    adjacency=adjacency)
         return cls(clip_norm=clip, sigma=sigma, delta=delta, adjacency=adjacency, **kw)
 
     @property
@@ -421,6 +429,10 @@ class PadAsPublished(Mechanism):
                        f"δ = {d:g}; read from the private logits)",
             math.fsum(self._charges) + math.log(1.0 / d) / (a - 1.0),
         )
+
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT: the authors' figure (:meth:`spend`) and the share of charged steps since the last reset."""
+        return {"authors_figure": self.spend().to_dict(), "charged_share": self.charged_share()}
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """None: the authors' figure is computed from the private logits (:meth:`spend`)."""

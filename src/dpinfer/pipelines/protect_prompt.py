@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
 from dpinfer.pipelines.budget import charged, current_spend, pure_steps_estimate
@@ -205,8 +206,8 @@ def stage1_mechanism(*, clip: tuple[float, float], n_rewrites: int, max_new_toke
 
     lo, hi = clip
     if epsilon is not None:
-        return DPPrompt.calibrated(epsilon, delta=delta, max_new_tokens=max_new_tokens, clip_min=lo, clip_max=hi,
-                                   num_rewrites=n_rewrites)
+        return DPPrompt.calibrated(Budget(epsilon, delta),
+                                   Spec(max_new_tokens, clip_min=lo, clip_max=hi, num_rewrites=n_rewrites))
     tau = DEFAULT_TEMPERATURE if temperature is None else temperature
     return DPPrompt(lo, hi, tau, num_rewrites=n_rewrites, delta=delta)
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.defaults import RAG
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.validation import decode_text
@@ -214,9 +215,9 @@ def build_mechanism(method: str, *, epsilon: float | None, delta: float, max_new
     from dpinfer.mechanisms.pad import Pad
 
     if method == "pad":
-        return Pad.calibrated(epsilon=DEFAULT_EPSILON if epsilon is None else epsilon, delta=delta,
-                              max_new_tokens=max_new_tokens, sigma=sigma, top_k=support_top_k,
-                              temperature=temperature, adjacency=adjacency)
+        return Pad.calibrated(Budget(DEFAULT_EPSILON if epsilon is None else epsilon, delta),
+                              Spec(max_new_tokens, sigma=sigma, top_k=support_top_k, temperature=temperature,
+                                   adjacency=adjacency))
     if method == "pad-as-published":
         kw: dict[str, Any] = {"delta": delta, "temperature": temperature}
         knob = published_noise_scale(epsilon, noise_scale)

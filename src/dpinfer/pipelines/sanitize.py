@@ -27,8 +27,8 @@ on the tagged content at all, ε = 0 for it), ``dp-decoding`` (Majmudar et al. 2
 document (any two documents are adjacent), DP-Fusion and NER-scrub the content of the tagged spans only, and none of
 them protects what the tagger missed. :func:`method_plan` says how a method runs: its mechanism, the contexts it
 decodes, what it protects and its builder (:data:`BUILDERS`, for mechanisms that need sanitisation-specific
-construction; any other mechanism registered for the task is calibrated with ``cls.calibrated(epsilon, delta=...,
-max_new_tokens=...)`` on the full document).
+construction; any other mechanism registered for the task is calibrated with ``cls.calibrated(Budget(epsilon,
+delta), Spec(max_new_tokens))`` on the full document).
 
 Documents longer than the model's context window raise :class:`~dpinfer.errors.ContextTooLongError` (no silent
 truncation).
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.checks import format_up
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
@@ -1074,18 +1075,17 @@ def _build_fusion(a: BuildArgs) -> Mechanism:
 
     targets = resolve_group_epsilon(a.prep.group_names, a.groups, a.epsilon, a.group_epsilon)
     a.settings["group_epsilon"] = targets
-    return REGISTRY.get("dp-fusion").cls.calibrated(  # type: ignore[attr-defined]
-        targets, max_new_tokens=a.max_new_tokens, delta=a.delta, alpha=a.alpha, accounting=a.accounting,
-        adjacency=a.adjacency, temperature=a.temperature, top_k=a.top_k, min_p=a.min_p)
+    return REGISTRY.get("dp-fusion").cls.calibrated(
+        Budget(targets, a.delta), Spec(a.max_new_tokens, alpha=a.alpha, accounting=a.accounting,
+                                       adjacency=a.adjacency, temperature=a.temperature, top_k=a.top_k, min_p=a.min_p))
 
 
 def _build_decoding(a: BuildArgs) -> Mechanism:
     from dpinfer.mechanisms import REGISTRY
 
     a.settings["top_k"] = None  # the baseline's guarantee needs the full vocabulary
-    return REGISTRY.get("dp-decoding").cls.calibrated(  # type: ignore[attr-defined]
-        a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens, vocab_size=a.lm.vocab_size,
-        temperature=a.temperature)
+    return REGISTRY.get("dp-decoding").cls.calibrated(
+        Budget(a.epsilon, a.delta), Spec(a.max_new_tokens, vocab_size=a.lm.vocab_size, temperature=a.temperature))
 
 
 def _build_prompt(a: BuildArgs) -> Mechanism:
@@ -1095,8 +1095,8 @@ def _build_prompt(a: BuildArgs) -> Mechanism:
     a.settings["top_k"] = None
     lo, hi = clip_bounds(a.lm).bounds
     a.settings["clip"] = [lo, hi]
-    return REGISTRY.get("dp-prompt").cls.calibrated(  # type: ignore[attr-defined]
-        a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens, clip_min=lo, clip_max=hi, mode="joint")
+    return REGISTRY.get("dp-prompt").cls.calibrated(
+        Budget(a.epsilon, a.delta), Spec(a.max_new_tokens, clip_min=lo, clip_max=hi, mode="joint"))
 
 
 BUILDERS: dict[str, Builder] = {
@@ -1105,15 +1105,14 @@ BUILDERS: dict[str, Builder] = {
     "dp-prompt": Builder(_build_prompt),
 }
 """Sanitisation-specific construction, per registered mechanism. A mechanism registered for ``"sanitize"`` without
-an entry runs on the full document and is built as ``cls.calibrated(epsilon, delta=..., max_new_tokens=...)``."""
+an entry runs on the full document and is built as ``cls.calibrated(Budget(epsilon, delta), Spec(max_new_tokens))``."""
 
 
 def _build_calibrated(name: str) -> Callable[[BuildArgs], Mechanism]:
     def build(a: BuildArgs) -> Mechanism:
         from dpinfer.mechanisms import REGISTRY
 
-        return REGISTRY.get(name).cls.calibrated(  # type: ignore[attr-defined]
-            a.epsilon, delta=a.delta, max_new_tokens=a.max_new_tokens)
+        return REGISTRY.get(name).cls.calibrated(Budget(a.epsilon, a.delta), Spec(a.max_new_tokens))
 
     return build
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 from dpinfer.pipelines.budget import charged, current_spend
@@ -410,47 +411,25 @@ class BuildArgs:
     options: dict[str, Any]
 
 
-def _build_invisibleink(a: BuildArgs) -> Mechanism:
-    from dpinfer.mechanisms import REGISTRY
-
-    return REGISTRY.get("invisibleink").cls.calibrated(  # type: ignore[attr-defined]
-        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature, top_k=a.top_k, **a.options)
-
-
-def _build_amin(a: BuildArgs) -> Mechanism:
-    from dpinfer.mechanisms import REGISTRY
-
-    return REGISTRY.get("amin").cls.calibrated(  # type: ignore[attr-defined]
-        epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature, **a.options)
-
-
-def _build_adapmixed(a: BuildArgs) -> Mechanism:
-    from dpinfer.mechanisms import REGISTRY
-
-    return REGISTRY.build("adapmixed", batch_size=a.batch_size, epsilon=a.epsilon, delta=a.delta,
-                          temperature=a.temperature, top_k=a.top_k, **a.options)
-
-
-def _build_calibrated(name: str) -> Callable[[BuildArgs], Mechanism]:
+def _build_calibrated(name: str, *keys: str) -> Callable[[BuildArgs], Mechanism]:
+    """``cls.calibrated(Budget(ε, δ), Spec(T_max, batch_size=B, temperature=τ, <keys>, **options))``."""
     def build(a: BuildArgs) -> Mechanism:
         from dpinfer.mechanisms import REGISTRY
 
-        return REGISTRY.get(name).cls.calibrated(  # type: ignore[attr-defined]
-            epsilon=a.epsilon, delta=a.delta, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens,
-            temperature=a.temperature, **a.options)
+        extra = {k: getattr(a, k) for k in keys}
+        return REGISTRY.get(name).cls.calibrated(Budget(a.epsilon, a.delta), Spec(
+            a.max_new_tokens, batch_size=a.batch_size, temperature=a.temperature, **extra, **a.options))
 
     return build
 
 
 BUILDERS: dict[str, Callable[[BuildArgs], Mechanism]] = {
-    "invisibleink": _build_invisibleink,
-    "amin": _build_amin,
-    "adapmixed": _build_adapmixed,
+    "invisibleink": _build_calibrated("invisibleink", "top_k"),
+    "amin": _build_calibrated("amin"),
+    "adapmixed": _build_calibrated("adapmixed", "top_k"),
 }
 """Synthesis-specific construction per registered mechanism. One registered for ``"synthesize"`` without an entry is
-built as ``cls.calibrated(epsilon=, delta=, batch_size=, max_new_tokens=, temperature=, **options)``."""
+built as ``cls.calibrated(Budget(ε, δ), Spec(T_max, batch_size=, temperature=, **options))``."""
 
 
 def build_mechanism(method: str, *, lm: LM, epsilon: float | None, delta: float, batch_size: int, max_new_tokens: int,
@@ -681,14 +660,8 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
         job_mech = jobs[j].mechanism
         labels = refs[plan.batches[b][0]].labels
         ids = out.sequences[0]
-        private = None
-        dd: dict[str, Any] = {}
-        if out.steps and "private" in out.steps[0]:
-            private = int(sum(s.get("private", 0.0) for s in out.steps))
-        if callable(getattr(job_mech, "spend", None)):  # a data-dependent account (AdaPMixED): its realised figure
-            dd["spent"] = job_mech.spend().to_dict()
-        if out.steps and "expanded" in out.steps[0]:  # InvisibleInk's Top-k+ expansion
-            dd["expanded_token_share"] = sum(s["expanded"] for s in out.steps) / len(out.steps)
+        dd: dict[str, Any] = job_mech.diagnostics(out.steps)  # data-dependent: diagnostics only
+        private = dd.pop("private_tokens", None)
         jobs[j] = dataclasses.replace(jobs[j], contexts=())  # free the finished batch's private contexts
         finished += 1
         yield SyntheticText(text=model.decode(ids).strip(), labels=dict(labels), batch=b, tokens=len(ids),

@@ -20,6 +20,7 @@ from dpinfer.accounting import (
     compose,
     compose_steps,
 )
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import UniformMixtureEvent
 from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.errors import ConfigurationError
@@ -38,7 +39,7 @@ def test_composed_history_equals_the_sum_of_its_entries(entries):
 
 def test_pad_answers_compose_to_the_pinned_session_figure():
     """Two PAD answers at ε = 8, T_max = 10 (replace-by-null): ρ adds, converted once (as the RAG session did)."""
-    mech = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=10)
+    mech = Pad.calibrated(Budget(8.0, 1e-5), Spec(10))
     acc = PrivacyAccountant()
     for _ in range(2):
         acc.compose(mech.loss_event(), 10, adjacency=mech.adjacency, label="pad", delta=1e-5)

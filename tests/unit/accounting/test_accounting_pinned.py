@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.mechanisms.amin import AminSVT
 from dpinfer.mechanisms.dp_decoding import DPDecoding
 from dpinfer.mechanisms.dp_fusion import DPFusion, calibrate_bound
@@ -187,13 +188,11 @@ def test_calibrated_knob_is_pinned(key: str) -> None:
     elif kind == "fusion8":
         got = calibrate_bound(eps, num_groups=2, max_new_tokens=t, alpha=8.0, adjacency="replace-one")
     elif kind == "dec":
-        got = DPDecoding.calibrated(eps, delta=1e-5, max_new_tokens=t, vocab_size=49152).lam
+        got = DPDecoding.calibrated(Budget(eps, 1e-5), Spec(t, vocab_size=49152)).lam
     elif kind == "prompt":
-        got = DPPrompt.calibrated(eps, delta=1e-5, max_new_tokens=t, clip_min=0.0, clip_max=10.0,
-                                  num_rewrites=2).temperature
+        got = DPPrompt.calibrated(Budget(eps, 1e-5), Spec(t, clip_min=0.0, clip_max=10.0, num_rewrites=2)).temperature
     elif kind == "ink":
-        got = InvisibleInk.calibrated(epsilon=eps, delta=1e-6, batch_size=7, max_new_tokens=t,
-                                      temperature=1.1).clip_norm
+        got = InvisibleInk.calibrated(Budget(eps, 1e-6), Spec(t, batch_size=7, temperature=1.1)).clip_norm
     else:
-        got = AminSVT.calibrated(epsilon=eps, delta=1e-6, batch_size=8, max_new_tokens=t).clip_norm
+        got = AminSVT.calibrated(Budget(eps, 1e-6), Spec(t, batch_size=8)).clip_norm
     assert got == pytest.approx(CALIBRATED[key], rel=REL)

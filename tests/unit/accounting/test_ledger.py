@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dpinfer.accounting import Guarantee, Zcdp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.dp_fusion import conversion_cost, group_loss, step_epsilon
 from dpinfer.accounting.ledger import ALL_GROUPS, ApproxDp, Cost, Ledger, composed_epsilon
 from dpinfer.accounting.losses import PureDp, SingleOrderRdp, compose
@@ -143,7 +144,7 @@ def test_a_guarantee_without_privacy_costs_infinity(ledger: Ledger) -> None:
 # ------------------------------------------------------------------------------------------------ composition
 def test_ten_dp_fusion_releases_of_one_document_compose_per_group(ledger: Ledger) -> None:
     """m = 2 groups, α = 2, T_max = 200, ε = 20 per group: ten releases compose at order α, per group."""
-    mech = DPFusion.calibrated({"PERSON": 20.0, "DATETIME": 30.0}, max_new_tokens=200, delta=DELTA, alpha=2.0)
+    mech = DPFusion.calibrated(Budget({"PERSON": 20.0, "DATETIME": 30.0}, DELTA), Spec(200, alpha=2.0))
     guarantee = mech.guarantee(200)
     ledger.set_budget("doc", epsilon=1000.0)
     for _ in range(10):
@@ -353,7 +354,7 @@ def test_the_ledger_file_holds_no_text_and_no_guessable_hash(tmp_path: Path) -> 
     assert unit == ledger.unit_for_text(DOCUMENT) and unit != ledger.unit_for_text(DOCUMENT + " ")
     assert unit == Ledger(path).unit_for_text(DOCUMENT)  # stable across processes: the secret is in the file
     assert Ledger.init(tmp_path / "other.db").unit_for_text(DOCUMENT) != unit  # another ledger, another secret
-    mech = DPFusion.calibrated({"PERSON": 40.0, "DATETIME": 40.0, "LOC": 40.0, "ORG": 40.0}, max_new_tokens=64)
+    mech = DPFusion.calibrated(Budget({"PERSON": 40.0, "DATETIME": 40.0, "LOC": 40.0, "ORG": 40.0}, 1e-5), Spec(64))
     for _ in range(3):
         ledger.reserve(unit, mech.guarantee(64), scope="document").commit()
     ledger.void(ledger.reserve(unit, mech.guarantee(64)).id)

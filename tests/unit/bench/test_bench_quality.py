@@ -7,6 +7,7 @@ import argparse
 import pytest
 import torch
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import quality
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.dp_fusion import DPFusion
@@ -58,8 +59,8 @@ def test_min_p_support_reads_the_public_row_only() -> None:
 
 
 def test_dp_fusion_min_p_keeps_the_guarantee_and_the_public_support() -> None:
-    base = DPFusion.calibrated({"PERSON": 20.0}, max_new_tokens=50, temperature=0.7, top_k=40)
-    mp = DPFusion.calibrated({"PERSON": 20.0}, max_new_tokens=50, temperature=0.7, top_k=40, min_p=0.05)
+    base = DPFusion.calibrated(Budget({"PERSON": 20.0}, 1e-5), Spec(50, temperature=0.7, top_k=40))
+    mp = DPFusion.calibrated(Budget({"PERSON": 20.0}, 1e-5), Spec(50, temperature=0.7, top_k=40, min_p=0.05))
     assert mp.guarantee(50).epsilon == base.guarantee(50).epsilon  # the support is public: ε does not change
     assert mp.guarantee(50).parameters["min_p"] == 0.05
     pub = torch.linspace(0.0, -12.0, 50, dtype=torch.float64)

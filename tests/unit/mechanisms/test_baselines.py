@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dpinfer.accounting import PureDp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import StepInfo
@@ -104,7 +105,7 @@ def test_dp_decoding_samples_from_q() -> None:
 @pytest.mark.parametrize("max_new_tokens", [1, 16, 256])
 @pytest.mark.parametrize("epsilon", [0.5, 10.0, 50.0, 100.0, 500.0])
 def test_dp_decoding_calibration_round_trip(epsilon: float, max_new_tokens: int) -> None:
-    mech = DPDecoding.calibrated(epsilon, delta=1e-5, max_new_tokens=max_new_tokens, vocab_size=SMOLLM_V)
+    mech = DPDecoding.calibrated(Budget(epsilon, 1e-5), Spec(max_new_tokens, vocab_size=SMOLLM_V))
     reached = mech.guarantee(max_new_tokens).epsilon
     assert reached <= epsilon
     if mech.lam < LAMBDA_MAX:
@@ -118,18 +119,17 @@ def test_dp_decoding_calibration_round_trip(epsilon: float, max_new_tokens: int)
 
 def test_dp_decoding_calibration_uses_the_accountants_composition() -> None:
     # small ε_tok: the RDP route beats basic composition; large ε_tok: basic composition
-    small = DPDecoding.calibrated(10.0, delta=1e-5, max_new_tokens=256, vocab_size=SMOLLM_V)
+    small = DPDecoding.calibrated(Budget(10.0, 1e-5), Spec(256, vocab_size=SMOLLM_V))
     assert 256 * small.epsilon_per_token > 10.0
     assert small.guarantee(256).parameters["composition"].startswith("rdp")
-    large = DPDecoding.calibrated(500.0, delta=1e-5, max_new_tokens=256, vocab_size=SMOLLM_V)
+    large = DPDecoding.calibrated(Budget(500.0, 1e-5), Spec(256, vocab_size=SMOLLM_V))
     assert large.epsilon_per_token == pytest.approx(500.0 / 256, rel=1e-6)
     assert large.guarantee(256).parameters["composition"].startswith("basic")
 
 
 def test_dp_decoding_calibration_passes_options_and_scales_with_sequences() -> None:
-    mech = DPDecoding.calibrated(
-        20.0, delta=1e-6, max_new_tokens=8, vocab_size=100, temperature=0.7, mode="joint", num_sequences=4
-    )
+    mech = DPDecoding.calibrated(Budget(20.0, 1e-6),
+                                 Spec(8, vocab_size=100, temperature=0.7, mode="joint", num_sequences=4))
     assert (mech.temperature, mech.delta, mech.num_sequences) == (0.7, 1e-6, 4)
     assert mech.guarantee(8).epsilon == pytest.approx(
         DPDecoding(mech.lam, vocab_size=100, delta=1e-6).guarantee(32).epsilon
@@ -168,7 +168,8 @@ def test_dp_decoding_rejects_invalid_parameters(kwargs: dict, match: str) -> Non
 def test_dp_decoding_calibration_rejects_invalid_targets(epsilon: float, kwargs: dict, match: str) -> None:
     args = {"delta": 1e-5, "max_new_tokens": 16, "vocab_size": 100, **kwargs}
     with pytest.raises(ConfigurationError, match=match):
-        DPDecoding.calibrated(epsilon, **args)
+        t = args.pop("max_new_tokens")
+        DPDecoding.calibrated(Budget(epsilon, args.pop("delta")), Spec(t, **args))
 
 
 @pytest.mark.parametrize("cls", ["dp-decoding", "dp-prompt"])
@@ -177,11 +178,11 @@ def test_targets_in_the_gap_above_zero_are_infeasible(cls: str) -> None:
     # infeasible, naming the smallest positive ε reachable (dpinfer.accounting.calibrate).
     with pytest.raises(InfeasibleBudgetError, match=r"smallest positive ε reachable is .*ask for ε ≥"):
         if cls == "dp-decoding":
-            DPDecoding.calibrated(1e-6, delta=1e-5, max_new_tokens=1000, vocab_size=SMOLLM_V)
+            DPDecoding.calibrated(Budget(1e-6, 1e-5), Spec(1000, vocab_size=SMOLLM_V))
         else:
-            DPPrompt.calibrated(1e-6, delta=1e-5, max_new_tokens=1000, clip_min=0.0, clip_max=3.0)
+            DPPrompt.calibrated(Budget(1e-6, 1e-5), Spec(1000, clip_min=0.0, clip_max=3.0))
     # small but reachable targets are met (λ → 0 is uniform noise, τ → ∞ too)
-    small = DPDecoding.calibrated(1e-3, delta=1e-5, max_new_tokens=1000, vocab_size=SMOLLM_V)
+    small = DPDecoding.calibrated(Budget(1e-3, 1e-5), Spec(1000, vocab_size=SMOLLM_V))
     assert 0.0 < small.lam < 1e-9 and 1e-3 * (1 - 1e-6) <= small.guarantee(1000).epsilon <= 1e-3
 
 
@@ -284,9 +285,8 @@ def test_dp_prompt_weights_match_the_clipped_softmax(lo: float, hi: float, tau: 
 @pytest.mark.parametrize("max_new_tokens", [1, 64, 256])
 @pytest.mark.parametrize("epsilon", [0.5, 10.0, 100.0, 500.0])
 def test_dp_prompt_calibration_round_trip(epsilon: float, max_new_tokens: int, num_rewrites: int) -> None:
-    mech = DPPrompt.calibrated(
-        epsilon, delta=1e-5, max_new_tokens=max_new_tokens, clip_min=4.15, clip_max=28.93, num_rewrites=num_rewrites
-    )
+    mech = DPPrompt.calibrated(Budget(epsilon, 1e-5),
+                               Spec(max_new_tokens, clip_min=4.15, clip_max=28.93, num_rewrites=num_rewrites))
     reached = mech.guarantee(max_new_tokens).epsilon
     assert epsilon * (1 - 1e-6) <= reached <= epsilon
     colder = DPPrompt(4.15, 28.93, mech.temperature * (1 - 1e-5), num_rewrites=num_rewrites)
@@ -294,9 +294,9 @@ def test_dp_prompt_calibration_round_trip(epsilon: float, max_new_tokens: int, n
 
 
 def test_dp_prompt_calibration_passes_options() -> None:
-    mech = DPPrompt.calibrated(50.0, delta=1e-6, max_new_tokens=16, clip_min=0.0, clip_max=3.0, mode="joint", row=1)
+    mech = DPPrompt.calibrated(Budget(50.0, 1e-6), Spec(16, clip_min=0.0, clip_max=3.0, mode="joint", row=1))
     assert (mech.mode, mech.row, mech.delta) == ("joint", 1, 1e-6)
-    assert DPPrompt.calibrated(1e-3, delta=1e-5, max_new_tokens=16, clip_min=0.0, clip_max=3.0).temperature > 1e4
+    assert DPPrompt.calibrated(Budget(1e-3, 1e-5), Spec(16, clip_min=0.0, clip_max=3.0)).temperature > 1e4
 
 
 @pytest.mark.parametrize(
@@ -333,7 +333,8 @@ def test_dp_prompt_rejects_invalid_parameters(args: tuple, kwargs: dict, match: 
 def test_dp_prompt_calibration_rejects_invalid_targets(epsilon: float, kwargs: dict, match: str) -> None:
     args = {"delta": 1e-5, "max_new_tokens": 16, "clip_min": 0.0, "clip_max": 3.0, **kwargs}
     with pytest.raises(ConfigurationError, match=match):
-        DPPrompt.calibrated(epsilon, **args)
+        t = args.pop("max_new_tokens")
+        DPPrompt.calibrated(Budget(epsilon, args.pop("delta")), Spec(t, **args))
 
 
 def test_dp_prompt_start_checks_the_layout() -> None:
@@ -356,10 +357,10 @@ def test_baselines_run_on_the_engine(tiny_lm, which: str) -> None:
 
     ids = tiny_lm.encode(tiny_lm.instruction_prompt("The applicant was born in 1970."))
     if which == "dp-decoding":
-        joint = DPDecoding.calibrated(50.0, delta=1e-5, max_new_tokens=6, vocab_size=tiny_lm.vocab_size)
+        joint = DPDecoding.calibrated(Budget(50.0, 1e-5), Spec(6, vocab_size=tiny_lm.vocab_size))
         independent = DPDecoding(joint.lam, vocab_size=tiny_lm.vocab_size, mode="independent", num_sequences=3)
     else:
-        joint = DPPrompt.calibrated(50.0, delta=1e-5, max_new_tokens=6, clip_min=0.0, clip_max=5.0, mode="joint")
+        joint = DPPrompt.calibrated(Budget(50.0, 1e-5), Spec(6, clip_min=0.0, clip_max=5.0, mode="joint"))
         independent = DPPrompt(0.0, 5.0, joint.temperature, num_rewrites=3)
     out = Engine(tiny_lm).generate([ids], joint, max_new_tokens=6, seed=0, stop_on_eos=False)
     assert len(out.sequences[0]) == 6

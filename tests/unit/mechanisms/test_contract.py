@@ -41,6 +41,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from dpinfer.accounting import LossEvent, PrivacyLoss, PureDp, compose_steps, ex_ante_guarantee
+from dpinfer.accounting.calibration import Budget
+from dpinfer.accounting.calibration import Spec as Target
 from dpinfer.accounting.dp_fusion import conversion_cost, per_step_rdp
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import REGISTRY, Mechanism, MechanismRegistry, available_mechanisms, get_mechanism
@@ -110,6 +112,35 @@ def test_tokens_come_from_the_generator_only(name: str) -> None:
     assert torch.equal(state, torch.get_rng_state())  # the global RNG was not used
     assert first == _run(factory(), k, seed=7)
     assert len(first) > 0
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_one_calibration_signature_and_diagnostics(name: str) -> None:
+    """Every mechanism has ``calibrated(budget, spec)`` (one signature: callers need no per-mechanism keywords) and
+    ``diagnostics(steps)``: a JSON-able dict of data-dependent figures after a generation."""
+    import inspect
+    import json
+
+    factory, k, _ = FACTORIES[name]
+    cls = REGISTRY.get(name).cls
+    assert list(inspect.signature(cls.calibrated).parameters) == ["budget", "spec"]
+    mech = factory()
+    mech.start(k, V)
+    g = torch.Generator().manual_seed(3)
+    steps = []
+    for t in range(3):
+        z = torch.randn(k, V, dtype=torch.float64, generator=g)
+        res = mech.step(z, StepInfo(step=t, max_new_tokens=50, num_contexts=k,
+                                    finished=None if mech.mode == "joint" else torch.zeros(k, dtype=torch.bool)), g)
+        steps.append(dict(res.stats or {}))
+    diag = mech.diagnostics(steps)
+    assert isinstance(diag, dict) and "epsilon" not in diag
+    json.dumps(diag)
+
+
+def test_a_mechanism_without_a_calibration_says_so() -> None:
+    with pytest.raises(ConfigurationError, match="no calibration"):
+        REGISTRY.get("sampler").cls.calibrated(Budget(1.0, 1e-5), Target(10))
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
@@ -229,21 +260,23 @@ def _pad_released(mech: Any, z: torch.Tensor) -> torch.Tensor:
 def _fusion_calibrated(eps: float, t: int, p: dict[str, Any]) -> tuple[Mechanism, list[float]]:
     floor = conversion_cost(p["alpha"], 1e-5)  # the smallest reachable ε at that α: targets start above it
     target = {"A": floor + eps, "B": floor + 1.5 * eps}
-    mech = REGISTRY.get("dp-fusion").cls.calibrated(  # type: ignore[attr-defined]
-        target, max_new_tokens=t, alpha=p["alpha"], adjacency=p["adjacency"])
+    mech = REGISTRY.get("dp-fusion").cls.calibrated(Budget(target, 1e-5),
+                                                    Target(t, alpha=p["alpha"], adjacency=p["adjacency"]))
     return mech, [g.epsilon - target[g.name] for g in mech.guarantee(t).groups]
 
 
 def _kwarg_calibrated(name: str, kw: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[..., Any]:
     def run(eps: float, t: int, p: dict[str, Any]) -> tuple[Mechanism, list[float]]:
-        mech = REGISTRY.get(name).cls.calibrated(epsilon=eps, max_new_tokens=t, **kw(p))  # type: ignore[attr-defined]
+        params = kw(p)
+        mech = REGISTRY.get(name).cls.calibrated(Budget(eps, params.pop("delta", 1e-5)), Target(t, **params))
         return mech, [mech.guarantee(t).epsilon - eps]
     return run
 
 
 def _positional_calibrated(name: str, kw: Callable[[dict[str, Any], int], dict[str, Any]]) -> Callable[..., Any]:
     def run(eps: float, t: int, p: dict[str, Any]) -> tuple[Mechanism, list[float]]:
-        mech = REGISTRY.get(name).cls.calibrated(eps, max_new_tokens=t, **kw(p, t))  # type: ignore[attr-defined]
+        params = kw(p, t)
+        mech = REGISTRY.get(name).cls.calibrated(Budget(eps, params.pop("delta")), Target(t, **params))
         return mech, [mech.guarantee(t).epsilon - eps]
     return run
 

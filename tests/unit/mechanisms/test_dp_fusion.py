@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dpinfer.accounting import SingleOrderRdp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError, InvalidInputError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import StepInfo
@@ -140,9 +141,8 @@ def test_replace_one_adjacency_property():
 
 
 def test_replace_one_guarantee_and_calibration():
-    null = DPFusion.calibrated({"PERSON": 20.0, "CODE": 15.0}, max_new_tokens=100, delta=1e-5)
-    one = DPFusion.calibrated({"PERSON": 20.0, "CODE": 15.0}, max_new_tokens=100, delta=1e-5,
-                              adjacency="replace-one")
+    null = DPFusion.calibrated(Budget({"PERSON": 20.0, "CODE": 15.0}, 1e-5), Spec(100))
+    one = DPFusion.calibrated(Budget({"PERSON": 20.0, "CODE": 15.0}, 1e-5), Spec(100, adjacency="replace-one"))
     assert one.enforced_order == 4.0 and null.enforced_order == 2.0
     g = one.guarantee(100)
     per = {gr.name: gr.epsilon for gr in g.groups}
@@ -404,7 +404,7 @@ def test_guarantee_does_not_depend_on_steps_taken():
 @pytest.mark.parametrize("alpha", [2.0, 8.0])
 def test_calibration_round_trip(accounting, alpha):
     targets = {"PERSON": 15.0, "CODE": 12.0, "LOC": 40.0}
-    mech = DPFusion.calibrated(targets, max_new_tokens=200, alpha=alpha, accounting=accounting, temperature=0.7)
+    mech = DPFusion.calibrated(Budget(targets, 1e-5), Spec(200, alpha=alpha, accounting=accounting, temperature=0.7))
     assert mech.group_names == ("PERSON", "CODE", "LOC") and mech.temperature == 0.7
     g = mech.guarantee(200)
     for group in g.groups:
@@ -417,22 +417,22 @@ def test_calibration_infeasible_target_states_smallest_reachable_epsilon():
     floor = conversion(2.0, 1e-5)  # ≈ 10.13: the conversion alone, at α = 2
     assert floor == pytest.approx(10.1266, abs=1e-3)
     with pytest.raises(InfeasibleBudgetError, match=r"smallest reachable ε is 10\.13") as info:
-        DPFusion.calibrated({"PERSON": 8.0}, max_new_tokens=100)
+        DPFusion.calibrated(Budget({"PERSON": 8.0}, 1e-5), Spec(100))
     assert "larger α" in str(info.value) and "PERSON" in str(info.value)
     assert conversion_cost(2.0, 1e-5) == pytest.approx(floor, rel=1e-14)
     # agrees with the accountant: a vanishing per-step loss converts to just above the floor
     assert SingleOrderRdp(2.0, 1e-9).to_epsilon(1e-5) == pytest.approx(floor, abs=1e-6)
-    mech = DPFusion.calibrated({"PERSON": 8.0}, max_new_tokens=100, alpha=8.0)  # ≈ 1.4 at α = 8: reachable
+    mech = DPFusion.calibrated(Budget({"PERSON": 8.0}, 1e-5), Spec(100, alpha=8.0))  # ≈ 1.4 at α = 8: reachable
     assert mech.guarantee(100).epsilon <= 8.0
 
 
 def test_calibration_validation():
     with pytest.raises(ConfigurationError):
-        DPFusion.calibrated({}, max_new_tokens=10)
+        DPFusion.calibrated(Budget({}, 1e-5), Spec(10))
     with pytest.raises(ConfigurationError, match="target ε of group 'A'"):
-        DPFusion.calibrated({"A": -1.0}, max_new_tokens=10)
+        DPFusion.calibrated(Budget({"A": -1.0}, 1e-5), Spec(10))
     with pytest.raises(ConfigurationError, match="max_new_tokens"):
-        DPFusion.calibrated({"A": 20.0}, max_new_tokens=0)
+        DPFusion.calibrated(Budget({"A": 20.0}, 1e-5), Spec(0))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

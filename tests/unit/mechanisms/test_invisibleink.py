@@ -9,6 +9,7 @@ import torch
 from dp_accounting.rdp import compute_epsilon
 
 from dpinfer.accounting import DEFAULT_ORDERS, Zcdp, zcdp_rho_for_target
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.adapmixed import AdaPMixED
@@ -97,7 +98,7 @@ def test_topk_plus_is_public_only() -> None:
 
 
 def test_calibration_reproduces_the_papers_worked_example_and_dp_accounting() -> None:
-    mech = InvisibleInk.calibrated(epsilon=10.0, delta=1e-6, batch_size=7, temperature=1.1, max_new_tokens=500)
+    mech = InvisibleInk.calibrated(Budget(10.0, 1e-6), Spec(500, batch_size=7, temperature=1.1))
     assert mech.clip_norm == pytest.approx(0.604, abs=5e-4)
     assert mech.rho(500) == pytest.approx(1.539, abs=5e-4)
     g = mech.guarantee(500)
@@ -150,7 +151,7 @@ def test_invisibleink_rejects_bad_parameters(kwargs: dict, match: str) -> None:
 
 def test_invisibleink_rejects_bad_targets_and_layouts() -> None:
     with pytest.raises(ConfigurationError, match="ε"):
-        InvisibleInk.calibrated(epsilon=0.0, batch_size=4, max_new_tokens=10)
+        InvisibleInk.calibrated(Budget(0.0, 1e-6), Spec(10, batch_size=4))
     mech = InvisibleInk(clip_norm=1.0, batch_size=4)
     with pytest.raises(ConfigurationError, match="B \\+ 1 = 5"):
         mech.start(3, 10)
@@ -190,7 +191,7 @@ def test_amin_rho_formula_and_calibration() -> None:
     published = AminSVT(clip_norm=c, batch_size=b, svt=False, as_published=True)
     assert published.rho(500) == pytest.approx(500 * 0.5 * (c / (b * tau)) ** 2)  # ALGORITHMS §2's ½(C/(Bτ))²
     assert published.guarantee(500).accounting == "as_published"
-    cal = AminSVT.calibrated(epsilon=10.0, delta=1e-6, batch_size=8, max_new_tokens=200)
+    cal = AminSVT.calibrated(Budget(10.0, 1e-6), Spec(200, batch_size=8))
     target = zcdp_rho_for_target(10.0, 1e-6)
     assert cal.rho(200) <= target * (1 + 1e-6) and cal.rho(200) == pytest.approx(target, rel=1e-4)
     assert cal.guarantee(200).epsilon <= 10.0 + 1e-9

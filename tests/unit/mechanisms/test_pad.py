@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpinfer.accounting import DataDependentSpend, Zcdp, zcdp_rho_for_target
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.pad import Pad, PadAsPublished, centre_and_clip, published_step_parameters
@@ -88,14 +89,14 @@ def test_guarantee_is_the_zcdp_formula_over_t_max(adjacency, factor):
 @pytest.mark.parametrize("eps", [1.0, 8.0, 64.0])
 @pytest.mark.parametrize("adjacency", ["replace-by-null", "replace-one"])
 def test_calibration_meets_the_target_with_sigma_fixed(eps, adjacency):
-    mech = Pad.calibrated(epsilon=eps, delta=1e-5, max_new_tokens=64, adjacency=adjacency)
+    mech = Pad.calibrated(Budget(eps, 1e-5), Spec(64, adjacency=adjacency))
     assert mech.sigma == 1.5
     g = mech.guarantee(64)
     assert g.epsilon <= eps + 1e-9 and g.epsilon == pytest.approx(eps, rel=1e-6)
     assert g.parameters["rho"] == pytest.approx(zcdp_rho_for_target(eps, 1e-5), rel=1e-9)
     # replace-one pays twice the sensitivity: half the clip norm for the same ε
     other = "replace-one" if adjacency == "replace-by-null" else "replace-by-null"
-    twin = Pad.calibrated(epsilon=eps, delta=1e-5, max_new_tokens=64, adjacency=other)
+    twin = Pad.calibrated(Budget(eps, 1e-5), Spec(64, adjacency=other))
     ratio = mech.clip_norm / twin.clip_norm
     assert ratio == pytest.approx(0.5 if adjacency == "replace-one" else 2.0)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.cli import main
 from dpinfer.pipelines.jobs import TORN_ERROR, parse_prefix, settle_torn
 
@@ -264,7 +265,7 @@ def test_rag_questions_summary_composes_every_answer_in_out(tiny_model_dir, tiny
     capsys.readouterr()
     assert main(job.argv(job.write_input(tmp_path / "b.jsonl", [2, 3]), out, tiny_model_dir)) == 0
     err = capsys.readouterr().err
-    rho = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=4).rho(4)
+    rho = Pad.calibrated(Budget(8.0, 1e-5), Spec(4)).rho(4)
     assert "4 answers in the output, composed" in err
     assert f"ρ = {format_up(4 * rho)} zCDP, ε ≤ {format_up(Zcdp(4 * rho).to_epsilon(1e-5))}" in err
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 from dpinfer.pipelines.synthesize import (
     TEMPLATES,
@@ -145,7 +146,7 @@ def test_the_null_reference_uses_the_public_prompt(tiny_lm, monkeypatch: pytest.
     (contexts,) = seen
     assert len(contexts) == 3
     assert contexts.count(contexts[0]) == 2  # the public row and the null reference's row
-    mech = InvisibleInk.calibrated(epsilon=5.0, delta=1e-6, batch_size=2, max_new_tokens=6, top_k=None)
+    mech = InvisibleInk.calibrated(Budget(5.0, 1e-6), Spec(6, batch_size=2, top_k=None))
     z = torch.randn(1, 7, dtype=torch.float64).expand(3, 7)
     p, _ = mech.distribution(z)
     assert torch.allclose(p, torch.softmax(z[0], -1))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import dpinfer.eval.embeddings
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.cli import main
 from dpinfer.errors import ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo
@@ -209,7 +210,7 @@ def test_help_and_guarantee_say_that_membership_needs_replace_one(capsys):
         main(["rag", "ask", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "membership" in text and "--adjacency replace-one" in text
-    g = Pad.calibrated(epsilon=16.0, max_new_tokens=8).guarantee(8)
+    g = Pad.calibrated(Budget(16.0, 1e-5), Spec(8)).guarantee(8)
     assert "not whether a document is in the store" in str(g) and "replace-one" in g.adjacency
-    assert "not whether" not in Pad.calibrated(epsilon=16.0, max_new_tokens=8, adjacency="replace-one"
-                                               ).guarantee(8).adjacency
+    one = Pad.calibrated(Budget(16.0, 1e-5), Spec(8, adjacency="replace-one"))
+    assert "not whether" not in one.guarantee(8).adjacency

@@ -10,6 +10,7 @@ import torch
 
 import dpinfer
 from dpinfer.accounting import Zcdp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo, StepResult
 from dpinfer.mechanisms.pad import Pad
@@ -89,7 +90,7 @@ def test_released_logits_stay_within_c_of_the_public_row_on_every_step(tmp_path,
 def test_pad_answer_guarantee_and_session_composition(tmp_path, tiny_lm, embedder, docs):
     rag = _rag(tmp_path, "s", tiny_lm, embedder, docs)
     ans = rag.ask(QUESTION, epsilon=8.0, max_new_tokens=10, seed=0)
-    mech = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=10)
+    mech = Pad.calibrated(Budget(8.0, 1e-5), Spec(10))
     rho = 10 * mech.clip_norm**2 / (2 * 1.5**2)
     assert ans.guarantee.epsilon == pytest.approx(Zcdp(rho).to_epsilon(1e-5))
     assert ans.guarantee.epsilon <= 8.0 + 1e-9 and ans.guarantee.seeded
@@ -262,7 +263,7 @@ def test_cli_rag_ask_questions_file_resumes_and_states_the_composed_budget(tmp_p
             str(tiny_model_dir), "--max-new-tokens", "4", "--epsilon", "8", "--seed", "2"]
     assert main(args) == 0
     err = capsys.readouterr().err
-    rho = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=4).rho(4)
+    rho = Pad.calibrated(Budget(8.0, 1e-5), Spec(4)).rho(4)
     assert "done 3 / skipped 0 / errors 1" in err and "3 answers in the output, composed" in err
     from dpinfer.accounting._format import format_up
 

@@ -10,6 +10,7 @@ import pytest
 
 import dpinfer.models
 from dpinfer.accounting import Zcdp
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.ledger import Ledger
 from dpinfer.defaults import RAG
 from dpinfer.errors import BudgetExceededError
@@ -34,7 +35,7 @@ def test_the_store_keeps_its_ledger_beside_it_and_the_budget_holds_across_object
     ledger = Ledger(store / "budget.db")
     status = ledger.status("store")
     assert (status.releases, status.scope, status.epsilon) == (2, "store", RAG.store_epsilon)
-    rho = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=4).rho(4)
+    rho = Pad.calibrated(Budget(8.0, 1e-5), Spec(4)).rho(4)
     assert status.spent == Zcdp(2 * rho).to_epsilon(1e-5) == rag.session_guarantee().epsilon
     assert a.guarantee.epsilon <= 8.0
     ledger.set_budget("store", epsilon=(Zcdp(3 * rho).to_epsilon(1e-5) + Zcdp(4 * rho).to_epsilon(1e-5)) / 2)
@@ -62,7 +63,7 @@ def test_a_baseline_without_guarantee_is_refused_unless_no_ledger(tmp_path, tiny
 
 def test_ask_many_charges_each_answer_and_reports_the_refused(tmp_path, tiny_lm, embedder, docs) -> None:
     ledger = Ledger.init(tmp_path / "b.db")
-    rho = Pad.calibrated(epsilon=8.0, delta=1e-5, max_new_tokens=4).rho(4)
+    rho = Pad.calibrated(Budget(8.0, 1e-5), Spec(4)).rho(4)
     ledger.set_budget("tenant", epsilon=(Zcdp(2 * rho).to_epsilon(1e-5) + Zcdp(3 * rho).to_epsilon(1e-5)) / 2)
     rag = _rag(tmp_path / "s", tiny_lm, embedder, docs, ledger=ledger, unit="tenant")
     got = {i: (ans, err) for i, ans, err in rag.ask_many(["q one?", "q two?", "q three?"], epsilon=8.0,
