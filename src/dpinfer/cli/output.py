@@ -99,10 +99,10 @@ def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True,
                   disable=not err.is_terminal) as prog:
-        task = prog.add_task(label, total=total)
+        task = prog.add_task(label, total=total, visible=total is not None)  # never drawn as "0/?"
 
         def update(done: int, total: int) -> None:
-            prog.update(task, completed=done, total=total)
+            prog.update(task, completed=done, total=total, visible=True)
 
         yield update
 

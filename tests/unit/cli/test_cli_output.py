@@ -88,3 +88,34 @@ def test_help_and_usage_into_a_pipe_are_not_wrapped(capsys):
         main(["sanitize", "doc.txt", "--epsilom", "3"])
     usage, error = capsys.readouterr().err.splitlines()
     assert usage.startswith("usage: dpinfer sanitize ") and error.startswith("dpinfer sanitize: error: ")
+
+
+def test_progress_bar_shows_the_known_total_and_an_eta(monkeypatch):
+    """On a terminal the sanitize progress bar shows done/T_max (the public total, known before the first step)
+    and an estimate of the time left; into a pipe it draws nothing."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from dpinfer.cli import output
+
+    buf = io.StringIO()
+    monkeypatch.setattr(output, "console", lambda stderr=False: Console(file=buf, force_terminal=True, width=120,
+                                                                         color_system=None))
+    with output.count_progress("sanitizing", "tokens") as update:
+        update(0, 256)
+        for done in (32, 64, 128):
+            time.sleep(0.05)
+            update(done, 256)
+        time.sleep(0.2)  # let the live display refresh at least once with the last update
+    drawn = buf.getvalue()
+    assert "/256" in drawn and "tokens" in drawn and "ETA" in drawn
+    assert "0/?" not in drawn
+
+    pipe = io.StringIO()
+    monkeypatch.setattr(output, "console", lambda stderr=False: Console(file=pipe))
+    with output.count_progress("sanitizing", "tokens") as update:
+        update(0, 256)
+        update(256, 256)
+    assert pipe.getvalue() == ""
