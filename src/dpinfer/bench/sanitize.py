@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench import plots
+from dpinfer.bench import plots, speed
 from dpinfer.bench.harness import write_json, write_text
 from dpinfer.eval.intervals import mean_interval, wilson
 from dpinfer.taggers.base import Span
@@ -209,7 +209,6 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     per document), on an engine of its own so that its compiled decode step is reused across repeats; its first call
     (which compiles on CUDA) is timed apart (``settings["slot_first_call_seconds"]``). Rows carry their ``path`` and
     ``decode_step`` (``"compiled"`` or ``"eager"``)."""
-    from dpinfer.bench.engine import _time_hf, slot_decode_step
     from dpinfer.pipelines import sanitize as pipeline
 
     labels = sorted({s.label for s in doc.spans})
@@ -224,7 +223,7 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     slot_runs: dict[str, tuple[Callable[[], float], str]] = {}
     first_calls: dict[str, float] = {}
     former = {name: _former_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
-    steps = {name: slot_decode_step(lm, pipeline.plan_sanitize(
+    steps = {name: speed.slot_decode_step(lm, pipeline.plan_sanitize(
         doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).job)
         for name, groups in configs}
     for name, groups in configs:  # first calls timed apart (the engine's decode step compiles on CUDA)
@@ -273,7 +272,7 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                                         pipeline.DEFAULT_INSTRUCTION).original
         if progress:
             progress("hf generate static+compile (first call: compiles)")
-        compile_seconds = _time_hf(lm, ids, max_new_tokens, compiled=True)
+        compile_seconds = speed.time_hf(lm, ids, max_new_tokens, compiled=True)
         for label, compiled in (("hf generate eager", False), ("hf generate static+compile", True)):
             times[label] = []
             info[label] = {"groups": 0, "path": "hugging face generate",
@@ -282,7 +281,7 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
             for _ in range(repeats):
                 if progress:
                     progress(label)
-                times[label].append(_time_hf(lm, ids, max_new_tokens, compiled=compiled))
+                times[label].append(speed.time_hf(lm, ids, max_new_tokens, compiled=compiled))
     base = statistics.median(times["original"])
     rows = []
     for name in names:
@@ -335,7 +334,6 @@ def _slot_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts
     ``run_jobs`` (the part that :func:`sanitize`'s ``seconds`` measures). With it, whether the job's decode step is
     ``"compiled"`` or ``"eager"`` (:func:`dpinfer.bench.engine.slot_decode_step`; the one ``original`` row has no
     public width: it runs alone, eager)."""
-    from dpinfer.bench.engine import _sync, slot_decode_step
     from dpinfer.engine import Engine
     from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 
@@ -344,15 +342,15 @@ def _slot_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts
 
     def once() -> float:
         plan = plan_sanitize(text, lm=lm, method=method, groups=groups, **opts)
-        _sync(lm)
+        speed.sync(lm)
         t0 = time.perf_counter()
         ((_, output),) = engine.run_jobs([plan.job])
-        _sync(lm)
+        speed.sync(lm)
         seconds = time.perf_counter() - t0
         assert finish_sanitize(plan, output).generated_tokens == plan.job.max_new_tokens
         return seconds
 
-    return once, slot_decode_step(lm, plan_sanitize(text, lm=lm, method=method, groups=groups, **opts).job)
+    return once, speed.slot_decode_step(lm, plan_sanitize(text, lm=lm, method=method, groups=groups, **opts).job)
 
 
 def _quant_note(settings: dict[str, Any]) -> str:
@@ -472,9 +470,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=int, default=None, metavar="N",
                    help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of --epsilons, "
                         "T_max 128) one by one vs through sanitize_many / one Engine.run_jobs call, in one run")
-    from dpinfer.bench.engine import add_speed_arguments
-
-    add_speed_arguments(p, "--perf or --corpus N")
+    speed.add_speed_arguments(p, "--perf or --corpus N")
     p.add_argument("--no-hf", action="store_true", help="--perf: skip the Hugging Face generate baselines")
 
 
@@ -490,9 +486,8 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
         raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
     if args.perf and getattr(args, "corpus", None):
         raise ConfigurationError("--perf and --corpus are two benchmarks; choose one")
-    from dpinfer.bench.engine import check_speed_arguments
-
-    check_speed_arguments(args, speed_run=bool(args.perf or getattr(args, "corpus", None)), runs="--perf or --corpus N")
+    speed.check_speed_arguments(args, speed_run=bool(args.perf or getattr(args, "corpus", None)),
+                                runs="--perf or --corpus N")
     methods = None
     if args.methods is not None:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -511,12 +506,11 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
 def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the quality sweep (or, with ``perf``, the throughput run); write its files into ``config.out``; return
     the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
-    from dpinfer.bench.engine import speed_model
     from dpinfer.defaults import SANITIZE
     from dpinfer.methods import BASELINES, mechanism_names
 
     c = config
-    lm = speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape, quantize=c.quantize)
+    lm = speed.speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape, quantize=c.quantize)
     out = Path(c.out)
     out.mkdir(parents=True, exist_ok=True)
     if c.corpus:

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.engine import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
+from dpinfer.bench import speed
 from dpinfer.bench.harness import write_json, write_text
+from dpinfer.bench.speed import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
 
 DESCRIPTION = __doc__
 
@@ -146,10 +147,9 @@ def config_from_args(args: argparse.Namespace) -> ServingBenchConfig:
 # ---------------------------------------------------------------------------------------------------- the inputs
 def example_spans(name: str = DEFAULT_DOC) -> list[Any]:
     """The gold spans of a document shipped in ``examples/`` (its ``.spans.json``)."""
-    from dpinfer.bench.engine import example_document
     from dpinfer.taggers.base import Span
 
-    raw = json.loads(example_document(name.removesuffix(".txt") + ".spans.json"))
+    raw = json.loads(speed.example_document(name.removesuffix(".txt") + ".spans.json"))
     return [Span(int(s["start"]), int(s["end"]), str(s["label"])) for s in raw]
 
 
@@ -173,11 +173,10 @@ def serving_document(lm: Any, prompt_tokens: int) -> Any:
     """The example document with its gold spans (a :class:`dpinfer.bench.sanitize.Doc`), cut after the last paragraph
     that keeps its rewriting prompt within ``prompt_tokens`` tokens (at least one paragraph); refused (one line) when
     the cut holds fewer than :data:`GROUPS` entity types, with the ``--prompt-tokens`` that would hold them."""
-    from dpinfer.bench.engine import example_document
     from dpinfer.bench.sanitize import Doc
     from dpinfer.errors import ConfigurationError
 
-    text, spans = example_document(), example_spans()
+    text, spans = speed.example_document(), example_spans()
     paragraphs = _paragraphs(text)
     ends = [start + len(part) for start, part in paragraphs]
     cut = ends[0]
@@ -199,9 +198,8 @@ def serving_document(lm: Any, prompt_tokens: int) -> Any:
 def reference_texts(n: int) -> list[str]:
     """``n`` windows of the example document starting at successive paragraphs (wrapping around), whole; they are
     cut to a token budget where they are used."""
-    from dpinfer.bench.engine import example_document
 
-    paragraphs = [part for _, part in _paragraphs(example_document())]
+    paragraphs = [part for _, part in _paragraphs(speed.example_document())]
     return ["\n\n".join(paragraphs[(i + j) % len(paragraphs)] for j in range(len(paragraphs))) for i in range(n)]
 
 
@@ -213,7 +211,6 @@ def _median(xs: list[float]) -> float:
 def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf_baselines: bool,
                    progress: Callable[[str], None] | None) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Measure 1: per-round seconds of each path on the same prompt, and the first calls timed apart."""
-    from dpinfer.bench import engine as bench_engine
     from dpinfer.engine import Engine, EngineJob
     from dpinfer.mechanisms.sampler import Sampler
 
@@ -224,18 +221,18 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
                          min_new_tokens=new_tokens, pad_width=len(ids))
 
     def through_slots() -> float:
-        bench_engine._sync(lm)
+        speed.sync(lm)
         t0 = time.perf_counter()
         ((_, out),) = slots.run_jobs([job()])
-        bench_engine._sync(lm)
+        speed.sync(lm)
         assert len(out.sequences[0]) == new_tokens
         return time.perf_counter() - t0
 
     def one_job() -> float:
-        return bench_engine._time_engine(lm, ids, 1, new_tokens, True)[0]
+        return speed.time_engine(lm, ids, 1, new_tokens, True)[0]
 
     def hf(compiled: bool) -> Callable[[], float]:
-        return lambda: bench_engine._time_hf(lm, ids, new_tokens, compiled=compiled)
+        return lambda: speed.time_hf(lm, ids, new_tokens, compiled=compiled)
 
     paths: dict[str, Callable[[], float]] = {}
     first: dict[str, float] = {}
@@ -255,7 +252,7 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
             if progress:
                 progress(f"1. plain: {label}")
             times[label].append(fn())
-    return times, {"first_calls": first, "slot_decode_step": bench_engine.slot_decode_step(lm, job())}
+    return times, {"first_calls": first, "slot_decode_step": speed.slot_decode_step(lm, job())}
 
 
 def _row(number: int, key: str | None, path: str, decode: str, runs: list[float], tokens: int, *,
@@ -287,7 +284,6 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
     from dpinfer.bench import corpus as bench_corpus
     from dpinfer.bench import sanitize as bench_sanitize
     from dpinfer.bench import synth as bench_synth
-    from dpinfer.bench.engine import _time_engine, slot_decode_step, speed_model
     from dpinfer.defaults import SANITIZE
     from dpinfer.engine import Engine
     from dpinfer.pipelines.sanitize import (
@@ -304,13 +300,13 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
     load_before = bench.machine_load()
     if progress:
         progress("loading the model")
-    lm = speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
+    lm = speed.speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
     doc = serving_document(lm, c.prompt_tokens)
     ids = prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None), DEFAULT_INSTRUCTION).original
     n = c.new_tokens
     if progress:
         progress("warm-up")
-    _time_engine(lm, ids[:64], 1, 4, True)  # thread pools, allocator, CUDA context: not in the first timed run
+    speed.time_engine(lm, ids[:64], 1, 4, True)  # thread pools, allocator, CUDA context: not in the first timed run
 
     # 1. plain, single stream
     plain, plain_info = _measure_plain(lm, ids, new_tokens=n, repeats=c.repeats, hf_baselines=c.hf_baselines,
@@ -381,7 +377,7 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
     m_span = bench_corpus._span(corpus["settings"]["groups_per_doc"])
     documents = f"{c.corpus_docs} document{'s' if c.corpus_docs != 1 else ''}"
     rows.append(_row(3, "corpus", f"{documents} (m = {m_span}), sanitize_many (slot engine, one run_jobs call)",
-                     slot_decode_step(lm, corpus_job), corpus_runs,
+                     speed.slot_decode_step(lm, corpus_job), corpus_runs,
                      corpus["settings"]["released_tokens"], baseline="one document through sanitize",
                      base_rate=n / fusion_one))
     for path, seconds, steps in (

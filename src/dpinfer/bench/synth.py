@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench import plots
+from dpinfer.bench import plots, speed
 from dpinfer.bench.harness import write_json, write_text
 from dpinfer.defaults import SYNTH
 
@@ -178,13 +178,11 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
         "plain_tokens_per_second": plain, "invisibleink_tokens_per_second": ink, "ratio": ink / plain,
         "runs": out, "seconds": seconds}
     if slot_engine:
-        from dpinfer.bench.engine import slot_decode_step
-
         plain, ink = statistics.median(slot_out["public"]), statistics.median(slot_out["invisibleink"])
         result["slot_engine"] = {
             "plain_tokens_per_second": plain, "invisibleink_tokens_per_second": ink, "ratio": ink / plain,
             "runs": slot_out, "seconds": slot_seconds, "first_call_seconds": first_calls,
-            "decode_step": {m: slot_decode_step(lm, job(m, 0)) for m in methods}}
+            "decode_step": {m: speed.slot_decode_step(lm, job(m, 0)) for m in methods}}
     return result
 
 
@@ -280,9 +278,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--perf", action="store_true", help="throughput of InvisibleInk (B = 8) vs plain generation")
     p.add_argument("--perf-batch-size", type=int, default=d.perf_batch_size)
     p.add_argument("--repeats", type=int, default=d.repeats, help="--perf repeats (median)")
-    from dpinfer.bench.engine import add_speed_arguments
-
-    add_speed_arguments(p, "--perf")
+    speed.add_speed_arguments(p, "--perf")
     p.add_argument("--out-dir", default=d.out_dir, help="where the JSON, markdown and PNG go")
     p.add_argument("--append", action="store_true",
                    help="add the rows to bench_synth.json of an earlier run with the same settings (to split a long "
@@ -292,11 +288,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
     """The config of parsed ``dpinfer bench synth`` options; the methods and batch sizes are checked here, before
     any model loads."""
-    from dpinfer.bench.engine import check_speed_arguments
     from dpinfer.errors import ConfigurationError
     from dpinfer.validation import check_method
 
-    check_speed_arguments(args, speed_run=args.perf, runs="--perf")
+    speed.check_speed_arguments(args, speed_run=args.perf, runs="--perf")
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     for m in methods:
         check_method("synthesize", m, "--methods")
@@ -324,7 +319,6 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     import json
 
     from dpinfer._json import plain
-    from dpinfer.bench.engine import speed_model
     from dpinfer.errors import ConfigurationError, DataNotFoundError
     from dpinfer.paths import data_file
     from dpinfer.pipelines.synthesize import load_references
@@ -341,7 +335,7 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     refs, real = records[:c.n_private], records[c.n_private:]
     if progress:
         progress("loading the model")
-    lm = speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
+    lm = speed.speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
     out_dir = Path(c.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if c.perf:

@@ -101,17 +101,17 @@ def test_run_corpus_times_both_paths_and_compares_their_tokens(tiny_lm, shared_d
 def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monkeypatch: pytest.MonkeyPatch):
     """--perf prints HF generate (eager and static+compile) in the same run as DP-Fusion and `original`. The compiled
     baseline is timed through the same function with compilation switched off here (inductor takes minutes on CPU)."""
-    import dpinfer.bench.engine as bench_engine
+    import dpinfer.bench.speed as bench_engine
     from dpinfer.bench.sanitize import format_perf, run_perf
 
-    real = bench_engine._time_hf
+    real = bench_engine.time_hf
     calls: list[bool] = []
 
     def eager_only(lm, ids, n, *, compiled=False):
         calls.append(compiled)
         return real(lm, ids, n, compiled=False)
 
-    monkeypatch.setattr(bench_engine, "_time_hf", eager_only)
+    monkeypatch.setattr(bench_engine, "time_hf", eager_only)
     doc = load_tab(shared_data / "tab" / "tab_echr_docs.jsonl", 1, 300)[0]
     res = run_perf(tiny_lm, doc, max_new_tokens=3, seed=0)
     names = [r["config"] for r in res["rows"]]

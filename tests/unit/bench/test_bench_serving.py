@@ -21,7 +21,7 @@ def parse(*argv: str) -> bench.ServingBenchConfig:
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record any attempt to load or build a model."""
-    import dpinfer.bench.engine as bench_engine
+    import dpinfer.bench.speed as bench_engine
     import dpinfer.models as models
 
     calls: list[str] = []
@@ -80,16 +80,16 @@ def test_serving_measures_all_four_against_their_targets_in_one_run(tiny_model_d
     """Every row of the four measures, with its baselines (HF generate eager and static+compile, original, plain) and
     target, from one run; ratios and verdicts follow from the measured seconds. HF's compiled baseline goes through
     the same function with compilation switched off here (inductor takes minutes on CPU)."""
-    import dpinfer.bench.engine as bench_engine
+    import dpinfer.bench.speed as bench_engine
 
-    real = bench_engine._time_hf
+    real = bench_engine.time_hf
     compiled_calls: list[bool] = []
 
     def eager_only(lm, ids, n, *, compiled=False):
         compiled_calls.append(compiled)
         return real(lm, ids, n, compiled=False)
 
-    monkeypatch.setattr(bench_engine, "_time_hf", eager_only)
+    monkeypatch.setattr(bench_engine, "time_hf", eager_only)
     import torch
 
     threads = torch.get_num_threads()

@@ -1,0 +1,188 @@
+"""What every speed benchmark shares: the document prompt, the random-weight model shapes and their options, the
+model a run loads, and the timers of Hugging Face ``generate`` and of the engine (CUDA synchronised).
+
+``--device cuda --dtype bf16 --shape qwen2.5-7b`` runs a random-weight model of a named shape (:data:`SHAPES`; built
+from its config on the device, nothing downloaded) with the embedded model's tokenizer for the prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from dpinfer.errors import DataNotFoundError
+
+DEFAULT_DOC = "echr_case_001-66929.txt"
+INSTRUCTION = "Rewrite the following court document in your own words, keeping its meaning:\n\n"
+
+
+def example_document(name: str = DEFAULT_DOC) -> str:
+    """Text of a document shipped in the repository's ``examples/`` folder."""
+    from dpinfer.paths import repo_root
+
+    root = repo_root()
+    candidates = [Path.cwd() / "examples" / name]
+    if root is not None:
+        candidates.insert(0, root / "examples" / name)
+    for c in candidates:
+        if c.is_file():
+            return c.read_text(encoding="utf-8")
+    raise DataNotFoundError(f"example document {name} not found (looked in {', '.join(map(str, candidates))})")
+
+
+def document_prompt_ids(lm: Any, target_tokens: int = 500, document: str | None = None) -> list[int]:
+    """Chat prompt asking to rewrite a document, cut at a paragraph so that it has about ``target_tokens`` tokens."""
+    doc = document if document is not None else example_document()
+    paragraphs = doc.split("\n\n")
+    best: list[int] = lm.encode(lm.instruction_prompt(INSTRUCTION + paragraphs[0]))
+    for n in range(2, len(paragraphs) + 1):
+        ids = lm.encode(lm.instruction_prompt(INSTRUCTION + "\n\n".join(paragraphs[:n])))
+        if len(ids) > target_tokens * 1.1:
+            break
+        best = ids
+    return best
+
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # name: model_type and config fields of a public architecture (random weights, nothing downloaded)
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=8192, rope_theta=100000.0),
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+                       max_position_embeddings=32768, rope_theta=1000000.0),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                         max_position_embeddings=131072, rope_theta=500000.0),
+}
+"""Model shapes for ``--shape`` (a random-weight model of that architecture)."""
+
+
+def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tokenizer_lm: Any = None) -> Any:
+    """A random-weight model of a :data:`SHAPES` shape on ``device`` (built there, no download), wrapped as an
+    :class:`~dpinfer.models.LM` with the embedded model's tokenizer (its ids are valid for every shape here)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import LM, _pick_device, _pick_dtype, load_model
+
+    if shape not in SHAPES:
+        raise ConfigurationError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    dev = _pick_device(device)
+    dt = _pick_dtype(dtype, dev)
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_sliding_window = False
+    tok = tokenizer_lm if tokenizer_lm is not None else load_model(device="cpu")
+    config.eos_token_id = sorted(tok.eos_token_ids)[0]
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(config, dtype=dt, attn_implementation="sdpa")
+    model.eval()
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return LM(model=model, tokenizer=tok.tokenizer, name=f"random {shape}", source=Path("."),
+              load_seconds=time.perf_counter() - t0, eos_token_ids=tok.eos_token_ids)
+
+
+def add_speed_arguments(p: argparse.ArgumentParser, runs: str | None) -> None:
+    """``--device``, ``--dtype`` and ``--shape`` of a benchmark's speed runs (``runs``: the options that select
+    them, e.g. ``"--perf"``; None for a benchmark that is all speed runs), checked by :func:`check_speed_arguments`
+    and used by :func:`speed_model`."""
+    at = f"{runs}: " if runs else ""
+    p.add_argument("--device", default=None, help=f"{at}cpu, cuda or cuda:N (default: CUDA when available)")
+    p.add_argument("--dtype", default=None, help=f"{at}float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
+    p.add_argument("--shape", default=None, help=f"{at}a random-weight model of this shape instead of --model "
+                                                 f"({', '.join(SHAPES)}; nothing downloaded; speed only)")
+
+
+def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: str) -> None:
+    """Refuse (before any model loads) speed options outside a speed run, an unknown shape, a shape with
+    ``--model``/``--quantize``, and an unknown device or dtype (or a missing GPU)."""
+    from dpinfer.errors import ConfigurationError
+    from dpinfer.models import _pick_device, _pick_dtype
+
+    given = [f"--{n}" for n in ("device", "dtype", "shape") if getattr(args, n, None) is not None]
+    if not given:
+        return
+    if not speed_run:
+        raise ConfigurationError(f"{', '.join(given)} apply to the speed runs: add {runs}")
+    if args.shape is not None:
+        if args.shape not in SHAPES:
+            raise ConfigurationError(f"unknown --shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
+        if getattr(args, "model", None) is not None or getattr(args, "quantize", None) is not None:
+            raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
+    _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
+
+
+def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,
+                quantize: str | None = None) -> Any:
+    """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given, else
+    :func:`~dpinfer.models.load_model`."""
+    from dpinfer.models import load_model
+
+    if shape is not None:
+        return shape_model(shape, device=device, dtype=dtype)
+    return load_model(model, device=device, dtype=dtype, quantize=quantize)
+
+
+def sync(lm: Any) -> None:
+    import torch
+
+    if torch.device(lm.device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def slot_decode_step(lm: Any, job: Any) -> str:
+    """How ``Engine.run_jobs(compile="auto")`` decodes ``job`` on ``lm``: ``"compiled"`` or ``"eager"`` in the shared
+    slot batch, ``"eager (runs alone)"`` for a job without a public width (it is never mixed with others, see
+    :mod:`dpinfer.engine.scheduler`), ``"eager (dynamic cache)"`` for an architecture the slot runner does not serve
+    (:attr:`LM.supports_slot_cache <dpinfer.models.LM.supports_slot_cache>`)."""
+    from dpinfer.engine import public_width, resolve_compile
+
+    if not lm.supports_slot_cache:
+        return "eager (dynamic cache)"
+    if public_width(job, [list(c) for c in job.contexts]) is None:
+        return "eager (runs alone)"
+    return "compiled" if resolve_compile("auto", lm.device) else "eager"
+
+
+def time_hf(lm: Any, ids: list[int], n: int, *, compiled: bool = False) -> float:
+    import torch
+
+    kwargs: dict[str, Any] = {}
+    if compiled:  # static cache + torch.compile of the forward (CUDA graphs on GPU), on any device
+        from transformers import CompileConfig
+
+        kwargs = dict(cache_implementation="static", compile_config=CompileConfig(fullgraph=False))
+        kwargs["compile_config"]._compile_all_devices = True
+    x = torch.tensor([ids], device=lm.device)
+    sync(lm)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, min_new_tokens=n,
+                                max_new_tokens=n, pad_token_id=lm.pad_token_id, **kwargs)
+    sync(lm)
+    dt = time.perf_counter() - t0
+    assert out.shape[1] - len(ids) == n
+    return dt
+
+
+def time_engine(lm: Any, ids: list[int], k: int, n: int, shared: bool) -> tuple[float, float]:
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.sampler import Sampler
+
+    eng = Engine(lm, prefix_sharing=shared)
+    t0 = time.perf_counter()
+    out = eng.generate([ids] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=n, min_new_tokens=n,
+                       seed=0)
+    dt = time.perf_counter() - t0
+    assert len(out.sequences[0]) == n
+    return dt, out.prefill_seconds
