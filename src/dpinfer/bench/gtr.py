@@ -37,7 +37,6 @@ the tokens each side generated (rows stop at EOS, so a ratio also reflects how l
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -47,6 +46,7 @@ from typing import Any
 
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import plots
+from dpinfer.bench.data import load_csqa
 from dpinfer.bench.harness import Progress, write_json, write_text
 from dpinfer.defaults import PROTECT
 from dpinfer.eval.intervals import mean_interval, ratio_interval
@@ -91,32 +91,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- data
-def load_csqa(dataset: str, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` CSQA records ``{question, choices: [5 texts], answer: index}``."""
-    from dpinfer.errors import InvalidInputError
-    from dpinfer.paths import data_file
-
-    path = data_file("csqa", "csqa_dev.jsonl") if dataset == "csqa" else Path(dataset)
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                labels, texts = rec["choices"]["label"], rec["choices"]["text"]
-                out.append({"question": rec["question"], "choices": list(texts),
-                            "answer": labels.index(rec["answerKey"])})
-            except (ValueError, KeyError, TypeError):
-                raise InvalidInputError(f"{path.name}, line {i}: not a CSQA record "
-                                        "({question, choices: {label, text}, answerKey})") from None
-            if len(out) == n:
-                break
-    if not out:
-        raise InvalidInputError(f"{path} holds no CSQA records")
-    return out
-
-
 def parse_temperatures(text: str) -> list[float]:
     from dpinfer.errors import ConfigurationError
 

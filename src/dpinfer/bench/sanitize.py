@@ -24,7 +24,6 @@ baseline in the same run, through the former one-job path (the same job on the d
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -35,60 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import plots, speed
-from dpinfer.bench.harness import write_json, write_text
+from dpinfer.bench.data import Doc, load_tab, mention_pool
+from dpinfer.bench.harness import check_choices, parse_list, write_json, write_text
+from dpinfer.configs import Config, add_options, option
+from dpinfer.errors import ConfigurationError
 from dpinfer.eval.intervals import mean_interval, wilson
-from dpinfer.taggers.base import Span
+from dpinfer.methods import method_names
 
 DESCRIPTION = __doc__
 
 DEFAULT_EPSILONS = (12.0, 20.0, 40.0, 100.0)
-
-
-@dataclass
-class Doc:
-    doc_id: str
-    text: str
-    spans: list[Span]
-
-
-def load_tab(path: str | Path | None, n: int, max_chars: int, skip: int = 0) -> list[Doc]:
-    """The first ``n`` TAB documents (after ``skip``), cut to ``max_chars`` at a paragraph boundary."""
-    from dpinfer.paths import data_file
-
-    p = Path(path) if path else data_file("tab", "tab_echr_docs.jsonl")
-    if not p.is_file():
-        from dpinfer.errors import DataNotFoundError
-
-        raise DataNotFoundError(f"TAB data not found: {p}")
-    docs: list[Doc] = []
-    with p.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            if i < skip:
-                continue
-            if len(docs) >= n:
-                break
-            rec = json.loads(line)
-            text = rec["text"]
-            cut = len(text)
-            if cut > max_chars:  # at the last paragraph break, or failing that the last space, before max_chars
-                cut = text.rfind("\n\n", 0, max_chars)
-                if cut < max_chars // 2:
-                    cut = max(text.rfind(" ", 0, max_chars), max_chars // 2)
-            spans = [Span(m["start_offset"], m["end_offset"], m["entity_type"]) for m in rec["entity_mentions"]
-                     if m["end_offset"] <= cut]
-            docs.append(Doc(rec["doc_id"], text[:cut], spans))
-    return docs
-
-
-def mention_pool(docs: list[Doc], exclude: str) -> dict[str, list[str]]:
-    """Gold mention strings per label from every document except ``exclude``."""
-    pool: dict[str, set[str]] = {}
-    for d in docs:
-        if d.doc_id == exclude:
-            continue
-        for s in d.spans:
-            pool.setdefault(s.label, set()).add(d.text[s.start:s.end])
-    return {k: sorted(v) for k, v in pool.items()}
 
 
 def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tuple[float, ...],
@@ -406,101 +361,66 @@ def format_perf(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class SanitizeBenchConfig:
-    """Settings of ``dpinfer bench sanitize`` (one field per option)."""
+QUANTIZE_HELP = ("generate with decode-step int8 Linear layers (CPU only; see dpinfer sanitize --help); PPL and the "
+                 "LOSS attack score whole sequences at once, which always runs the float32 layers, so the scorer is "
+                 "the float32 model either way")
 
-    data: str | None = None
-    """TAB jsonl (None: ``../shared/data/tab/tab_echr_docs.jsonl``)."""
-    n: int = 4
-    skip: int = 0
-    max_chars: int | None = None
-    """Cut documents to this many characters (None: 2000; with ``perf``: 2600)."""
-    max_new_tokens: int | None = None
-    """T_max of every release (None: 128; with ``perf``: 256)."""
-    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
-    methods: tuple[str, ...] | None = None
-    """None: every method of ``dpinfer sanitize``, the baselines first."""
-    seed: int = 0
-    model: str | None = None
-    quantize: str | None = None
-    out: str = "bench-out"
-    temperature: float | None = None
-    """Decoding overrides (None: sanitize's defaults)."""
-    top_k: int | None = None
-    """0 = full vocabulary."""
-    no_repeat_ngram: int | None = None
-    """0 = off."""
-    perf: bool = False
-    repeats: int = 1
-    corpus: int | None = None
-    """Corpus throughput over this many documents (:mod:`dpinfer.bench.corpus`) instead of the quality run."""
+
+@dataclass(frozen=True)
+class SanitizeBenchConfig(Config):
+    """Settings of ``dpinfer bench sanitize`` (one field per option; its ``--help`` with it)."""
+
+    data: str | None = option(None, type=str, help="TAB jsonl (default ../shared/data/tab/tab_echr_docs.jsonl)")
+    n: int = option(4, help="documents (default 4)")
+    skip: int = option(0, help="skip the first documents (default 0)")
+    max_chars: int | None = option(None, type=int,
+                                   help="cut documents to this many characters (default 2000; --perf: 2600)")
+    max_new_tokens: int | None = option(None, type=int, help="T_max of every release (default 128; --perf: 256)")
+    epsilons: tuple[float, ...] = option(DEFAULT_EPSILONS, type=str,
+                                         help="ε sweep, comma-separated (default 12,20,40,100)")
+    methods: tuple[str, ...] | None = option(
+        None, type=str, help="methods, comma-separated (default: every method of dpinfer sanitize, baselines first)")
+    seed: int = option(0, help="seed of the benchmark's noise (default 0)")
+    model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
+    quantize: str | None = option(None, type=str, choices=("int8",), help=QUANTIZE_HELP)
+    out: str = option("bench-out", help="folder for the markdown table, JSON and PNG plot")
+    temperature: float | None = option(None, type=float, help="decoding temperature (default: sanitize's)")
+    top_k: int | None = option(None, type=int, help="public top-k support (default: sanitize's; 0 = full)")
+    no_repeat_ngram: int | None = option(None, type=int,
+                                         help="ban repeated n-grams of the output (default: sanitize's; 0 = off)")
+    perf: bool = option(False, help="throughput run (m = 1 and m = 4 vs original) instead")
+    repeats: int = option(1, help="--perf, --corpus: interleaved rounds, median reported")
+    corpus: int | None = option(None, type=int, metavar="N",
+                                help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of "
+                                     "--epsilons, T_max 128) one by one vs through sanitize_many / one "
+                                     "Engine.run_jobs call, in one run")
     device: str | None = None
     dtype: str | None = None
     shape: str | None = None
-    """``--perf`` / ``--corpus``: a random-weight model of this :data:`dpinfer.bench.engine.SHAPES` shape."""
-    hf_baselines: bool = True
-    """``--perf``: also time Hugging Face ``generate`` (eager, static cache + compile) on the same prompt."""
+    """``--perf`` / ``--corpus``: a random-weight model of this :data:`dpinfer.bench.speed.SHAPES` shape."""
+    hf_baselines: bool = option(True, flag="--hf", help="--perf: also time the Hugging Face generate baselines "
+                                                        "(--no-hf: skip them)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=None, help="TAB jsonl (default ../shared/data/tab/tab_echr_docs.jsonl)")
-    p.add_argument("--n", type=int, default=4, help="documents (default 4)")
-    p.add_argument("--skip", type=int, default=0, help="skip the first documents (default 0)")
-    p.add_argument("--max-chars", type=int, default=None,
-                   help="cut documents to this many characters (default 2000; --perf: 2600)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="T_max of every release (default 128; --perf: 256)")
-    p.add_argument("--epsilons", default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
-                   help="ε sweep, comma-separated (default 12,20,40,100)")
-    p.add_argument("--methods", default=None,
-                   help="methods, comma-separated (default: every method of dpinfer sanitize, baselines first)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None)
-    p.add_argument("--quantize", default=None, choices=["int8"],
-                   help="generate with decode-step int8 Linear layers (CPU only; see dpinfer sanitize --help); PPL "
-                        "and the LOSS attack score whole sequences at once, which always runs the float32 layers, "
-                        "so the scorer is the float32 model either way")
-    p.add_argument("--out", default="bench-out", help="folder for the markdown table, JSON and PNG plot")
-    p.add_argument("--temperature", type=float, default=None, help="decoding temperature (default: sanitize's)")
-    p.add_argument("--top-k", type=int, default=None, help="public top-k support (default: sanitize's; 0 = full)")
-    p.add_argument("--no-repeat-ngram", type=int, default=None,
-                   help="ban repeated n-grams of the output (default: sanitize's; 0 = off)")
-    p.add_argument("--perf", action="store_true", help="throughput run (m = 1 and m = 4 vs original) instead")
-    p.add_argument("--repeats", type=int, default=1, help="--perf, --corpus: interleaved rounds, median reported")
-    p.add_argument("--corpus", type=int, default=None, metavar="N",
-                   help="corpus throughput instead: N documents (default --max-chars 1200, ε = first of --epsilons, "
-                        "T_max 128) one by one vs through sanitize_many / one Engine.run_jobs call, in one run")
+    add_options(p, SanitizeBenchConfig)
     speed.add_speed_arguments(p, "--perf or --corpus N")
-    p.add_argument("--no-hf", action="store_true", help="--perf: skip the Hugging Face generate baselines")
 
 
 def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
     """The config of parsed ``dpinfer bench sanitize`` options; the ε list and the methods are checked here, before
     any model loads."""
-    from dpinfer.errors import ConfigurationError
-    from dpinfer.methods import method_names
-
-    try:
-        epsilons = tuple(float(x) for x in args.epsilons.split(",") if x.strip())
-    except ValueError:
-        raise ConfigurationError(f"--epsilons must be comma-separated numbers, got {args.epsilons!r}") from None
-    if args.perf and getattr(args, "corpus", None):
+    lists: dict[str, Any] = {}
+    if "epsilons" in args:
+        lists["epsilons"] = tuple(parse_list(args.epsilons, float, "--epsilons"))
+    if getattr(args, "methods", None) is not None:
+        lists["methods"] = tuple(parse_list(args.methods, str, "--methods"))
+        check_choices(lists["methods"], method_names("sanitize"), "--methods")
+    c = SanitizeBenchConfig.from_args(args, **lists)
+    if c.perf and c.corpus:
         raise ConfigurationError("--perf and --corpus are two benchmarks; choose one")
-    speed.check_speed_arguments(args, speed_run=bool(args.perf or getattr(args, "corpus", None)),
-                                runs="--perf or --corpus N")
-    methods = None
-    if args.methods is not None:
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        unknown = set(methods) - set(method_names("sanitize"))
-        if unknown:
-            raise ConfigurationError(f"unknown method(s) {sorted(unknown)}")
-    return SanitizeBenchConfig(
-        data=args.data, n=args.n, skip=args.skip, max_chars=args.max_chars, max_new_tokens=args.max_new_tokens,
-        epsilons=epsilons, methods=methods, seed=args.seed, model=args.model, quantize=getattr(args, "quantize", None),
-        out=args.out, temperature=args.temperature, top_k=args.top_k, no_repeat_ngram=args.no_repeat_ngram,
-        perf=args.perf, repeats=args.repeats, corpus=getattr(args, "corpus", None),
-        device=getattr(args, "device", None), dtype=getattr(args, "dtype", None), shape=getattr(args, "shape", None),
-        hf_baselines=not getattr(args, "no_hf", False))
+    speed.check_speed_arguments(args, speed_run=bool(c.perf or c.corpus), runs="--perf or --corpus N")
+    return c
 
 
 def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

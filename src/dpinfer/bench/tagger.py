@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dpinfer.bench.data import load_tab as tab_documents
 from dpinfer.bench.harness import write_json
 from dpinfer.errors import InvalidInputError, MissingDependencyError
 from dpinfer.paths import data_file
@@ -52,18 +53,8 @@ Gold = tuple[int, int, str]
 
 def load_tab(n: int | None = None) -> list[tuple[str, list[Gold]]]:
     """The first ``n`` (all if ``None``) TAB documents as (text, gold spans). Raises DataNotFoundError if absent."""
-    path = data_file(*TAB_FILE)
-    docs: list[tuple[str, list[Gold]]] = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if n is not None and len(docs) >= n:
-                break
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            gold = [(int(m["start_offset"]), int(m["end_offset"]), str(m["entity_type"])) for m in d["entity_mentions"]]
-            docs.append((d["text"], gold))
-    return docs
+    docs = tab_documents(None, 10**9 if n is None else n, 10**12)
+    return [(d.text, [(s.start, s.end, s.label) for s in d.spans]) for d in docs]
 
 
 def load_synth(n: int | None = None, label_map: LabelMap | None = None) -> tuple[list[tuple[str, list[Gold]]], dict]:
