@@ -82,10 +82,11 @@ def _layer_class() -> type:
             s, h, q, _ = key_states.shape
             if q != 1:
                 raise RuntimeError("a SlotCache takes one new position per row (decode steps only)")
-            idx = self.owner.lengths.view(s, 1, 1, 1)
-            self.keys.scatter_(2, idx.expand(s, h, 1, key_states.shape[-1]), key_states)
-            self.values.scatter_(2, idx.expand(s, h, 1, value_states.shape[-1]), value_states)
-            return self.keys, self.values
+            keys, values = (self.keys, self.values) if s == self.owner.slots else (self.keys[:s], self.values[:s])
+            idx = self.owner.lengths[:s].view(s, 1, 1, 1)
+            keys.scatter_(2, idx.expand(s, h, 1, key_states.shape[-1]), key_states)
+            values.scatter_(2, idx.expand(s, h, 1, value_states.shape[-1]), value_states)
+            return keys, values
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.owner.capacity, 0
@@ -149,17 +150,30 @@ class SlotCache:
         """Make ``slots`` idle (length 0: an idle slot attends to its position 0 only; its output is ignored)."""
         self.lengths[list(slots)] = 0
 
-    def mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """The additive 4-D mask ``(S, 1, 1, C)`` of the next step: row ``s`` sees positions ``0..lengths[s]``
-        (its prefix and the key it writes now)."""
-        seen = self.positions.view(1, -1) <= self.lengths.view(-1, 1)
+    def move(self, src: int, dst: int) -> None:
+        """Move the row in slot ``src`` to slot ``dst`` (its keys and values up to its length, and the length); ``src``
+        is idle afterwards. Used to keep one job's unfinished rows in its lowest slots, so that a step can leave its
+        finished rows out (:meth:`DecodeStep.__call__` on the first slots only)."""
+        n = int(self.lengths[src])
+        for layer in self.layers:
+            layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+            layer.values[dst, :, :n] = layer.values[src, :, :n]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
+    def mask(self, dtype: torch.dtype, rows: int | None = None) -> torch.Tensor:
+        """The additive 4-D mask ``(S, 1, 1, C)`` of the next step (the first ``rows`` slots only, when given): row
+        ``s`` sees positions ``0..lengths[s]`` (its prefix and the key it writes now)."""
+        lengths = self.lengths if rows is None else self.lengths[:rows]
+        seen = self.positions.view(1, -1) <= lengths.view(-1, 1)
         zero = torch.zeros((), dtype=dtype, device=seen.device)
         return torch.where(seen, zero, torch.finfo(dtype).min)[:, None, None, :]
 
 
 class DecodeStep:
-    """One decode forward over every slot of a :class:`SlotCache`: ``(S, 1)`` input ids → ``(S, hidden)`` last
-    hidden states, the new keys written at each row's length (the caller then advances the lengths)."""
+    """One decode forward over the slots of a :class:`SlotCache`: ``(S', 1)`` input ids → ``(S', hidden)`` last
+    hidden states of the first ``S' ≤ S`` slots (every slot when compiled: fixed shapes), the new keys written at each
+    row's length (the caller then advances the lengths). The slots past ``S'`` are left as they are."""
 
     def __init__(self, lm: Any, cache: SlotCache, compile: bool) -> None:
         self.decoder = lm.model.get_decoder()
@@ -173,9 +187,10 @@ class DecodeStep:
             self._fn = torch.compile(self._eager, dynamic=False, mode=mode)
 
     def _eager(self, ids: torch.Tensor) -> torch.Tensor:
-        cache = self.cache
-        out = self.decoder(input_ids=ids, attention_mask=cache.mask(self.dtype), position_ids=cache.lengths.view(-1, 1),
-                           use_cache=True, **{self._cache_name: cache.hf})
+        cache, rows = self.cache, ids.shape[0]
+        out = self.decoder(input_ids=ids, attention_mask=cache.mask(self.dtype, rows),
+                           position_ids=cache.lengths[:rows].view(-1, 1), use_cache=True,
+                           **{self._cache_name: cache.hf})
         return out.last_hidden_state[:, -1, :]
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,11 +53,14 @@ POOLS_PER_MODEL = 3
 @dataclass
 class Placement:
     """Where a job's rows live: ``slots[i]`` is row i's pool slot (``[]``: no pool slot), ``side_rows`` the rows
-    decoded in the job's own cache ``side``."""
+    decoded in the job's own cache ``side``, ``side_slot[r]`` the slot of side row ``r`` there; ``dropped`` the rows
+    that finished (independent mode) and are no longer computed."""
 
     slots: list[int]
     side_rows: list[int]
     side: tuple[SlotCache, DecodeStep] | None = None
+    side_slot: dict[int, int] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)
 
 
 class SlotRunner:
@@ -73,6 +76,8 @@ class SlotRunner:
         self.compile = compile
         self.eos = torch.as_tensor(sorted(lm.eos_token_ids), dtype=torch.long, device=lm.device)
         self.pooled = 0
+        self.drop_finished = True
+        """Leave finished rows (independent mode) out of the decode steps (:meth:`forward`); False: compute them."""
         self.cache: SlotCache | None = None
         self.step: DecodeStep | None = None
         self.ids: torch.Tensor | None = None
@@ -114,7 +119,7 @@ class SlotRunner:
                     self.cache.release([slots[i]])
                 else:
                     self.cache.write(slots[i], kv[i], len(row))
-        placement = Placement(list(slots), side)
+        placement = Placement(list(slots), side, side_slot={r: j for j, r in enumerate(side)})
         if side:
             need = max(len(job.rows[i]) for i in side) + job.max_new_tokens
             side_cache = self._new_cache(len(side), need)
@@ -133,47 +138,92 @@ class SlotRunner:
             if not self.pooled:
                 self.cache.busy = False  # another engine on this model may take the pool
 
+    def _drop_finished(self, job: Any) -> None:
+        """Leave the rows of ``job`` that have finished (independent mode) out of the next steps: each one's slot takes
+        the job's unfinished row with the highest slot (its keys and values moved), so that the unfinished rows of a
+        job keep its lowest slots and a step computes the first slots only (:meth:`forward`). Which rows have finished
+        follows from released tokens (a row's EOS), so the batch's shapes stay public."""
+        p = job.placement
+        if job.joint or p is None or not self.drop_finished:
+            return
+        done = [i for i, d in enumerate(job.done_rows.tolist()) if d and i not in p.dropped]
+        for r in done:
+            p.dropped.add(r)
+            if r in p.side_slot:
+                where, cache = p.side_slot, p.side[0]
+            elif p.slots:
+                where = {i: p.slots[i] for i in range(job.k) if i not in p.side_slot}
+                cache = self.cache
+            else:
+                continue
+            live = [i for i in where if i not in p.dropped]
+            top = max(live, key=lambda i: where[i], default=None)
+            if top is not None and where[top] > where[r]:
+                cache.move(where[top], where[r])
+                where[top], where[r] = where[r], where[top]
+                if where is not p.side_slot:
+                    p.slots[top], p.slots[r] = where[top], where[r]
+            else:
+                cache.release([where[r]])
+
     def forward(self, going: Sequence[tuple[Any, torch.Tensor]]) -> None:
-        """One decode step for these jobs (each with its next input ids ``(K, 1)``): sets each job's logits."""
+        """One decode step for these jobs (each with its next input ids ``(K, 1)``): sets each job's logits.
+
+        Rows that have finished (independent mode) are not computed: their logits are zeros, which the mechanism
+        reads for nothing (their tokens are discarded). With the compiled step the pool is computed whole."""
         lm = self.lm
+        for job, _ in going:
+            self._drop_finished(job)
+        live = {id(job): [i for i in range(job.k) if i not in job.placement.dropped] for job, _ in going}
         pooled = [job for job, _ in going if job.placement.slots]
+        in_pool = [(job, [r for r in live[id(job)] if r not in job.placement.side_slot]) for job in pooled]
         parts: list[torch.Tensor] = []
-        if pooled:
+        width = 0
+        if any(rows for _, rows in in_pool):
             for job, next_ids in going:
                 if job.placement.slots:
                     self.ids[job.placement.slots] = next_ids
-            parts.append(self.step(self.ids))
+            width = self.cache.slots if self.compile else 1 + max(job.placement.slots[r] for job, rows in in_pool
+                                                                  for r in rows)
+            parts.append(self.step(self.ids[:width]))
             advance = torch.zeros(self.cache.slots, dtype=torch.long, device=lm.device)
-            for job in pooled:
-                advance[job.placement.slots] = 1
-                for r in job.placement.side_rows:
-                    advance[job.placement.slots[r]] = 0  # idle filler
+            for job, rows in in_pool:
+                advance[[job.placement.slots[r] for r in rows]] = 1
             self.cache.lengths += advance
-        offset = parts[0].shape[0] if parts else 0
+        offset = width
         where: list[list[int]] = []
         for job, next_ids in going:
             p = job.placement
             loc = list(p.slots) if p.slots else [-1] * job.k
             if p.side is not None:
                 side_cache, side_step = p.side
-                h = side_step(next_ids[p.side_rows])
-                side_cache.lengths += 1
-                parts.append(h)
-                for j, r in enumerate(p.side_rows):
-                    loc[r] = offset + j
-                offset += h.shape[0]
+                rows = [r for r in p.side_rows if r not in p.dropped]
+                if rows:
+                    ids = next_ids.new_empty((len(rows), 1))
+                    ids[[p.side_slot[r] for r in rows]] = next_ids[rows]
+                    h = side_step(ids)
+                    side_cache.lengths[:len(rows)] += 1
+                    parts.append(h)
+                    for r in rows:
+                        loc[r] = offset + p.side_slot[r]
+                    offset += h.shape[0]
             where.append(loc)
         states = torch.cat(parts) if len(parts) > 1 else parts[0]
         head = lm.model.get_output_embeddings()
         full_rows: list[int] = []
         for (job, _), loc in zip(going, where, strict=True):
-            full_rows.extend(loc[:1] if job.split else loc)
+            full_rows.extend(loc[:1] if job.split else [loc[r] for r in live[id(job)]])
         full = head(states[full_rows])
         at = 0
         for (job, _), loc in zip(going, where, strict=True):
             if not job.split:
-                job.logits = full[at:at + job.k]
-                at += job.k
+                rows = live[id(job)]
+                if len(rows) == job.k:
+                    job.logits = full[at:at + job.k]
+                else:  # finished rows: zeros, read for nothing
+                    job.logits = full.new_zeros((job.k, full.shape[-1]))
+                    job.logits[rows] = full[at:at + len(rows)]
+                at += len(rows)
                 continue
             public = full[at:at + 1]
             at += 1
