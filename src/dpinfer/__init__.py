@@ -26,6 +26,7 @@ _LAZY = {
     "sanitize": "dpinfer.pipelines.sanitize",
     "sanitize_many": "dpinfer.pipelines.sanitize",
     "SanitizeResult": "dpinfer.pipelines.sanitize",
+    "SanitizeConfig": "dpinfer.configs.sanitize",
     "synthesize": "dpinfer.pipelines.synthesize",
     "SynthesisResult": "dpinfer.pipelines.synthesize",
     "Reference": "dpinfer.pipelines.synthesize",

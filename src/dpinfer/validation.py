@@ -13,13 +13,12 @@ Every message names parameters, values, sizes and paths only, never input text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 # ------------------------------------------------------------------------------------------------------ scalars
 # The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
 # re-exported here under the names this module always had.
-from dpinfer.checks import (
+from dpinfer.checks import (  # noqa: F401
     check_alpha,
     check_delta,
     check_seed,
@@ -32,6 +31,7 @@ from dpinfer.checks import (
     rdp_conversion_cost,
 )
 from dpinfer.checks import is_number as _is_number  # noqa: F401
+from dpinfer.configs.sanitize import SanitizeConfig, option_namer
 from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 
@@ -50,7 +50,7 @@ from dpinfer.io import (  # noqa: F401
 
 def _namer(cli: bool) -> Any:
     """Parameter names as the API spells them (``max_new_tokens``) or as the CLI does (``--max-new-tokens``)."""
-    return (lambda name: "--" + name.replace("_", "-")) if cli else (lambda name: name)
+    return option_namer(cli)
 
 
 def _optional_k(value: object, name: str) -> None:
@@ -72,77 +72,50 @@ def check_method(task: str, method: object, name: str = "method") -> str:
 
 def check_groups(groups: object) -> None:
     """``groups`` (group name → TAB labels) is None or a mapping of non-empty names to label lists, no label twice."""
-    if groups is None:
-        return
+    if groups is not None:
+        from dpinfer.taggers.resolve import check_group_labels
+
+        check_group_labels(SanitizeConfig(groups=groups).groups or {})  # the shape, then the labels
+
+
+def check_sanitize_config(config: SanitizeConfig, *, cli: bool = False, check_tagger: bool = True) -> SanitizeConfig:
+    """The checks of a :class:`~dpinfer.configs.sanitize.SanitizeConfig` that need the method table or the tagger's
+    labels (the config checked its scalars itself): a known method, greedy decoding for a baseline only, the labels
+    of ``groups`` and the names of ``group_epsilon``, and (``check_tagger``) a known tagger name."""
+    from dpinfer.methods.sanitize import TABLE
     from dpinfer.taggers.base import TAB_LABELS
+    from dpinfer.taggers.resolve import check_group_labels
 
-    if not isinstance(groups, Mapping):
-        raise InvalidInputError("groups must map group names to lists of labels")
-    seen: dict[str, str] = {}
-    for gname, labels in groups.items():
-        if not isinstance(gname, str) or not gname:
-            raise InvalidInputError("group names must be non-empty strings")
-        if isinstance(labels, str) or not isinstance(labels, Iterable):
-            raise InvalidInputError(f"group {gname!r} must list its labels, e.g. ['PERSON', 'CODE']")
-        for label in labels:
-            if label not in TAB_LABELS:
-                raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
-            if label in seen:
-                raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
-            seen[label] = gname
+    n = option_namer(cli)
+    check_method("sanitize", config.method, n("method"))
+    if config.temperature == 0 and not TABLE.get(config.method).baseline:
+        check_temperature(config.temperature, n("temperature"), allow_zero=False)
+    if config.groups is not None:
+        check_group_labels(config.groups)
+    for name in config.group_epsilon or {}:
+        if name not in TAB_LABELS and name not in (config.groups or {}):
+            raise InvalidInputError(f"{n('group_epsilon')} names {name!r}, which is neither a group nor a label; "
+                                    f"labels: {', '.join(TAB_LABELS)}")
+    if check_tagger and isinstance(config.tagger, str):
+        from dpinfer.taggers.registry import available_taggers
+
+        one_of(config.tagger, n("tagger"), available_taggers())
+    return config
 
 
-def check_sanitize_params(*, method: object = SANITIZE.method, epsilon: object = None,
-                          group_epsilon: Mapping[str, object] | None = None, delta: object = SANITIZE.delta,
-                          alpha: object = SANITIZE.alpha, temperature: object = None, top_k: object = "default",
-                          max_new_tokens: object = None, no_repeat_ngram: object = "default", seed: object = None,
-                          accounting: object = SANITIZE.accounting, adjacency: object = SANITIZE.adjacency,
-                          tagger: object = None, groups: Mapping[str, Any] | None = None,
-                          cli: bool = False) -> None:
-    """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model
-    (``cli=True``: messages name the command-line options, e.g. ``--max-new-tokens``).
+def check_sanitize_params(*, tagger: object = None, cli: bool = False, **options: Any) -> SanitizeConfig:
+    """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model, as the
+    checked :class:`~dpinfer.configs.sanitize.SanitizeConfig` (``cli=True``: messages name the command-line options,
+    e.g. ``--max-new-tokens``; ``tagger``: a tagger name to check, None to leave it).
 
-    >>> check_sanitize_params(epsilon=10)
+    >>> _ = check_sanitize_params(epsilon=10)
     >>> check_sanitize_params(epsilon=-1)
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
     """
-    from dpinfer.methods import is_baseline
-
-    n = _namer(cli)
-    check_method("sanitize", method, n("method"))
-    if epsilon is not None:
-        positive_number(epsilon, n("epsilon"))
-    from dpinfer.taggers.base import TAB_LABELS
-
-    check_groups(groups)
-    if group_epsilon is not None:
-        if not isinstance(group_epsilon, Mapping):
-            raise ConfigurationError("group_epsilon must map group names or labels to numbers")
-        for name, value in group_epsilon.items():
-            if name not in TAB_LABELS and name not in (groups or {}):
-                raise InvalidInputError(f"{'--group-epsilon' if cli else 'group_epsilon'} names {name!r}, which is "
-                                        f"neither a group nor a label; labels: {', '.join(TAB_LABELS)}")
-            positive_number(value, f"the ε of group {name}")
-    check_delta(delta, n("delta"))
-    check_alpha(alpha, n("alpha"))
-    if temperature is not None:
-        # greedy decoding only for a baseline (a private mechanism must sample)
-        check_temperature(temperature, n("temperature"), allow_zero=is_baseline("sanitize", method))
-    _optional_k(top_k, n("top_k"))
-    if max_new_tokens is not None:
-        int_at_least(max_new_tokens, n("max_new_tokens"), 1)
-    _optional_k(no_repeat_ngram, n("no_repeat_ngram"))
-    check_seed(seed, n("seed"))
-    one_of(accounting, n("accounting"), ("dpinfer", "as_published"))
-    one_of(adjacency, n("adjacency"), ("replace-by-null", "replace-one"))
-    if adjacency == "replace-one" and accounting == "as_published":
-        raise ConfigurationError("accounting 'as_published' reproduces the authors' replace-by-null charge; use "
-                                 "accounting 'dpinfer' with adjacency 'replace-one'")
-    if isinstance(tagger, str):
-        from dpinfer.taggers.registry import available_taggers
-
-        one_of(tagger, n("tagger"), available_taggers())
+    check_method("sanitize", options.get("method", SANITIZE.method), option_namer(cli)("method"))
+    config = SanitizeConfig(**options, **({"tagger": tagger} if tagger is not None else {}), cli=cli)
+    return check_sanitize_config(config, cli=cli, check_tagger=tagger is not None)
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
@@ -155,24 +128,23 @@ def conversion_cost(alpha: float, delta: float) -> float:
     return rdp_conversion_cost(alpha, delta)
 
 
-def check_sanitize_budget(*, method: str = SANITIZE.method, epsilon: float | None = None,
-                          group_epsilon: Mapping[str, float] | None = None, delta: float = SANITIZE.delta,
-                          alpha: float = SANITIZE.alpha, cli: bool = False) -> None:
-    """Refuse a DP-Fusion target no calibration reaches, from the parameters alone (no document, no model, no torch).
+def check_sanitize_budget(config: SanitizeConfig | None = None, *, cli: bool = False, **options: Any) -> None:
+    """Refuse a DP-Fusion target no calibration reaches, from the settings alone (no document, no model, no torch).
 
     Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
     :func:`conversion_cost`, so a target at or below it is unreachable and any target above it is reachable.
     """
     from dpinfer.errors import InfeasibleBudgetError
+    from dpinfer.methods.sanitize import TABLE
 
-    if method != "dp-fusion":
+    cfg = SanitizeConfig.build(config, **options)
+    if TABLE.get(cfg.method).mechanism != "dp-fusion":
         return
-    targets = {"": SANITIZE.epsilon if epsilon is None else float(epsilon)}
-    targets.update({str(k): float(v) for k, v in (group_epsilon or {}).items()})
-    floor = conversion_cost(alpha, delta)
+    targets = {"": cfg.epsilon, **{str(k): float(v) for k, v in (cfg.group_epsilon or {}).items()}}
+    floor = conversion_cost(cfg.alpha, cfg.delta)
     for name, eps in targets.items():
         if eps <= floor:
-            raise InfeasibleBudgetError(dp_fusion_floor_message(eps, delta, alpha, group=name,
+            raise InfeasibleBudgetError(dp_fusion_floor_message(eps, cfg.delta, cfg.alpha, group=name,
                                                                 alpha_name="--alpha" if cli else "alpha"))
 
 

@@ -40,10 +40,11 @@ def test_generate_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> N
 
 
 def test_sanitize_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> None:
-    from dpinfer.pipelines.sanitize import BASELINE_MAX_NEW_TOKENS, sanitize
+    from dpinfer.configs.sanitize import SanitizeConfig
+    from dpinfer.pipelines.sanitize import BASELINE_MAX_NEW_TOKENS
     from dpinfer.validation import check_sanitize_budget, check_sanitize_params
 
-    api = _kw_defaults(sanitize)
+    api = {f.name: f.default for f in dataclasses.fields(SanitizeConfig)}  # sanitize(**options) takes its fields
     for name in ("method", "delta", "alpha", "tagger", "accounting", "adjacency"):
         assert api[name] == getattr(SANITIZE, name)
         assert vars(_sub("sanitize").parse_args(["doc.txt"]))[name] == getattr(SANITIZE, name)

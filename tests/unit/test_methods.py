@@ -1,10 +1,13 @@
-"""Registry-driven dispatch: a mechanism registered for a task is offered by its pipeline, validation, CLI and benches
-with no other change (dpinfer.methods)."""
+"""Method tables: a mechanism registered for a task and given an entry in its table is offered by its pipeline,
+validation, CLI and benches with no other change (dpinfer.methods)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.cli import main
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import REGISTRY
@@ -22,18 +25,25 @@ class ToyWholeDocument(Sampler):
     name = "toy-sanitize"
 
     @classmethod
-    def calibrated(cls, epsilon: float, *, delta: float, max_new_tokens: int) -> ToyWholeDocument:
-        return cls(temperature=1.0 + 1.0 / epsilon, mode="joint")
+    def calibrated(cls, budget: Budget, spec: Spec) -> ToyWholeDocument:
+        return cls(temperature=1.0 + 1.0 / budget.scalar(), mode="joint")
 
 
 @pytest.fixture
-def toy(monkeypatch: pytest.MonkeyPatch) -> str:
-    """``toy-sanitize`` registered for "sanitize" for one test; the registry is restored afterwards."""
+def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``toy-sanitize`` registered for "sanitize" for one test, with its entry in the sanitize table (the generic
+    builder of registered whole-document mechanisms); the registry and the table are restored afterwards."""
+    from dpinfer.methods.sanitize import TABLE
+    from dpinfer.methods.table import Method
+
     REGISTRY.names()  # load the built-ins first, so that the restored registry keeps them
     monkeypatch.setattr(REGISTRY, "_entries", dict(REGISTRY._entries))
     REGISTRY.register("toy-sanitize", tasks=("sanitize",), summary="a toy registered by the dispatch test")(
         ToyWholeDocument)
-    return "toy-sanitize"
+    TABLE.register(Method("toy-sanitize", "sanitize", build="dpinfer.methods.sanitize:build_registered",
+                          summary="a toy registered by the dispatch test"))
+    yield "toy-sanitize"
+    TABLE.unregister("toy-sanitize")
 
 
 def test_methods_are_the_registered_mechanisms_and_the_baselines() -> None:

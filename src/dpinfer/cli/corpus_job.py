@@ -225,6 +225,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
 
     from dpinfer.accounting.ledger import ApproxDp, Cost
     from dpinfer.cli.budget import ledger_path
+    from dpinfer.configs.sanitize import SanitizeConfig
     from dpinfer.errors import LedgerError
     from dpinfer.pipelines.budget import LedgerCharges, open_ledger
     from dpinfer.pipelines.corpus import id_key
@@ -241,8 +242,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     texts = {str(id_key(r.id)): r.text for r in records}
     # an upper bound of any record's cost, from the parameters alone: every group a record could have
     every = resolve_groups([Span(0, 1, label) for label in TAB_LABELS], options.get("groups"))
-    bound = estimate_cost(options["method"], every, options.get("epsilon"), options.get("group_epsilon"),
-                          options["delta"], options["alpha"])
+    bound = estimate_cost(SanitizeConfig(**options), every)
     if bound is None:  # a whole-document mechanism, calibrated to its target
         from dpinfer.defaults import SANITIZE
 

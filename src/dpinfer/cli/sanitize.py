@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from dpinfer.cli.output import (
     show,
     write_failure,
 )
+from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import InvalidInputError
 
@@ -143,45 +145,52 @@ def parse_groups(items: Sequence[str] | None) -> dict[str, list[str]] | None:
 
 
 def _check_max_input_tokens(args: argparse.Namespace) -> None:
-    """``--max-input-tokens``: a positive integer, for the methods whose neighbour is any other document only."""
+    """``--max-input-tokens``: for the methods whose neighbour is any other document only."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.pipelines.sanitize import method_plan
-    from dpinfer.validation import int_at_least
+    from dpinfer.methods.sanitize import TABLE
 
-    if args.max_input_tokens is None:
-        return
-    int_at_least(args.max_input_tokens, "--max-input-tokens", 1)
-    if method_plan(args.method).protects != "document":
-        raise ConfigurationError("--max-input-tokens applies to the whole-document methods (dp-decoding, dp-prompt); "
+    if args.max_input_tokens is not None and TABLE.get(args.method).protects != "document":
+        whole = ", ".join(m.name for m in TABLE if m.protects == "document")
+        raise ConfigurationError(f"--max-input-tokens applies to the whole-document methods ({whole}); "
                                  f"{args.method}'s T_max follows the document, whose length is public under its "
                                  "adjacency")
 
 
+def config_of(args: argparse.Namespace) -> SanitizeConfig:
+    """The checked :class:`~dpinfer.configs.sanitize.SanitizeConfig` of parsed ``dpinfer sanitize`` arguments
+    (messages name the options); options not given keep the config's defaults."""
+    from dpinfer.validation import check_sanitize_params
+
+    options: dict[str, Any] = {
+        "method": args.method, "epsilon": args.epsilon, "group_epsilon": parse_group_epsilon(args.group_epsilon),
+        "delta": args.delta, "groups": parse_groups(args.group), "max_new_tokens": args.max_new_tokens,
+        "alpha": args.alpha, "temperature": args.temperature, "seed": args.seed, "accounting": args.accounting,
+        "adjacency": args.adjacency, "max_input_tokens": args.max_input_tokens,
+        "allow_untagged": args.allow_untagged, "debug": args.debug_stats, "tag_uncovered": not args.spans_only,
+    }
+    if args.top_k is not None:
+        options["top_k"] = cli_k(args.top_k, "--top-k")
+    if args.no_repeat_ngram is not None:
+        options["no_repeat_ngram"] = cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
+    return check_sanitize_params(tagger=args.tagger, cli=True, **options)
+
+
 def run(args: argparse.Namespace) -> int:
     from dpinfer.cli.corpus_job import check_corpus_args
-    from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget, check_sanitize_params
+    from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget
 
     # every parameter and path is checked here, before the document is tagged and before the model loads
     check_corpus_args(args)
     if args.corpus is None and args.file is None:
         raise InvalidInputError("give the document FILE ('-' for standard input), or --corpus IN.jsonl --out OUT.jsonl")
-    top_k = cli_k(args.top_k, "--top-k")
-    no_repeat = cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
-    group_eps = parse_group_epsilon(args.group_epsilon)
-    groups = parse_groups(args.group)
-    check_sanitize_params(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-                          alpha=args.alpha, temperature=args.temperature, top_k=top_k,
-                          max_new_tokens=args.max_new_tokens, no_repeat_ngram=no_repeat, seed=args.seed,
-                          accounting=args.accounting, adjacency=args.adjacency,
-                          tagger=args.tagger, groups=groups, cli=True)
+    cfg = config_of(args)
     _check_max_input_tokens(args)
+    check_sanitize_budget(cfg, cli=True)
     if args.corpus is not None:
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
 
-        check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-                              alpha=args.alpha, cli=True)
-        options = sanitize_options(args, group_epsilon=group_eps, groups=groups, top_k=top_k,
-                                   no_repeat_ngram=no_repeat)
+        options = sanitize_options(args, group_epsilon=cfg.group_epsilon, groups=cfg.groups, top_k=cfg.top_k,
+                                   no_repeat_ngram=cfg.no_repeat_ngram)
         if args.max_input_tokens is not None:
             options["max_input_tokens"] = args.max_input_tokens
         return run_sanitize_corpus(args, options)
@@ -190,45 +199,29 @@ def run(args: argparse.Namespace) -> int:
     text = read_text_arg(args.file, "document")
     if args.spans:
         read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
-    check_sanitize_budget(method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-                          alpha=args.alpha, cli=True)
     from dpinfer.cli.output import count_progress
     from dpinfer.models import load_model
-    from dpinfer.pipelines.sanitize import resolve_span_source, sanitize
+    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups, resolve_span_source, sanitize
 
     # the spans, checked against THIS document (or tagged), and the refusal of zero spans: before the model loads
     spans = resolve_span_source(text, spans=args.spans, tagger=None if args.spans_only else args.tagger,
-                                method=args.method, allow_untagged=args.allow_untagged,
-                                tag_uncovered=not args.spans_only)
+                                method=cfg.method, allow_untagged=cfg.allow_untagged,
+                                tag_uncovered=cfg.tag_uncovered)
     if spans.note():
         print(f"dpinfer: {spans.note()}", file=sys.stderr)
     from dpinfer.cli.budget import cli_spend
-    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
 
     spend = cli_spend(args, scope="document", default_unit=lambda book: book.unit_for_text(text))
     if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
-        spend.reserve(estimate_cost(args.method, resolve_groups(spans.spans, groups), args.epsilon, group_eps,
-                                    args.delta, args.alpha), mechanism=args.method)
+        spend.reserve(estimate_cost(cfg, resolve_groups(spans.spans, cfg.groups)), mechanism=cfg.method)
     try:
         lm = load_model(args.model, device=args.device, quantize=args.quantize)
     except BaseException:
         if spend is not None:
             spend.cancel()
         raise
-    extra: dict[str, Any] = {}
-    if args.top_k is not None:
-        extra["top_k"] = top_k
-    if args.no_repeat_ngram is not None:
-        extra["no_repeat_ngram"] = no_repeat
     with count_progress("sanitizing", "tokens") as progress:
-        res = sanitize(
-            text, lm=lm, method=args.method, epsilon=args.epsilon, group_epsilon=group_eps, delta=args.delta,
-            spans=spans, tagger=None, groups=groups,
-            max_new_tokens=args.max_new_tokens, alpha=args.alpha, temperature=args.temperature, seed=args.seed,
-            accounting=args.accounting, adjacency=args.adjacency, progress=progress,
-            max_input_tokens=args.max_input_tokens,
-            allow_untagged=args.allow_untagged, debug=args.debug_stats, ledger=spend, **extra,
-        )
+        res = sanitize(text, cfg.replace(tagger=None), lm=lm, spans=spans, progress=progress, ledger=spend)
     err = console(stderr=True)
     write_error: OSError | None = None
     if args.out:
@@ -236,10 +229,12 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_text(args.out, res.text + "\n")
         except OSError as exc:  # the release is still printed below: never lose a finished result
             write_error = exc
-    if args.json:
-        print_json(res.to_dict())
+    if args.json:  # the release as it is; with --debug-stats, the diagnostics beside it
+        print_json({**res.release(), "debug": res.diagnostics()} if args.debug_stats else res.release())
     else:
         print_release(args, text, res, err)
+        if args.debug_stats:
+            print(json.dumps(res.diagnostics(), ensure_ascii=False), file=sys.stderr)
     from dpinfer.cli.budget import report_charge
 
     report_charge(spend)
@@ -285,19 +280,14 @@ def print_release(args: argparse.Namespace, text: str, res: Any, err: Any) -> No
 
 
 def guarantee_sentence(res: Any) -> str:
-    """The one-sentence guarantee printed under the rewrite (:func:`dpinfer.pipelines.sanitize.guarantee_sentence`)."""
-    from dpinfer.pipelines.sanitize import guarantee_sentence as sentence
+    """The one-sentence guarantee printed under the rewrite (:mod:`dpinfer.accounting.sanitize_text`)."""
+    from dpinfer.accounting import sanitize_text
 
-    return sentence(res)
+    return sanitize_text.guarantee_sentence(res)
 
 
 def guarantee_statement(res: Any, *, explain: bool = False) -> str:
-    """What is printed under the rewrite: the one-sentence guarantee, its caveats (a large ε, a seed), and with
-    ``explain`` the details, one paragraph each."""
-    from dpinfer.pipelines.sanitize import guarantee_caveats, guarantee_details
+    """What is printed under the rewrite: the sentence, its caveats and, with ``explain``, the details."""
+    from dpinfer.accounting import sanitize_text
 
-    parts = [guarantee_sentence(res), *guarantee_caveats(res)]
-    details = guarantee_details(res) if explain else None
-    if details:
-        parts.append("Details: " + details)
-    return "\n".join(parts)
+    return sanitize_text.guarantee_statement(res, explain=explain)

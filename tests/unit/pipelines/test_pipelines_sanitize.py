@@ -87,7 +87,7 @@ def test_dp_fusion_per_group_guarantee_and_reproducibility(tiny_lm):
     assert per["PERSON"] <= 20.0 + 1e-9 and per["PERSON"] == pytest.approx(20.0, rel=1e-6)
     assert per["LOC"] == pytest.approx(30.0, rel=1e-6)
     assert g.epsilon == max(per.values()) and g.max_new_tokens == 12 and g.order == 2.0
-    dd = a.to_dict()["debug"]
+    dd = a.diagnostics()
     assert "not covered by the guarantee" in dd["warning"]
     assert set(dd["groups"]) == set(per)
     assert all(0.0 <= lam <= 1.0 for row in dd["lambda_per_step"] for lam in row)
@@ -288,7 +288,7 @@ def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_mo
     dbg = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0, debug=True)
     err = capsys.readouterr().err
     assert "data-dependent" in err and "reveal" in err and err.count("\n") == 1
-    d = dbg.to_dict()["debug"]
+    d = dbg.diagnostics()
     steps = dbg.generated_tokens + (dbg.finish_reason == "eos")  # the step that sampled EOS has its statistics too
     assert len(d["lambda_per_step"]) == steps and "data-dependent" in d["warning"]
     doc = tmp_path / "doc.txt"

@@ -1,0 +1,185 @@
+"""Planning one document for the engine (:func:`plan_sanitize`) and turning its output into a result
+(:func:`finish_sanitize`): :func:`dpinfer.pipelines.sanitize.sanitize` and
+:func:`dpinfer.pipelines.sanitize_many.sanitize_many` are these two around the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.configs.sanitize import SanitizeConfig
+from dpinfer.engine import Job
+from dpinfer.errors import ContextTooLongError
+from dpinfer.methods import sanitize as methods
+from dpinfer.methods.sanitize import BuildArgs
+from dpinfer.pipelines.budget import NO_PRIVACY, single_order_estimate
+from dpinfer.pipelines.sanitize_contexts import (
+    BASELINE_MAX_NEW_TOKENS,
+    DEFAULT_INSTRUCTION,
+    cut_document,
+    default_max_new_tokens,
+    prepare_contexts,
+    whole_document_cap,
+)
+from dpinfer.pipelines.sanitize_result import SanitizeResult, summarise_steps
+from dpinfer.runtime import Runtime, resolve_runtime
+from dpinfer.taggers.base import Span
+from dpinfer.taggers.resolve import resolve_group_epsilon, resolve_groups
+from dpinfer.taggers.resolve import resolve_span_source as _resolve
+from dpinfer.taggers.spans import ResolvedSpans
+from dpinfer.validation import check_sanitize_config, check_text
+
+if TYPE_CHECKING:
+    from dpinfer.accounting import Guarantee
+    from dpinfer.accounting.ledger import Cost
+    from dpinfer.engine import EngineOutput
+    from dpinfer.models import LM
+
+
+def resolve_span_source(text: str, *, spans: Any = None, tagger: Any = SanitizeConfig.tagger,
+                        label_map: Mapping[str, str | None] | None = None, method: str = SanitizeConfig.method,
+                        allow_untagged: bool = False, tag_uncovered: bool = False) -> ResolvedSpans:
+    """The private spans of ``text`` for ``method`` (:func:`dpinfer.taggers.resolve.resolve_span_source`; a method
+    that protects spans refuses a document with none unless ``allow_untagged``). Needs no model."""
+    return _resolve(text, spans=spans, tagger=tagger, label_map=label_map, allow_untagged=allow_untagged,
+                    require_spans=methods.method(method).protects == "spans", tag_uncovered=tag_uncovered)
+
+
+def resolve_spans(text: str, **kwargs: Any) -> list[Span]:
+    """The private spans of ``text`` (:func:`resolve_span_source` without where they came from)."""
+    return resolve_span_source(text, **kwargs).spans
+
+
+def estimate_cost(config: SanitizeConfig, group_map: Mapping[str, Sequence[str]]) -> Cost | None:
+    """What a rewrite costs its document, from the settings and the groups alone (before the model loads): a
+    method without a guarantee ε = ∞ (as a span method with nothing tagged), one that never reads the spans ε = 0,
+    DP-Fusion its per-group target at order α; None for the whole-document methods, whose exact cost is settled once
+    the release is planned."""
+    from dpinfer.accounting import PureDp
+    from dpinfer.accounting.ledger import Cost
+
+    entry = methods.method(config.method)
+    if entry.guarantee == "none" or (entry.protects == "spans" and not group_map):
+        return NO_PRIVACY
+    if entry.protects != "spans":
+        return None
+    if entry.guarantee == "zero":
+        return Cost({name: PureDp(0.0) for name in group_map})
+    targets = resolve_group_epsilon(list(group_map), group_map, config.epsilon, config.group_epsilon)
+    return single_order_estimate(targets, alpha=config.alpha, delta=config.delta)
+
+
+@dataclass
+class SanitizePlan:
+    """One document planned for the engine (:func:`plan_sanitize`): the engine :class:`~dpinfer.engine.Job` and what
+    :func:`finish_sanitize` needs to turn its output into a :class:`SanitizeResult`. It holds the private document's
+    contexts and spans: never log or serialise it."""
+
+    job: Job
+    lm: LM
+    method: str
+    spans: list[Span]
+    groups: dict[str, list[str]]
+    group_names: list[str]
+    guarantee: Guarantee
+    prompt_tokens: int
+    settings: dict[str, Any]
+    debug: bool = False
+
+
+def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtime | None = None,
+                  lm: LM | str | None = None, spans: Any = None, checked: bool = False,
+                  on_groups: Callable[[dict[str, list[str]]], None] | None = None, **options: Any) -> SanitizePlan:
+    """Everything :func:`sanitize` does before the engine runs: every check, the spans, the prompt and its contexts,
+    the calibrated mechanism and the ex-ante guarantee, as an engine :class:`~dpinfer.engine.Job` (arguments: see
+    :func:`sanitize`). ``checked=True`` skips the checks against the method table that a caller made once for many
+    documents. ``on_groups(groups)`` is called with the privacy groups before the model loads (a ledger's
+    reservation). The model is the runtime's (``runtime``, else one on ``lm``, else the default runtime), loaded only
+    once every check passed. Raises what :func:`sanitize` raises, before any token is generated.
+    """
+    from dpinfer.mechanisms.transforms import MinP, NoRepeatNGram
+    from dpinfer.pipelines.clip_bounds import clip_bounds
+
+    cfg = SanitizeConfig.build(config, **options)
+    check_text(text, "the document")
+    if not checked:  # before the model loads
+        check_sanitize_config(cfg, check_tagger=spans is None or cfg.tag_uncovered)
+    entry = methods.method(cfg.method)
+    instruction = DEFAULT_INSTRUCTION if cfg.instruction is None else cfg.instruction
+    rt = resolve_runtime(runtime, lm=lm)
+    tagger = cfg.tagger
+    if isinstance(tagger, str) and (spans is None or cfg.tag_uncovered) and not isinstance(spans, ResolvedSpans):
+        tagger = rt.get_tagger(tagger, **({"label_map": cfg.label_map} if cfg.label_map else {}))  # built once
+    # fail closed before the model loads: spans checked against this document, nothing tagged refused
+    resolved = resolve_span_source(text, spans=spans, tagger=tagger, label_map=cfg.label_map, method=cfg.method,
+                                   allow_untagged=cfg.allow_untagged, tag_uncovered=cfg.tag_uncovered)
+    used_spans = resolved.spans
+    group_map = resolve_groups(used_spans, cfg.groups)
+    targets = resolve_group_epsilon(list(group_map), group_map, cfg.epsilon, cfg.group_epsilon)
+    if on_groups is not None:
+        on_groups(group_map)
+    model = rt.lm
+    whole_document = entry.protects == "document"  # any two documents are adjacent: the length is private
+    if whole_document:
+        t_max = BASELINE_MAX_NEW_TOKENS if cfg.max_new_tokens is None else cfg.max_new_tokens
+        cap = whole_document_cap(model, instruction, max_new_tokens=t_max, max_input_tokens=cfg.max_input_tokens)
+        text, used_spans = cut_document(model, text, used_spans, cap, instruction)
+    prep = prepare_contexts(model, text, used_spans, group_map, instruction)
+    if cfg.max_new_tokens is not None:
+        t_max, t_max_from = cfg.max_new_tokens, "max_new_tokens"
+    elif whole_document:
+        t_max_from = "fixed default"
+    else:  # the length is public under DP-Fusion's adjacency
+        t_max, t_max_from = default_max_new_tokens(prep.document_tokens), "document length"
+    if len(prep.original) + t_max > model.context_window:
+        raise ContextTooLongError(
+            f"the prompt ({len(prep.original)} tokens) plus max_new_tokens={t_max} exceeds the model's context window "
+            f"({model.context_window}); split the document into parts and sanitise each (each part's guarantee "
+            "composes: charge every part's T_max to the same groups), or lower --max-new-tokens"
+        )
+    settings: dict[str, Any] = {"temperature": cfg.temperature, "top_k": cfg.top_k, "min_p": cfg.min_p,
+                                "alpha": cfg.alpha, "delta": cfg.delta,
+                                "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
+                                "model": model.name,  # never the seed (it would let anyone replay the noise)
+                                "max_new_tokens_from": t_max_from, "span_source": resolved.to_dict()}
+    if whole_document:
+        settings["max_input_tokens"] = cap
+    if entry.contexts == "fusion":
+        settings["adjacency"] = cfg.adjacency
+    args = BuildArgs(lm=model, groups=group_map, targets=targets, max_new_tokens=t_max, settings=settings,
+                     clip_bounds=lambda: clip_bounds(model).bounds)
+    mech = methods.mechanism(entry, cfg, args)
+    settings["no_repeat_ngram"] = cfg.no_repeat_ngram
+    processors: list[Any] = [NoRepeatNGram(cfg.no_repeat_ngram)] if cfg.no_repeat_ngram else []
+    if cfg.min_p is not None and methods.decodes_one_row(entry, group_map):
+        processors.append(MinP(cfg.min_p, cfg.temperature))  # one decoded row (the sampler's): its own min-p
+    guarantee = methods.guarantee(entry, mech, group_map, cfg, t_max)
+    if cfg.seed is not None:
+        guarantee = dataclasses.replace(guarantee, seeded=True)
+    job = Job(contexts=methods.rows(entry, prep.public, prep.private, prep.original), mechanism=mech,
+              max_new_tokens=t_max, min_new_tokens=min(cfg.min_new_tokens, t_max), seed=cfg.seed,
+              processors=processors)
+    return SanitizePlan(job=job, lm=model, method=cfg.method, spans=used_spans, groups=group_map,
+                        group_names=prep.group_names, guarantee=guarantee, prompt_tokens=len(prep.original),
+                        settings=settings, debug=cfg.debug)
+
+
+def finish_sanitize(plan: SanitizePlan, output: EngineOutput, *, seconds: float = 0.0) -> SanitizeResult:
+    """The :class:`SanitizeResult` of a planned document (:func:`plan_sanitize`) from its engine output."""
+    ids = output.sequences[0]
+    stats: dict[str, Any] = {}
+    if plan.debug and methods.method(plan.method).contexts == "fusion":
+        stats = summarise_steps(output.steps, plan.group_names)
+    return SanitizeResult(
+        text=plan.lm.decode(ids).strip(), guarantee=plan.guarantee, token_ids=list(ids),
+        spans=plan.spans, groups=plan.groups, method=plan.method, finish_reason=output.finish_reasons[0],
+        prompt_tokens=plan.prompt_tokens, generated_tokens=len(ids), max_new_tokens=plan.job.max_new_tokens,
+        seconds=seconds, settings=plan.settings, data_dependent=stats, debug=plan.debug,
+    )
+
+
+def method_plan(method: str) -> methods.Method:
+    """The table entry of ``method`` (how it runs: ``mechanism``, ``contexts``, ``protects``, ``baseline``)."""
+    return methods.method(method)
