@@ -40,11 +40,12 @@ from typing import Any
 from dpinfer.bench import plots
 from dpinfer.bench.harness import Progress, parse_list, write_json, write_text
 from dpinfer.eval import intervals
+from dpinfer.methods.rag import TABLE as RAG_TABLE
 
 DESCRIPTION = __doc__
 
 DATASETS = ("medical", "enron")
-ALL_METHODS = ("none", "public", "summarize", "distance-threshold", "static", "pad-as-published", "pad")
+ALL_METHODS = (*RAG_TABLE.baselines(), *reversed(RAG_TABLE.mechanisms()))  # the rag method table, pad last
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

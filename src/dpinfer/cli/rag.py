@@ -16,8 +16,6 @@ import json
 import sys
 from typing import Any
 
-METHODS_HELP = "pad (default) | pad-as-published | static | none | public | summarize | distance-threshold"
-
 
 def _print_json(obj: Any) -> None:
     from dpinfer._json import plain
@@ -57,30 +55,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ask.add_argument("store", help="the store's folder")
     ask.add_argument("question", nargs="?", default=None,
                      help="the question (public: it is not protected); or --questions Q.jsonl --out OUT.jsonl")
-    ask.add_argument("--mechanism", default=RAG.method, help=METHODS_HELP)
-    ask.add_argument("--epsilon", type=float, default=None,
-                     help=f"target ε per answer for pad (default {RAG.epsilon:g}); with pad-as-published a "
-                          "deprecated alias of --noise-scale")
-    ask.add_argument("--noise-scale", type=float, default=None,
-                     help="pad-as-published: the authors' noise knob, which they call ε (default 0.2); it scales the "
-                          "noise and is NOT a guarantee")
-    ask.add_argument("--delta", type=float, default=RAG.delta, help=f"δ (default {RAG.delta:g})")
-    ask.add_argument("--max-new-tokens", type=int, default=RAG.max_new_tokens,
-                     help=f"T_max of the answer (default {RAG.max_new_tokens})")
-    ask.add_argument("--temperature", type=float, default=RAG.temperature,
-                     help="0 = argmax / greedy (default); τ > 0 samples")
-    ask.add_argument("--sigma", type=float, default=RAG.sigma,
-                     help=f"PAD's noise σ (default {RAG.sigma:g}; C is solved from ε)")
+    from dpinfer.configs.ask import AskConfig
+    from dpinfer.configs.base import add_options
+    from dpinfer.methods.rag import TABLE
+
+    ask.add_argument("--mechanism", default=TABLE.default, metavar="METHOD", help=TABLE.help())
+    add_options(ask, AskConfig, skip=("seed",))
     ask.add_argument("--support-top-k", type=int, default=RAG.support_top_k,
                      help=f"k of PAD's public Top-k+ support (default {RAG.support_top_k}; 0 = full vocabulary)")
-    ask.add_argument("--adjacency", default=RAG.adjacency, choices=["replace-by-null", "replace-one"],
-                     help="replace-by-null (default): the context replaced by nothing (covers its content); "
-                          "replace-one: by any other context (also covers a document's membership in the store, "
-                          "which changes the retrieval; twice the sensitivity)")
-    ask.add_argument("--theta", type=float, default=RAG.theta,
-                     help=f"distance-threshold: largest Euclidean distance kept (default {RAG.theta:g})")
-    ask.add_argument("--static-sigma", type=float, default=RAG.static_sigma,
-                     help=f"static: the noise σ (default {RAG.static_sigma:g})")
     ask.add_argument("--top-k", type=int, default=RAG.top_k, help=f"documents retrieved (default {RAG.top_k})")
     ask.add_argument("--top-n", type=int, default=RAG.top_n,
                      help=f"documents kept after reranking (default {RAG.top_n})")
@@ -88,11 +70,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="also print the retrieved documents' ids (for the store's owner: not covered by the "
                           "guarantee; never release them with the answer)")
     ask.add_argument("--debug-stats", action="store_true",
-                     help="add the DATA-DEPENDENT figures (the timing, which depends on the retrieved documents; "
-                          "pad-as-published's own figure, computed from the private logits) to the output, with a "
-                          "warning: debug only, never release them")
-    ask.add_argument("--seed", type=int, default=None,
-                     help="for tests and benchmarks only: the guarantee then holds only while the seed is secret")
+                     help="also print the answer's diagnostics: DATA-DEPENDENT figures (the timing, which depends on "
+                          "the retrieved documents; the retrieved ids; pad-as-published's own figure, computed from "
+                          "the private logits), with a warning: debug only, never release them")
+    add_options(ask, AskConfig, only=("seed",))
     ask.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     ask.add_argument("--device", default=None)
     from dpinfer.cli.budget import add_ledger_options
@@ -138,26 +119,35 @@ def run_add(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_ask(args: argparse.Namespace) -> int:
-    from dpinfer.defaults import RAG
+def ask_config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~dpinfer.configs.ask.AskConfig` of ``rag ask``'s options, checked through the method table (the
+    method's knobs, PAD's calibration) before anything loads."""
+    from dpinfer.configs.ask import AskConfig
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
-    from dpinfer.rag.store import DocumentStore
-    from dpinfer.validation import check_text
+    from dpinfer.pipelines.rag import answer_method, ask_config
 
-    if args.mechanism == "pad-as-published" and args.epsilon is not None:
-        if args.noise_scale is not None:
+    given = {k: v for k, v in vars(args).items() if k in AskConfig.field_names()}
+    if args.mechanism == "pad-as-published" and given.get("epsilon") is not None:
+        if given.get("noise_scale") is not None:
             raise InvalidInputError("give --noise-scale only (--epsilon is its deprecated alias for pad-as-published)")
         print("dpinfer: --epsilon with pad-as-published is a deprecated alias of --noise-scale (the authors' noise "
               "knob, not a guarantee)", file=sys.stderr)
-        args.noise_scale, args.epsilon = args.epsilon, None
-    support = None if args.support_top_k == 0 else args.support_top_k
+        given["noise_scale"] = given.pop("epsilon")
     if args.support_top_k is not None and args.support_top_k < 0:
         raise InvalidInputError(f"--support-top-k must be ≥ 0 (0 = full vocabulary), got {args.support_top_k}")
-    check_ask_params(mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
-                     sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
-                     static_sigma=args.static_sigma, noise_scale=args.noise_scale, cli=True)
+    given["support_top_k"] = None if args.support_top_k == 0 else args.support_top_k
+    config = ask_config({**given, "mechanism": args.mechanism}, cli=True)
+    answer_method(config)  # the method's checks and PAD's calibration: an unreachable ε is refused here
+    return config
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    from dpinfer.errors import InvalidInputError
+    from dpinfer.pipelines.rag import PrivateRAG
+    from dpinfer.rag.store import DocumentStore
+    from dpinfer.validation import check_text
+
+    config = ask_config_from_args(args)
     if args.questions is None:
         if args.out or args.allow_rerelease:
             option = "--out" if args.out else "--allow-rerelease"
@@ -167,30 +157,21 @@ def run_ask(args: argparse.Namespace) -> int:
         check_text(args.question, "the question")
     else:
         _check_questions_args(args)
-    if args.mechanism == "pad":  # an unreachable ε is refused before anything loads
-        from dpinfer.accounting.calibration import Budget, Spec
-        from dpinfer.mechanisms.pad import Pad
-
-        Pad.calibrated(Budget(args.epsilon or RAG.epsilon, args.delta),
-                       Spec(args.max_new_tokens, sigma=args.sigma, adjacency=args.adjacency))
     store = DocumentStore(args.store, create=False)  # missing store: one line, before the model loads
     if store.count() == 0:
         raise InvalidInputError(f"the store {args.store} holds no documents; add some with: "
                                 f"dpinfer rag add {args.store} FILES...")
     if args.questions is not None:
-        return _run_ask_questions(args, support)
+        return _run_ask_questions(args, config)
     from dpinfer.accounting.ledger import Cost
     from dpinfer.cli.budget import report_charge
     from dpinfer.models import load_model
-    from dpinfer.pipelines.rag import ask_guarantee, store_spend
+    from dpinfer.pipelines.rag import answer_method, store_spend
 
     # the answer's cost from its parameters alone: an unaffordable answer is refused before the model loads
     spend = store_spend(args.store, *_rag_ledger(args))
     if spend is not None:
-        spend.reserve(Cost.of(ask_guarantee(
-            args.mechanism, epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, sigma=args.sigma, support_top_k=support, adjacency=args.adjacency,
-            static_sigma=args.static_sigma)), mechanism=args.mechanism)
+        spend.reserve(Cost.of(answer_method(config).guarantee()), mechanism=config.mechanism)
     try:
         lm = load_model(args.model, device=args.device)
     except BaseException:
@@ -198,36 +179,33 @@ def run_ask(args: argparse.Namespace) -> int:
             spend.cancel()
         raise
     rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
-    ans = rag.ask(args.question, mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-                  max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature, sigma=args.sigma,
-                  support_top_k=support, adjacency=args.adjacency, theta=args.theta, static_sigma=args.static_sigma,
-                  noise_scale=args.noise_scale, ledger=spend)
+    ans = rag.ask(args.question, config=config, ledger=spend)
     report_charge(spend)
     if args.json:
-        _print_json(ans.to_dict(doc_ids=args.show_doc_ids, debug=args.debug_stats))
+        out = ans.release()
+        if args.show_doc_ids:
+            out = {**out, "doc_ids": list(ans.doc_ids)}  # asked by the store's owner: not covered by the guarantee
+        if args.debug_stats:
+            out = {**out, "diagnostics": ans.diagnostics()}
+        _print_json(out)
         return 0
     print(ans.text)
     print(f"-- {ans.guarantee}", file=sys.stderr)
     if args.debug_stats:
-        figures = {**ans.data_dependent, "seconds": round(ans.seconds, 3)}
-        print("-- WARNING: data-dependent figures, computed from the private documents (not a guarantee; never "
-              f"release): {figures}", file=sys.stderr)
+        print(f"-- WARNING: diagnostics: {ans.diagnostics()}", file=sys.stderr)
     if args.show_doc_ids:
         print(f"-- retrieved (not covered by the guarantee): {', '.join(ans.doc_ids) or 'none'}", file=sys.stderr)
     return 0
 
 
-def _probe_budget(args: argparse.Namespace, support: Any) -> None:
+def _probe_budget(args: argparse.Namespace, config: Any) -> None:
     """Refuse (BudgetExceededError) when the ledger cannot afford one answer: reserved, then cancelled."""
     from dpinfer.accounting.ledger import Cost
-    from dpinfer.pipelines.rag import ask_guarantee, store_spend
+    from dpinfer.pipelines.rag import answer_method, store_spend
 
     probe = store_spend(args.store, *_rag_ledger(args))
     if probe is not None:
-        probe.reserve(Cost.of(ask_guarantee(
-            args.mechanism, epsilon=args.epsilon, delta=args.delta, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, sigma=args.sigma, support_top_k=support, adjacency=args.adjacency,
-            static_sigma=args.static_sigma)), mechanism=args.mechanism)
+        probe.reserve(Cost.of(answer_method(config).guarantee()), mechanism=config.mechanism)
         probe.cancel()
 
 
@@ -310,7 +288,7 @@ def answers_budget(records: Any) -> str:
             f"ε ≤ {shown} at δ = {format_up(max(deltas))} for all of them together")
 
 
-def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
+def _run_ask_questions(args: argparse.Namespace, config: Any) -> int:
     """``dpinfer rag ask STORE --questions Q --out OUT``: the questions not yet in OUT, one ``ask_many`` call
     (one ``Engine.run_jobs``), each answer appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`);
     a summary with the budget of every answer in OUT composed."""
@@ -318,7 +296,7 @@ def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
     from dpinfer.pipelines.corpus import run_corpus_job
 
     records = args.question_records
-    run = run_corpus_job(records, args.out, lambda todo: _answers(args, support, list(todo)),
+    run = run_corpus_job(records, args.out, lambda todo: _answers(args, config, list(todo)),
                          job="dpinfer rag ask --questions", source=f"--questions {args.questions}",
                          allow_rerelease=args.allow_rerelease, composes=True,
                          progress=lambda total: record_progress("rag ask --questions", total), warn=warn)
@@ -326,23 +304,14 @@ def _run_ask_questions(args: argparse.Namespace, support: Any) -> int:
                              records=len(records))
 
 
-def _answers(args: argparse.Namespace, support: Any, todo: list[Any]) -> Any:
-    """The output record of each question of ``todo`` as it finishes (one ``ask_many`` call)."""
+def _answers(args: argparse.Namespace, config: Any, todo: list[Any]) -> Any:
+    """The output record of each question of ``todo`` as it finishes (one ``ask_many`` call): its release."""
     from dpinfer.models import load_model
     from dpinfer.pipelines.rag import PrivateRAG
 
-    _probe_budget(args, support)  # a store that cannot afford one answer is refused before the model loads
+    _probe_budget(args, config)  # a store that cannot afford one answer is refused before the model loads
     lm = load_model(args.model, device=args.device)
     book, unit = _rag_ledger(args)
     rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n, ledger=book, unit=unit)
-    for i, ans, err in rag.ask_many(
-            [r.text for r in todo], ids=[r.id for r in todo], mechanism=args.mechanism, epsilon=args.epsilon,
-            delta=args.delta, max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
-            sigma=args.sigma, support_top_k=support, adjacency=args.adjacency, theta=args.theta,
-            static_sigma=args.static_sigma, noise_scale=args.noise_scale):
-        if ans is None:
-            yield {"id": todo[i].id, "error": err}
-        else:
-            release = ans.to_dict()
-            release.pop("seconds", None)  # timing depends on the private context: not released
-            yield {"id": todo[i].id, **release}
+    for i, ans, err in rag.ask_many([r.text for r in todo], ids=[r.id for r in todo], config=config):
+        yield {"id": todo[i].id, "error": err} if ans is None else {"id": todo[i].id, **ans.release()}

@@ -56,3 +56,25 @@ def make_embedder():
 @pytest.fixture
 def docs() -> list[str]:
     return list(DOCS)
+
+
+@pytest.fixture
+def swap_pad_mechanism(monkeypatch):
+    """``swap(make)``: every ``pad`` answer decodes with ``make(config, calibrated_pad)`` instead of the calibrated PAD
+    (a spy, a broken row), through the method table's ``pad`` entry (restored after the test)."""
+    import dataclasses
+    import functools
+
+    from dpinfer.methods.rag import TABLE
+    from dpinfer.rag.answering import PadAnswer
+
+    def swap(make):
+        class Swapped(PadAnswer):
+            @functools.cached_property
+            def mechanism(self):
+                return make(self.config, PadAnswer.mechanism.func(self))
+
+        entry = dataclasses.replace(TABLE.get("pad"), build=lambda config, runtime=None: Swapped("pad", config))
+        monkeypatch.setitem(TABLE._entries, "pad", entry)
+
+    return swap

@@ -18,7 +18,6 @@ from dpinfer.errors import ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.pad import Pad
 from dpinfer.mechanisms.randomness import SeededRandom
-from dpinfer.pipelines import rag as rag_module
 from dpinfer.pipelines.rag import PrivateRAG
 from dpinfer.taggers import Span
 
@@ -75,7 +74,7 @@ def test_rag_ask_json_holds_nothing_input_dependent_beyond_the_release(tmp_path,
     assert "seconds" not in json.dumps([one, two])  # timing depends on the retrieved documents
     assert _differences(one, two) == []
     debug = _ask_json(capsys, a, "Why?", tiny_model_dir, "--mechanism", mechanism, "--debug-stats")
-    assert "seconds" in debug["data_dependent"] and "warning" in debug["data_dependent"]  # diagnostics only
+    assert "seconds" in debug["diagnostics"] and "warning" in debug["diagnostics"]  # diagnostics only
 
 
 def test_sanitize_json_holds_nothing_input_dependent_beyond_the_release(tmp_path, tiny_model_dir, capsys):
@@ -157,7 +156,7 @@ def test_pad_treats_nan_and_inf_in_the_private_row_as_safe_and_checks_the_public
 
 
 def test_a_nan_in_one_private_row_leaves_the_other_answers_of_a_batch_unaffected(tmp_path, tiny_lm, embedder, docs,
-                                                                                 monkeypatch):
+                                                                                 swap_pad_mechanism):
     store = _store(tmp_path, "s", tiny_lm, embedder, docs, top_k=3, top_n=2, max_doc_tokens=24)
     questions = ["What helps a migraine?", "I cough at night and wheeze.", "Knee pain on stairs?"]
     rag = PrivateRAG(store, lm=tiny_lm, embedder=embedder, top_k=3, top_n=2, max_doc_tokens=24)
@@ -170,16 +169,14 @@ def test_a_nan_in_one_private_row_leaves_the_other_answers_of_a_batch_unaffected
             return super().step(logits, info, generator)
 
     built = []
-    real = rag_module.build_mechanism
 
-    def build(method, **kw):
-        mech = real(method, **kw)
+    def build(config, mech):
         built.append(mech)
-        if len(built) == 2:  # the second question's mechanism sees NaN in its private row
+        if len(built) == 3:  # (the first build checks the options) the second question's sees NaN in its private row
             return NanRow(clip_norm=mech.clip_norm, sigma=mech.sigma, top_k=mech.top_k, delta=mech.delta)
         return mech
 
-    monkeypatch.setattr(rag_module, "build_mechanism", build)
+    swap_pad_mechanism(build)
     got = {i: (ans, err) for i, ans, err in rag.ask_many(questions, max_new_tokens=6, seed=5)}
     assert all(err is None and ans is not None for ans, err in got.values())
     assert got[0][0].token_ids == clean[0] and got[2][0].token_ids == clean[2]
