@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpinfer.accounting import (
@@ -27,6 +27,7 @@ from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.pad import Pad
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded machine draws slowly
 @given(st.lists(st.tuples(st.floats(0.01, 5.0), st.floats(0.5, 3.0), st.integers(1, 200)), min_size=1, max_size=6))
 def test_composed_history_equals_the_sum_of_its_entries(entries):
     acc = PrivacyAccountant(Adjacency.REPLACE_BY_NULL)
