@@ -46,6 +46,8 @@ from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's
     time_engine,
     time_hf,
 )
+from dpinfer.configs import Config, add_options, option
+from dpinfer.errors import ConfigurationError
 
 DESCRIPTION = __doc__
 
@@ -273,44 +275,44 @@ def format_markdown(res: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class EngineBenchConfig:
-    """Settings of ``dpinfer bench engine`` (one field per option)."""
+class EngineBenchConfig(Config):
+    """Settings of ``dpinfer bench engine`` (one field per option; its ``--help`` with it)."""
 
-    model: str | None = None
-    """Model name or local folder (None: the embedded SmolLM2)."""
+    model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
     ks: tuple[int, ...] = (1, 2, 5, 9)
-    """Numbers of contexts K stepped together."""
-    new_tokens: int = 256
-    prompt_tokens: int = 500
-    repeats: int = 1
-    unshared: bool = True
-    """Also time K > 1 without prefix sharing."""
-    jobs: int | None = None
-    """Slot-engine mode: this many jobs one by one vs through ``run_jobs``."""
-    compile: bool = False
-    """With ``jobs``: also the compiled decode step and HF static cache + torch.compile."""
-    max_rows: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    shape: str | None = None
-    """A :data:`SHAPES` name: random weights of that shape instead of ``model``."""
+    """Numbers of contexts K stepped together (``--k``; with ``jobs``: 1)."""
+    new_tokens: int = option(256, help="tokens generated per run (default 256; --jobs: 64)")
+    prompt_tokens: int = option(500, help="approximate prompt length (default 500; --jobs: 300)")
+    repeats: int = option(1, help="interleaved rounds; the median is reported (default 1)")
+    unshared: bool = option(True, help="also time K > 1 without prefix sharing (--no-unshared: skip those runs)")
+    jobs: int | None = option(None, type=int, help="slot engine: N jobs one by one vs through Engine.run_jobs (one "
+                                                   "forward per step), same run")
+    compile: bool = option(False, help="with --jobs: also the compiled decode step and HF generate with static "
+                                       "cache + torch.compile")
+    max_rows: int | None = option(None, type=int, help="with --jobs: slot count (default per device)")
+    device: str | None = option(None, type=str, help="cpu, cuda or cuda:N (default: CUDA when available)")
+    dtype: str | None = option(None, type=str, help="float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
+    shape: str | None = option(None, type=str, choices=sorted(SHAPES),
+                               help="random-weight model of this shape (no download) instead of --model")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, nargs="+", default=argparse.SUPPRESS, dest="ks",
+                   help="numbers of contexts (default 1 2 5 9; with --jobs: 1)")
+    add_options(p, EngineBenchConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
     """The config of parsed ``dpinfer bench engine`` options (checked here, before any model loads)."""
-    from dpinfer.errors import ConfigurationError
-
+    c = EngineBenchConfig.from_args(args, **({"ks": tuple(args.ks)} if "ks" in args else {}))
     check_speed_arguments(args, speed_run=True, runs="bench engine")  # shape, model, device, dtype
-    if args.compile and args.jobs is None:
-        raise ConfigurationError("--compile applies to the slot engine: add --jobs N")
-    if args.max_rows is not None and args.jobs is None:
-        raise ConfigurationError("--max-rows applies to the slot engine: add --jobs N")
-    jobs_mode = args.jobs is not None
-    return EngineBenchConfig(model=args.model, ks=tuple(args.k) if args.k else ((1,) if jobs_mode else (1, 2, 5, 9)),
-                             new_tokens=args.new_tokens or (64 if jobs_mode else 256),
-                             prompt_tokens=args.prompt_tokens or (300 if jobs_mode else 500), repeats=args.repeats,
-                             unshared=not args.no_unshared, jobs=args.jobs, compile=args.compile,
-                             max_rows=args.max_rows, device=args.device, dtype=args.dtype, shape=args.shape)
+    if c.jobs is None:
+        for name, flag in (("compile", "--compile"), ("max_rows", "--max-rows")):
+            if getattr(c, name):
+                raise ConfigurationError(f"{flag} applies to the slot engine: add --jobs N")
+        return c
+    jobs_defaults = {"ks": (1,), "new_tokens": 64, "prompt_tokens": 300}  # what --jobs changes when not given
+    return c.replace(**{k: v for k, v in jobs_defaults.items() if k not in args})
 
 
 def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -328,23 +330,3 @@ def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None
 def render(res: dict[str, Any]) -> str:
     """What ``dpinfer bench engine`` prints (the Markdown table)."""
     return format_markdown(res)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model name or local folder (default: the embedded SmolLM2)")
-    p.add_argument("--k", type=int, nargs="+", default=None,
-                   help="numbers of contexts (default 1 2 5 9; with --jobs: 1)")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens generated per run (default 256; --jobs: 64)")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="approximate prompt length (default 500; --jobs: 300)")
-    p.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the median is reported (default 1)")
-    p.add_argument("--no-unshared", action="store_true", help="skip the runs without prefix sharing")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="slot engine: N jobs one by one vs through Engine.run_jobs (one forward per step), same run")
-    p.add_argument("--compile", action="store_true",
-                   help="with --jobs: also the compiled decode step and HF generate with static cache + torch.compile")
-    p.add_argument("--max-rows", type=int, default=None, help="with --jobs: slot count (default per device)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA when available)")
-    p.add_argument("--dtype", default=None, help="float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
-    p.add_argument("--shape", default=None, choices=sorted(SHAPES),
-                   help="random-weight model of this shape (no download) instead of --model")

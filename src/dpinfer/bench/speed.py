@@ -109,17 +109,18 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
     from dpinfer.errors import ConfigurationError
     from dpinfer.models import _pick_device, _pick_dtype
 
-    given = [f"--{n}" for n in ("device", "dtype", "shape") if getattr(args, n, None) is not None]
+    device, dtype, shape = (getattr(args, n, None) for n in ("device", "dtype", "shape"))  # options not given: absent
+    given = [f"--{n}" for n, v in (("device", device), ("dtype", dtype), ("shape", shape)) if v is not None]
     if not given:
         return
     if not speed_run:
         raise ConfigurationError(f"{', '.join(given)} apply to the speed runs: add {runs}")
-    if args.shape is not None:
-        if args.shape not in SHAPES:
-            raise ConfigurationError(f"unknown --shape {args.shape!r}; choose one of {', '.join(SHAPES)}")
+    if shape is not None:
+        if shape not in SHAPES:
+            raise ConfigurationError(f"unknown --shape {shape!r}; choose one of {', '.join(SHAPES)}")
         if getattr(args, "model", None) is not None or getattr(args, "quantize", None) is not None:
             raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
-    _pick_dtype(args.dtype, _pick_device(args.device))  # an unknown device, dtype or missing GPU fails here
+    _pick_dtype(dtype, _pick_device(device))  # an unknown device, dtype or missing GPU fails here
 
 
 def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import plots, speed
-from dpinfer.bench.harness import write_json, write_text
+from dpinfer.bench.harness import parse_list, write_json, write_text
+from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import SYNTH
+from dpinfer.errors import ConfigurationError
 
 DESCRIPTION = __doc__
 
@@ -220,97 +222,66 @@ def format_perf(res: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class SynthBenchConfig:
-    """Settings of ``dpinfer bench synth`` (one field per option)."""
+class SynthBenchConfig(Config):
+    """Settings of ``dpinfer bench synth`` (one field per option; its ``--help`` with it)."""
 
-    data: str | None = None
-    """Corpus .csv/.jsonl (None: ``../shared/data/yelp/yelp_reviews.csv``)."""
-    text_field: str = "text"
-    label_fields: tuple[str, ...] = ("label1", "label2")
-    template: str = "yelp"
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    epsilon: float = 10.0
-    delta: float = SYNTH.delta
-    n_texts: int = 24
-    n_private: int = 2000
-    n_real: int = 200
-    max_new_tokens: int = 64
-    top_k: int | None = SYNTH.top_k
-    """None (or 0 on the command line): the full vocabulary."""
-    temperature: float = SYNTH.temperature
-    mauve_repeats: int = 5
-    amin_sound: bool = False
-    seed: int = 0
-    model: str | None = None
-    perf: bool = False
-    perf_batch_size: int = 8
-    repeats: int = 1
-    out_dir: str = "bench-out"
-    append: bool = False
+    data: str | None = option(None, type=str, help="corpus .csv/.jsonl (default ../shared/data/yelp/yelp_reviews.csv)")
+    text_field: str = option("text", help="the records' text field (default text)")
+    label_fields: tuple[str, ...] = option(("label1", "label2"), type=str, help="public label fields ('' for none)")
+    template: str = option("yelp", choices=("generic", "yelp", "tab"), help="prompt template (default yelp)")
+    methods: tuple[str, ...] = option(DEFAULT_METHODS, type=str, help="comma-separated methods of dpinfer synth "
+                                                                      f"(default {','.join(DEFAULT_METHODS)})")
+    batch_sizes: tuple[int, ...] = option(DEFAULT_BATCH_SIZES, type=str, help="B values, e.g. 2,4,8")
+    epsilon: float = option(10.0, help="target ε (default 10)")
+    delta: float = option(SYNTH.delta, help=f"δ (default {SYNTH.delta:g})")
+    n_texts: int = option(24, help="synthetic texts per (method, B)")
+    n_private: int = option(2000, help="records used as references")
+    n_real: int = option(200, help="held-out records MAUVE compares with")
+    max_new_tokens: int = option(64, help="T_max of every text (default 64)")
+    top_k: int | None = option(SYNTH.top_k, type=int, help="0 = full vocabulary")
+    temperature: float = option(SYNTH.temperature, help=f"temperature (default {SYNTH.temperature:g})")
+    mauve_repeats: int = option(5, help="MAUVE repeats of the interval (default 5)")
+    amin_sound: bool = option(False, help="Amin et al. with the sound 2C/B sensitivity")
+    seed: int = option(0, help="seed of the benchmark's noise (default 0)")
+    model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
+    perf: bool = option(False, help="throughput of InvisibleInk (B = 8) vs plain generation")
+    perf_batch_size: int = option(8, help="--perf: B (default 8)")
+    repeats: int = option(1, help="--perf repeats (median)")
+    out_dir: str = option("bench-out", help="where the JSON, markdown and PNG go")
+    append: bool = option(False, help="add the rows to bench_synth.json of an earlier run with the same settings (to "
+                                      "split a long sweep into several runs); the table and plot then show all rows")
     device: str | None = None
     dtype: str | None = None
     shape: str | None = None
-    """``--perf``: a random-weight model of this :data:`dpinfer.bench.engine.SHAPES` shape (speed only)."""
+    """``--perf``: a random-weight model of this :data:`dpinfer.bench.speed.SHAPES` shape (speed only)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SynthBenchConfig()
-    p.add_argument("--data", default=None, help="corpus .csv/.jsonl (default ../shared/data/yelp/yelp_reviews.csv)")
-    p.add_argument("--text-field", default=d.text_field)
-    p.add_argument("--label-fields", default=",".join(d.label_fields), help="public label fields ('' for none)")
-    p.add_argument("--template", default=d.template, choices=["generic", "yelp", "tab"])
-    p.add_argument("--methods", default=",".join(d.methods),
-                   help=f"comma-separated methods of dpinfer synth (default {','.join(d.methods)})")
-    p.add_argument("--batch-sizes", default=",".join(map(str, d.batch_sizes)), help="B values, e.g. 2,4,8")
-    p.add_argument("--epsilon", type=float, default=d.epsilon)
-    p.add_argument("--delta", type=float, default=d.delta)
-    p.add_argument("--n-texts", type=int, default=d.n_texts, help="synthetic texts per (method, B)")
-    p.add_argument("--n-private", type=int, default=d.n_private, help="records used as references")
-    p.add_argument("--n-real", type=int, default=d.n_real, help="held-out records MAUVE compares with")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--top-k", type=int, default=d.top_k or 0, help="0 = full vocabulary")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--mauve-repeats", type=int, default=d.mauve_repeats)
-    p.add_argument("--amin-sound", action="store_true", help="Amin et al. with the sound 2C/B sensitivity")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--model", default=None)
-    p.add_argument("--perf", action="store_true", help="throughput of InvisibleInk (B = 8) vs plain generation")
-    p.add_argument("--perf-batch-size", type=int, default=d.perf_batch_size)
-    p.add_argument("--repeats", type=int, default=d.repeats, help="--perf repeats (median)")
+    add_options(p, SynthBenchConfig)
     speed.add_speed_arguments(p, "--perf")
-    p.add_argument("--out-dir", default=d.out_dir, help="where the JSON, markdown and PNG go")
-    p.add_argument("--append", action="store_true",
-                   help="add the rows to bench_synth.json of an earlier run with the same settings (to split a long "
-                        "sweep into several runs); the table and plot then show all rows")
 
 
 def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
     """The config of parsed ``dpinfer bench synth`` options; the methods and batch sizes are checked here, before
     any model loads."""
-    from dpinfer.errors import ConfigurationError
     from dpinfer.validation import check_method
 
-    speed.check_speed_arguments(args, speed_run=args.perf, runs="--perf")
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    for m in methods:
-        check_method("synthesize", m, "--methods")
-    try:
-        sizes = tuple(int(x) for x in args.batch_sizes.split(",") if x.strip())
-    except ValueError:
-        raise ConfigurationError(f"--batch-sizes must be integers, got {args.batch_sizes!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise ConfigurationError("--batch-sizes needs integers ≥ 1")
-    return SynthBenchConfig(
-        data=args.data, text_field=args.text_field,
-        label_fields=tuple(f.strip() for f in args.label_fields.split(",") if f.strip()), template=args.template,
-        methods=methods, batch_sizes=sizes, epsilon=args.epsilon, delta=args.delta, n_texts=args.n_texts,
-        n_private=args.n_private, n_real=args.n_real, max_new_tokens=args.max_new_tokens,
-        top_k=None if args.top_k == 0 else args.top_k, temperature=args.temperature,
-        mauve_repeats=args.mauve_repeats, amin_sound=args.amin_sound, seed=args.seed, model=args.model,
-        perf=args.perf, perf_batch_size=args.perf_batch_size, repeats=args.repeats, out_dir=args.out_dir,
-        append=args.append, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None),
-        shape=getattr(args, "shape", None))
+    lists: dict[str, Any] = {}
+    if "methods" in args:
+        lists["methods"] = tuple(parse_list(args.methods, str, "--methods"))
+        for m in lists["methods"]:
+            check_method("synthesize", m, "--methods")
+    if "batch_sizes" in args:
+        lists["batch_sizes"] = tuple(parse_list(args.batch_sizes, int, "--batch-sizes"))
+        if min(lists["batch_sizes"]) < 1:
+            raise ConfigurationError("--batch-sizes needs integers ≥ 1")
+    if "label_fields" in args:
+        lists["label_fields"] = tuple(f.strip() for f in args.label_fields.split(",") if f.strip())
+    if getattr(args, "top_k", None) == 0:
+        lists["top_k"] = None
+    c = SynthBenchConfig.from_args(args, **lists)
+    speed.check_speed_arguments(args, speed_run=c.perf, runs="--perf")
+    return c
 
 
 def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -319,7 +290,7 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     import json
 
     from dpinfer._json import plain
-    from dpinfer.errors import ConfigurationError, DataNotFoundError
+    from dpinfer.errors import DataNotFoundError
     from dpinfer.paths import data_file
     from dpinfer.pipelines.synthesize import load_references
 
