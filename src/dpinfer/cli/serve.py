@@ -122,15 +122,15 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.models import load_model
     from dpinfer.serve.app import create_app
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Runtime
+    from dpinfer.serve.runtime import Service
 
     home = default_home()
     ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
     budgets = LedgerBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta,
                             create_epsilon=SERVE.default_epsilon, create_delta=SERVE.default_delta)
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
-    runtime = Runtime(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
-                      window=args.batch_window)
+    runtime = Service(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
+                      window=args.batch_window)  # resumes the synthesis jobs a stopped server left unfinished
     return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model)
 
 

@@ -617,6 +617,7 @@ def protect_prompt(
     profile: dict[str, float] | None = None,
     ledger: Any = None,
     unit: str | None = None,
+    runtime: Any = None,
 ) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
 
@@ -653,6 +654,8 @@ def protect_prompt(
             priced once the clip bounds are known, always before any token; None: no ledger.
         unit: the prompt source on the ledger (a user or a tenant: local DP composes over every prompt protected
             for it); required with a ledger.
+        runtime: a :class:`~dpinfer.runtime.Runtime` whose model, engine and embedder to use (instead of ``lm`` and
+            ``embedder``; a server's engine batches the three stages with its other requests).
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
     :class:`~dpinfer.errors.ConfigurationError` for bad parameters (ε ≤ 0, both ε and τ, …). After the tokenizer
@@ -682,7 +685,7 @@ def protect_prompt(
         stages[name] = stages.get(name, 0.0) + now - clock
         clock = now
 
-    model = resolve_lm(lm)
+    model = runtime.lm if runtime is not None else resolve_lm(lm)
     check_request_fits(model, max_input_tokens=max_input_tokens, max_new_tokens=max_new_tokens)
     bounds = clip_bounds(model)
     mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=max_new_tokens, delta=delta,
@@ -690,11 +693,11 @@ def protect_prompt(
     if spend is not None:  # the exact cost, before any token
         spend.settle(mech.loss(max_new_tokens), mechanism=method)
     source = random_source(seed)
-    engine = Engine(model)
+    engine = runtime.engine if runtime is not None else Engine(model)
     if method == "dp-gtr" and n_exemplars > 1 and embedder is None:
         from dpinfer.eval.embeddings import shared_embedder
 
-        embedder = shared_embedder()
+        embedder = runtime.embedder if runtime is not None else shared_embedder()
     lap("loading")
     ids = capped_paraphrase_ids(model, prompt, max_input_tokens)
     rewrites = stage1_rewrites(engine, model, ids, mech, max_new_tokens=max_new_tokens, generator=source)

@@ -616,7 +616,8 @@ def template_sha256(template: PromptTemplate) -> str:
 
 
 def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_batches: Iterable[int] = (),
-                    progress: Callable[[int, int], None] | None = None) -> Iterator[SyntheticText]:
+                    progress: Callable[[int, int], None] | None = None, runtime: Any = None
+                    ) -> Iterator[SyntheticText]:
     """The texts of ``plan``'s batches, each as soon as its batch finishes (not in batch order), but for the batch
     indices in ``skip_batches`` (already released: a resumed job plans only the missing batches).
 
@@ -624,7 +625,8 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
     state) and all go through one ``Engine.run_jobs`` call. A batch's sampling seed comes from the plan's seed and its
     index in the plan, so a batch draws the same randomness whichever other batches run with it (the engine's
     batched rounding aside: :mod:`dpinfer.engine.runner`). ``progress(done, total)`` counts the skipped batches as
-    done."""
+    done. ``runtime``: a :class:`~dpinfer.runtime.Runtime` whose model and engine to use instead of ``lm`` (a
+    server's engine batches the job with its other requests)."""
     from dpinfer.engine import Engine, EngineJob
     from dpinfer.models import resolve_lm
 
@@ -637,8 +639,8 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, skip_bat
     todo = [b for b in range(len(plan.batches)) if b not in skip]
     if not todo:
         return
-    model = resolve_lm(lm)
-    engine = Engine(model)
+    model = runtime.lm if runtime is not None else resolve_lm(lm)
+    engine = runtime.engine if runtime is not None else Engine(model)
     base_seed = 0 if plan.seed is None else int(plan.seed)
     refs = plan.references
     jobs = []

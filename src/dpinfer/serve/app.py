@@ -10,12 +10,11 @@ and milliseconds only; uvicorn's own access log is off.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from importlib import resources
 from typing import Any
 
@@ -30,7 +29,7 @@ from dpinfer.defaults import SERVE
 from dpinfer.errors import DPInferError
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import LOCAL, KeyStore, Principal
-from dpinfer.serve.runtime import Forbidden, NotFound, Runtime, replace_last_user
+from dpinfer.serve.runtime import Forbidden, NotFound, Service, replace_last_user
 
 access_log = logging.getLogger("dpinfer.serve.access")
 log = logging.getLogger("dpinfer.serve")
@@ -107,16 +106,15 @@ class Guard:
             self.on_request(scope.get("method", "?"), template, status[0])
 
 
-def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None = None,
+def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None = None,
                upstream_model: str | None = None, max_body_bytes: int = SERVE.max_body_bytes) -> FastAPI:
-    """The application over one :class:`Runtime`. ``keys=None``: no keys (every request is the local admin; the
-    command line allows it on loopback only)."""
+    """The application over one :class:`~dpinfer.serve.runtime.Service`. ``keys=None``: no keys (every request is
+    the local admin; the command line allows it on loopback only)."""
     app = FastAPI(title="dpinfer", version=__version__,
                   description="Differentially private inference: sanitise, synthesise, ask a private store, protect a "
                               "prompt; every release with its ex-ante guarantee and the budget left.")
     app.add_middleware(Guard, limit=max_body_bytes, on_request=runtime.metrics.request)
     app.state.runtime = runtime
-    jobs: dict[str, dict[str, Any]] = {}
 
     # ---------------------------------------------------------------- errors
     @app.exception_handler(BodyTooLarge)
@@ -217,7 +215,7 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
     async def sanitize(who: Principal = User, data: dict[str, Any] = Body) -> Any:
         if data.get("stream") is True:  # server-sent events: the released tokens, then the release
             prepared = await run_in_threadpool(runtime.prepare_sanitize_stream, who, data)
-            return event_stream(iterate_in_threadpool(runtime.sanitize_stream(prepared)))
+            return event_stream(in_thread(runtime.sanitize_stream(prepared)))
         return await run_in_threadpool(runtime.sanitize, who, data)
 
     @app.post("/v1/protect-prompt")
@@ -234,6 +232,9 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
 
     @app.post("/v1/rag/{store}/ask")
     async def rag_ask(store: str, who: Principal = User, data: dict[str, Any] = Body) -> Any:
+        if data.get("stream") is True:  # server-sent events: PAD's released tokens, then the answer
+            prepared = await run_in_threadpool(runtime.prepare_rag_stream, who, store, data)
+            return event_stream(in_thread(runtime.rag_stream(prepared)))
         return await run_in_threadpool(runtime.rag_ask, who, store, data)
 
     @app.get("/v1/budget/{unit}")
@@ -246,33 +247,12 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
 
     @app.post("/v1/synth")
     async def synth(who: Principal = User, data: dict[str, Any] = Body) -> Any:
-        job_id = uuid.uuid4().hex
-        jobs[job_id] = {"id": job_id, "tenant": who.tenant, "status": "queued"}
-
-        def work() -> None:
-            jobs[job_id]["status"] = "running"
-            try:
-                jobs[job_id]["result"] = runtime.synth(who, data)
-                jobs[job_id]["status"] = "done"
-            except BudgetRefused as exc:
-                jobs[job_id].update(status="refused", error=one_line(str(exc)), budget=exc.state)
-            except DPInferError as exc:
-                jobs[job_id].update(status="failed", error=one_line(str(exc)))
-            except Exception as exc:
-                jobs[job_id].update(status="failed", error=f"unexpected {type(exc).__name__} (message withheld)")
-
-        runtime.check_synth(data)  # bad parameters: 422 now, not a failed job later
-        asyncio.get_running_loop().run_in_executor(None, work)
-        return JSONResponse({"id": job_id, "status": "queued", "poll": f"/v1/jobs/{job_id}"}, status_code=202)
+        # bad parameters: 422 now, not a failed job later; the job is kept on disk and resumed after a restart
+        return JSONResponse(await run_in_threadpool(runtime.jobs.submit, who, data), status_code=202)
 
     @app.get("/v1/jobs/{job_id}")
     def get_job(job_id: str, who: Principal = User) -> dict[str, Any]:
-        job = jobs.get(job_id)
-        if job is None:
-            raise NotFound("no such job")
-        if job["tenant"] != who.tenant:
-            raise ApiError(403, "this job belongs to another tenant")
-        return {k: v for k, v in job.items() if k != "tenant"}
+        return runtime.jobs.get(who, job_id)
 
     # ---------------------------------------------------------------- OpenAI-compatible
     @app.get("/v1/models")
@@ -307,7 +287,7 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
             extension = {"guarantee": None, "note": NO_GUARANTEE}
             if stream:
                 runtime.plain_job(msgs, **kw)  # checks before the stream starts (422, not a broken stream)
-                pieces = iterate_in_threadpool(runtime.generate_stream(msgs, **kw))
+                pieces = in_thread(runtime.generate_stream(msgs, **kw))
                 return sse(cid, model, pieces, extension)
             out = await run_in_threadpool(lambda: runtime.generate(msgs, **kw))
             return completion(cid, model, out["text"], out["finish_reason"], extension,
@@ -319,11 +299,14 @@ def create_app(runtime: Runtime, keys: KeyStore | None, *, upstream: str | None 
                 raise ApiError(422, "the messages have no user message (the question)")
             ask = {k: v for k, v in ext.items() if k in ("mechanism", "epsilon", "delta", "temperature", "unit")}
             ask["max_new_tokens"] = ext.get("max_new_tokens", max_tokens)
-            res = await run_in_threadpool(runtime.rag_ask, who, store, {"question": question, **ask})
+            ask["question"] = question
+            if stream:  # PAD releases token by token: each piece leaves as it is released
+                prep = await run_in_threadpool(runtime.prepare_rag_stream, who, store, ask)
+                extension = {k: prep[k] for k in ("guarantee", "unit", "budget", "mechanism")}
+                return sse(cid, model, in_thread(deltas(runtime.rag_stream(prep))), extension)
+            res = await run_in_threadpool(runtime.rag_ask, who, store, ask)
             extension = {"guarantee": res["guarantee"], "unit": res["unit"], "budget": res["budget"],
                          "mechanism": res["mechanism"]}
-            if stream:
-                return sse(cid, model, one_piece(res["text"]), extension)
             return completion(cid, model, res["text"], "stop", extension)
         if model == PROTECT:
             if not upstream:
@@ -383,6 +366,28 @@ def event_stream(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
 
 async def one_piece(text: str) -> AsyncIterator[str]:
     yield text
+
+
+def deltas(events: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """The text pieces of a stream of events (``{"delta": ...}`` ... ``{"done": true, ...}``)."""
+    try:
+        for event in events:
+            if "delta" in event:
+                yield event["delta"]
+    finally:
+        getattr(events, "close", lambda: None)()
+
+
+async def in_thread(items: Iterator[Any]) -> AsyncIterator[Any]:
+    """``items`` (a blocking generator) read in worker threads; closed when the response ends early (a client gone:
+    its job leaves the batch)."""
+    try:
+        async for item in iterate_in_threadpool(items):
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            await run_in_threadpool(close)
 
 
 def sse(cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, Any]) -> StreamingResponse:

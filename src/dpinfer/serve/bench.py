@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.models import load_model
     from dpinfer.serve.app import create_app
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Runtime
+    from dpinfer.serve.runtime import Service
 
     levels = _levels(args.clients)
     n = positive_int(args.docs, "--docs")
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     lm = load_model(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="dpinfer-bench-serve-"))
     budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=1e12, create_delta=0.5)
-    runtime = Runtime(lm, budgets, tagger="regex", stores=None, min_new_tokens=t_max)
+    runtime = Service(lm, budgets, tagger="regex", stores=None, min_new_tokens=t_max)
     app = create_app(runtime, None)
     import socket
 

@@ -103,11 +103,12 @@ class LedgerBudgets:
     def set_budget(self, unit: str, epsilon: float, delta: float | None = None) -> dict[str, Any]:
         return self.ledger.set_budget(unit, epsilon, delta).to_dict()
 
-    def reserve(self, unit: str, guarantee: Any, *, scope: str) -> Any:
+    def reserve(self, unit: str, guarantee: Any, *, scope: str, resume_key: str | None = None) -> Any:
         """Reserve the release's cost on ``unit`` (one transaction), or raise :class:`BudgetRefused` (nothing
-        reserved, nothing generated)."""
+        reserved, nothing generated). ``resume_key``: a pending charge under that key, left by a server killed
+        mid-job, is taken over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
         try:
-            return self.ledger.reserve(unit, guarantee, scope=scope)
+            return self.ledger.reserve(unit, guarantee, scope=scope, resume_key=resume_key)
         except BudgetExceededError as exc:
             raise BudgetRefused(str(exc), self.state(unit)) from None
 

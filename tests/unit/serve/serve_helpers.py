@@ -85,10 +85,10 @@ class ThreadServer:
 
 def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: float = 0.02):
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Runtime
+    from dpinfer.serve.runtime import Service
 
     budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
-    return Runtime(lm, budgets, tagger="regex", stores=tmp / "stores", embedder=HashEmbedder(), window=window)
+    return Service(lm, budgets, tagger="regex", stores=tmp / "stores", embedder=HashEmbedder(), window=window)
 
 
 def cli_server(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:

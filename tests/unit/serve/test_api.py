@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from serve_helpers import DOC
@@ -89,6 +91,16 @@ def test_rag_documents_and_ask_with_the_pad_guarantee(server) -> None:
     assert out["mechanism"] == "pad" and out["guarantee"]["epsilon"] <= 64 + 1e-9
     assert out["unit"] == "acme.store.clinic" and out["budget"]["releases"] == 1
     assert "doc_ids" not in out and "seconds" not in out
+    # streamed: PAD's tokens leave one by one as they are released, then the answer (charged once)
+    events = []
+    with httpx.stream("POST", server.url + "/v1/rag/clinic/ask", headers=key, timeout=120,
+                      json={"question": "What helps a cough?", "max_new_tokens": 8, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    final = events[-1]
+    assert final["done"] is True and final["mechanism"] == "pad" and final["budget"]["releases"] == 2
+    assert "".join(e["delta"] for e in events[:-1]).strip() == final["text"]
+    assert len(events) - 1 >= min(2, len(final["text"].split()))  # token by token, not one chunk at the end
     r = httpx.post(server.url + "/v1/rag/clinic/ask", json={"question": "x"}, headers=auth(server.keys["globex"]))
     assert r.status_code == 403
     r = httpx.post(server.url + "/v1/rag/nostore/ask", json={"question": "x"}, headers=key)
@@ -120,8 +132,6 @@ def test_synth_job_is_submitted_then_polled(server) -> None:
 
 
 def test_sanitize_streams_the_released_tokens_then_the_release(server) -> None:
-    import json
-
     body = {"text": DOC, "spans": SPANS, "max_new_tokens": 6, "unit": "acme-stream", "stream": True}
     events = []
     with httpx.stream("POST", server.url + "/v1/sanitize", json=body, headers=auth(server.keys["acme"]),

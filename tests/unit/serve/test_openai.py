@@ -72,6 +72,13 @@ def test_rag_chat_answers_with_the_pad_guarantee(front) -> None:
     chunks = list(c.chat.completions.create(model="dpinfer-rag/faq", stream=True, max_tokens=6,
                                             messages=[{"role": "user", "content": "Is parking free?"}]))
     assert chunks[0].model_extra["dpinfer"]["mechanism"] == "pad"
+    assert chunks[0].model_extra["dpinfer"]["budget"]["pending"] == 1  # reserved before the first token left
+    pieces = [ch.choices[0].delta.content for ch in chunks[1:-1]]
+    assert all(pieces) and chunks[-1].choices[0].finish_reason == "stop"
+    text = "".join(pieces)
+    assert len(pieces) >= min(2, len(text.split()))  # PAD's tokens as they are released, not one chunk
+    after = c.get("/budget/acme.store.faq", cast_to=object)
+    assert after["releases"] == ext["budget"]["releases"] + 1 and after["pending"] == 0
     with pytest.raises(openai.PermissionDeniedError):
         client(front, "globex").chat.completions.create(model="dpinfer-rag/faq", max_tokens=4,
                                                         messages=[{"role": "user", "content": "x"}])

@@ -1,0 +1,207 @@
+"""Synthesis jobs of the service (``POST /v1/synth``, then ``GET /v1/jobs/{id}``), resumable like ``dpinfer synth
+--out``: a restarted server resumes every job that had not ended, generates only the batches still missing, and never
+releases a finished text a second time.
+
+Each job lives in ``STATE/jobs/ID/`` (``STATE``: the folder of the server's ledger; folders and files mode 0700/0600):
+
+- ``job.json``: the job's tenant, unit and status (``queued``, ``running``, ``done``, ``refused``, ``failed``) with a
+  one-line error; rewritten atomically at each change; never any text.
+- ``request.json``: the request (the private references and the parameters), kept only while the job has not ended,
+  so that a restarted server can plan it again; deleted when it ends.
+- ``out.jsonl``: the output, written by the corpus jobs' loop (:func:`~dpinfer.pipelines.jobs.run_resumable` with
+  :class:`~dpinfer.pipelines.synth_job.SynthesisOutput`, as ``dpinfer synth --out`` writes it): the header (guarantee,
+  settings, counts), then each text as its batch finishes, one durable line each (a torn last line is settled by the
+  same rule as the command's); its private partition sidecar exists while the job is unfinished.
+
+Budget: a job is charged once, its plan's ex-ante guarantee on its unit (scope ``corpus``), reserved before anything
+is generated under the job's resume key (:meth:`Ledger.resume_key <dpinfer.accounting.ledger.Ledger.resume_key>`):
+a server killed before the commit leaves the reservation pending (counted as spent); the resumed job takes it over
+instead of reserving again. It is committed once a text is in ``out.jsonl`` and cancelled if the job released
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.errors import DPInferError
+from dpinfer.pipelines.jobs import run_resumable
+from dpinfer.pipelines.synth_job import SynthesisOutput
+from dpinfer.pipelines.synthesize import synthesize_iter
+from dpinfer.serve.budget import BudgetRefused
+from dpinfer.serve.keys import Principal
+from dpinfer.validation import atomic_write_text
+
+if TYPE_CHECKING:
+    from dpinfer.serve.runtime import Service
+
+log = logging.getLogger("dpinfer.serve")
+
+JOB = "dpinfer serve synth"
+ENDED = ("done", "refused", "failed")
+TEXT_FIELDS = ("batch", "text", "labels", "tokens", "finish_reason")
+"""What a text's line holds: the release (its diagnostics, e.g. data-dependent figures, stay out)."""
+_ID = re.compile(r"[0-9a-f]{32}")
+
+
+class JobNotFound(DPInferError):
+    pass
+
+
+class SynthJobs:
+    """The synthesis jobs of one server, kept under ``root`` (module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], service: Service) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.service = service
+        self.threads: dict[str, threading.Thread] = {}
+        self.lock = threading.Lock()
+
+    # ---------------------------------------------------------------- routes
+    def submit(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the request (a bad one is refused now, 422), keep it, start the job; ``{id, status, poll}``."""
+        self.service.check_synth(body)
+        name, _ = self.service.unit_key(principal, body.get("unit"), default="corpus")
+        job_id = uuid.uuid4().hex
+        folder = self.root / job_id
+        folder.mkdir(mode=0o700)
+        _write(folder / "request.json", {"body": dict(body)})
+        _write(folder / "job.json", {"id": job_id, "tenant": principal.tenant, "unit": name, "status": "queued"})
+        self._start(job_id)
+        return {"id": job_id, "status": "queued", "poll": f"/v1/jobs/{job_id}"}
+
+    def get(self, principal: Principal, job_id: str) -> dict[str, Any]:
+        """The job's status; once done, its result (the header's release fields, the texts, the unit's budget)."""
+        from dpinfer.serve.runtime import Forbidden, NotFound
+
+        state = self._state(job_id) if _ID.fullmatch(job_id) else None
+        if state is None:
+            raise NotFound("no such job")
+        if state["tenant"] != principal.tenant:
+            raise Forbidden("this job belongs to another tenant")
+        out = {k: v for k, v in state.items() if k not in ("tenant", "unit")}
+        if state["status"] == "done":
+            out["result"] = {**self.release(job_id), "unit": state["unit"],
+                             "budget": self.service.budgets.state(state["unit"])}
+        return out
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        """What ``out.jsonl`` holds: the header's fields and the texts in batch order."""
+        lines = [json.loads(line) for line in (self.root / job_id / "out.jsonl").read_text("utf-8").splitlines()
+                 if line.strip()]
+        header = dict(lines[0]["dpinfer"])
+        header.pop("kind", None)
+        header["texts"] = sorted(lines[1:], key=lambda t: t["batch"])
+        return header
+
+    def resume(self) -> list[str]:
+        """Start again every job that had not ended (a server stopped or killed mid-job); their ids."""
+        resumed = []
+        for folder in sorted(self.root.iterdir()) if self.root.exists() else []:
+            state = self._state(folder.name) if _ID.fullmatch(folder.name) else None
+            if state is not None and state["status"] not in ENDED:
+                self._start(folder.name)
+                resumed.append(folder.name)
+        if resumed:
+            log.info("resuming %d synthesis job(s)", len(resumed))
+        return resumed
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the running jobs' threads (tests, shutdown)."""
+        for thread in list(self.threads.values()):
+            thread.join(timeout)
+
+    # ---------------------------------------------------------------- one job
+    def _state(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.root / job_id / "job.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _set(self, job_id: str, **fields: Any) -> None:
+        state = self._state(job_id) or {}
+        state.update(fields)
+        _write(self.root / job_id / "job.json", state)
+
+    def _start(self, job_id: str) -> None:
+        with self.lock:
+            running = self.threads.get(job_id)
+            if running is not None and running.is_alive():
+                return
+            thread = threading.Thread(target=self._run, args=(job_id,), name=f"dpinfer-synth-{job_id[:8]}",
+                                      daemon=True)
+            self.threads[job_id] = thread
+            thread.start()
+
+    def _run(self, job_id: str) -> None:
+        folder = self.root / job_id
+        try:
+            self._set(job_id, status="running")
+            self._synthesize(job_id)
+        except BudgetRefused as exc:
+            self._end(job_id, status="refused", error=_line(str(exc)), budget=exc.state)
+        except DPInferError as exc:
+            self._end(job_id, status="failed", error=_line(str(exc)))
+        except Exception as exc:  # its message may quote the input: withheld
+            log.error("synthesis job failed: unexpected %s (message withheld)", type(exc).__name__)
+            self._end(job_id, status="failed", error=f"unexpected {type(exc).__name__} (message withheld)")
+        else:
+            SynthesisOutput(folder / "out.jsonl").finish()  # every batch is released: the partition file goes
+            self._end(job_id, status="done")
+
+    def _end(self, job_id: str, **fields: Any) -> None:
+        self._set(job_id, **fields)
+        (self.root / job_id / "request.json").unlink(missing_ok=True)  # the private input is no longer needed
+
+    def _synthesize(self, job_id: str) -> None:
+        """Plan the job again from its request, then the batches not yet in ``out.jsonl`` (module docstring)."""
+        svc = self.service
+        state = self._state(job_id) or {}
+        body = json.loads((self.root / job_id / "request.json").read_text("utf-8"))["body"]
+        plan = svc.check_synth(body)
+        header = plan.header(svc.lm.name)
+        digest = plan.partition_sha256()
+        out = SynthesisOutput(self.root / job_id / "out.jsonl")
+        unit = state["unit"]
+        total = len(plan.batches)
+        resume_key = svc.budgets.ledger.resume_key(JOB, job_id)
+
+        def generate(todo: Iterator[int]) -> Iterator[dict[str, Any]]:
+            batches = set(todo)
+            if out.done:  # a resumed job that released texts: its charge (pending if the server died) is spent
+                charge = svc.budgets.ledger.pending_charge(resume_key)
+                if charge is not None:
+                    charge.commit()
+                charge = None
+            else:
+                charge = svc.reserve(unit, plan.guarantee, "corpus", resume_key=resume_key)
+            released = 0
+            try:
+                out.start(header, digest)  # the private partition file, then the header line (before any text)
+                for text in synthesize_iter(plan, runtime=svc.core, skip_batches=set(range(total)) - batches):
+                    released += 1
+                    record = text.to_dict()
+                    yield {k: record[k] for k in TEXT_FIELDS}
+            finally:
+                if charge is not None:  # a text in out.jsonl (or part of one) is released: committed
+                    (svc.budgets.commit if released else svc.budgets.cancel)(charge)
+
+        run_resumable(out, range(total), generate, job=JOB, key=lambda b: b,
+                      check=lambda todo: out.check(header, digest))
+
+
+def _line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _write(path: Path, obj: Mapping[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(obj, ensure_ascii=False) + "\n")  # a new file of mode 0600, then renamed

@@ -1,0 +1,110 @@
+"""Synthesis jobs survive a restart: kept under the server's state folder, resumed by the next server, finished texts
+neither lost nor generated again, the job charged once (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import cli_server, make_runtime, stop
+
+REFS = [f"Record {i}: the patient reported a headache and was given rest." for i in range(8)]
+BODY = {"references": REFS, "epsilon": 8, "batch_size": 2, "max_new_tokens": 6, "unit": "acme-corpus"}
+
+
+class Killed(BaseException):
+    """Stands for the process dying: nothing after it runs in the job's thread (no status, no cleanup)."""
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text("utf-8").splitlines() if x.strip()]
+
+
+def test_a_job_stopped_after_one_text_is_resumed_by_the_next_server(tiny_lm, tmp_path, monkeypatch) -> None:
+    from dpinfer.serve import synth_jobs
+    from dpinfer.serve.keys import Principal
+
+    acme = Principal(tenant="acme", role="user", key_id="k1")
+    real = synth_jobs.synthesize_iter
+
+    def dies_after_one(*args, **kwargs):
+        it = real(*args, **kwargs)
+        yield next(it)
+        it.close()
+        raise Killed
+
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", dies_after_one)
+    monkeypatch.setattr("threading.excepthook", lambda args: None)  # the thread's death is the point
+    first = make_runtime(tiny_lm, tmp_path)
+    job = first.jobs.submit(acme, BODY)["id"]
+    first.jobs.wait(120)
+    first.close()
+    folder = tmp_path / "jobs" / job
+    held = lines(folder / "out.jsonl")
+    assert held[0]["dpinfer"]["kind"] == "synthesis" and len(held) == 2  # the header and one text, durable
+    assert json.loads((folder / "job.json").read_text())["status"] == "running"
+    assert (folder / "request.json").exists() and (folder / "out.jsonl.partition").exists()
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", real)
+
+    second = make_runtime(tiny_lm, tmp_path)  # resumes the job at start
+    second.jobs.wait(120)
+    got = second.jobs.get(acme, job)
+    assert got["status"] == "done", got
+    texts = got["result"]["texts"]
+    assert [t["batch"] for t in texts] == [0, 1, 2, 3]  # every batch once
+    assert held[1] in texts  # the text released before the stop is the one kept, not generated again
+    assert all("data_dependent" not in t and "private_tokens" not in t for t in texts)
+    assert got["result"]["budget"]["releases"] == 1 and got["result"]["budget"]["pending"] == 0  # charged once
+    assert not (folder / "request.json").exists() and not (folder / "out.jsonl.partition").exists()
+    assert second.jobs.resume() == []  # nothing left to resume
+    with pytest.raises(Exception, match="another tenant"):
+        second.jobs.get(Principal(tenant="globex", role="user", key_id="k2"), job)
+    second.close()
+
+
+def test_kill_9_mid_job_then_restart(tiny_model_dir, tmp_path) -> None:
+    """A real ``kill -9`` of ``dpinfer serve`` while a job runs; the restarted server finishes it: every batch once,
+    the texts on disk before the kill kept, one committed charge and nothing pending."""
+    from dpinfer.serve.keys import KeyStore
+
+    key = KeyStore(tmp_path / "keys.json").create("acme", "user")
+    auth = {"Authorization": f"Bearer {key}"}
+    args = ["--model", str(tiny_model_dir), "--tagger", "regex", "--ledger", str(tmp_path / "ledger.db"),
+            "--keys", str(tmp_path / "keys.json")]
+    env = {"DPINFER_CACHE": str(tmp_path / "cache")}
+    proc, url = cli_server(args, tmp_path / "server.log", env=env)
+    body = {**BODY, "references": REFS * 2, "max_new_tokens": 64}
+    try:
+        job = httpx.post(url + "/v1/synth", json=body, headers=auth, timeout=60).json()["id"]
+        out = tmp_path / "jobs" / job / "out.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out.exists() and out.stat().st_size):
+            time.sleep(0.01)
+        assert out.exists(), "the job never started"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        stop(proc)
+    before = lines(out)[1:]
+    proc, url = cli_server(args, tmp_path / "server.log", env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            got = httpx.get(url + f"/v1/jobs/{job}", headers=auth, timeout=30).json()
+            if got["status"] != "running" and got["status"] != "queued":
+                break
+            time.sleep(0.2)
+        assert got["status"] == "done", got
+        texts = got["result"]["texts"]
+        assert [t["batch"] for t in texts] == list(range(8))
+        assert all(t in texts for t in before)
+        budget = httpx.get(url + "/v1/budget/acme-corpus", headers=auth, timeout=30).json()
+        assert budget["releases"] == 1 and budget["pending"] == 0
+    finally:
+        stop(proc)
+    assert "headache" not in (tmp_path / "server.log").read_text()
