@@ -157,8 +157,10 @@ class Runtime:
             with self._build_lock:
                 if self._embedder is None:
                     arg = self._embedder_arg
-                    self._embedder = (arg if isinstance(arg, Embedder) else shared_embedder() if arg is None else
-                                      load_embedder(arg))
+                    # an object with encode(texts) is an encoder as it is (e.g. a test's stand-in); a str or path
+                    # is a model folder
+                    self._embedder = (shared_embedder() if arg is None else load_embedder(arg)
+                                      if isinstance(arg, (str, os.PathLike)) else arg)
         return self._embedder
 
     def __repr__(self) -> str:

@@ -28,8 +28,8 @@ from dpinfer import __version__
 from dpinfer.defaults import SERVE
 from dpinfer.errors import DPInferError
 from dpinfer.serve.budget import BudgetRefused
-from dpinfer.serve.keys import LOCAL, KeyStore, Principal
-from dpinfer.serve.runtime import Forbidden, NotFound, Service, replace_last_user
+from dpinfer.serve.keys import LOCAL, Forbidden, KeyStore, NotFound, Principal
+from dpinfer.serve.runtime import Service, replace_last_user
 
 access_log = logging.getLogger("dpinfer.serve.access")
 log = logging.getLogger("dpinfer.serve")

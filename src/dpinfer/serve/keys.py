@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
 
 ROLES = ("user", "admin")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -31,6 +31,14 @@ def check_name(value: object, what: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise InvalidInputError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' (not starting with '.' or '-')")
     return value
+
+
+class NotFound(DPInferError):
+    """A resource (store, job) that does not exist for this tenant (HTTP 404)."""
+
+
+class Forbidden(DPInferError):
+    """Another tenant's resource, or an admin-only action (HTTP 403)."""
 
 
 @dataclass(frozen=True)

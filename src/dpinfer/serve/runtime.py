@@ -27,7 +27,7 @@ from dpinfer.accounting import Guarantee
 from dpinfer.checks import check_delta, non_negative_number
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
 from dpinfer.engine import Engine, EngineOutput, Job
-from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
+from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.generation import TextStreamer
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.pipelines.clip_bounds import clip_bounds
@@ -38,7 +38,7 @@ from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
 from dpinfer.serve.budget import BudgetRefused, LedgerBudgets
-from dpinfer.serve.keys import Principal, check_name
+from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name
 from dpinfer.serve.metrics import Metrics
 from dpinfer.serve.params import (
     ASK_FIELDS,
@@ -54,14 +54,6 @@ from dpinfer.serve.synth_jobs import SynthJobs
 from dpinfer.validation import check_generate_params, check_sanitize_budget, check_sanitize_params, check_text
 
 log = logging.getLogger("dpinfer.serve")
-
-
-class NotFound(DPInferError):
-    """A resource (store, job) that does not exist for this tenant (HTTP 404)."""
-
-
-class Forbidden(DPInferError):
-    """Another tenant's resource, or an admin-only action (HTTP 403)."""
 
 
 class Service:

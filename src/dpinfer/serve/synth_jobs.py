@@ -30,18 +30,15 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpinfer.errors import DPInferError
+from dpinfer.io import atomic_write_text
 from dpinfer.pipelines.jobs import run_resumable
 from dpinfer.pipelines.synth_job import SynthesisOutput
 from dpinfer.pipelines.synthesize import synthesize_iter
 from dpinfer.serve.budget import BudgetRefused
-from dpinfer.serve.keys import Principal
-from dpinfer.validation import atomic_write_text
-
-if TYPE_CHECKING:
-    from dpinfer.serve.runtime import Service
+from dpinfer.serve.keys import Forbidden, NotFound, Principal
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -52,14 +49,11 @@ TEXT_FIELDS = ("batch", "text", "labels", "tokens", "finish_reason")
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
-class JobNotFound(DPInferError):
-    pass
-
-
 class SynthJobs:
-    """The synthesis jobs of one server, kept under ``root`` (module docstring)."""
+    """The synthesis jobs of one server, kept under ``root`` (module docstring); ``service``: the
+    :class:`~dpinfer.serve.runtime.Service` that checks, plans and decodes them."""
 
-    def __init__(self, root: str | os.PathLike[str], service: Service) -> None:
+    def __init__(self, root: str | os.PathLike[str], service: Any) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.service = service
@@ -81,8 +75,6 @@ class SynthJobs:
 
     def get(self, principal: Principal, job_id: str) -> dict[str, Any]:
         """The job's status; once done, its result (the header's release fields, the texts, the unit's budget)."""
-        from dpinfer.serve.runtime import Forbidden, NotFound
-
         state = self._state(job_id) if _ID.fullmatch(job_id) else None
         if state is None:
             raise NotFound("no such job")

@@ -67,6 +67,7 @@ def test_a_job_stopped_after_one_text_is_resumed_by_the_next_server(tiny_lm, tmp
     second.close()
 
 
+@pytest.mark.full  # two server starts in subprocesses: about 3 minutes on the shared machine
 def test_kill_9_mid_job_then_restart(tiny_model_dir, tmp_path) -> None:
     """A real ``kill -9`` of ``dpinfer serve`` while a job runs; the restarted server finishes it: every batch once,
     the texts on disk before the kill kept, one committed charge and nothing pending."""
