@@ -234,8 +234,8 @@ class Service:
             raise Forbidden(f"the store {store} belongs to another tenant")
         with self.plan_lock:
             if store not in self._rags:
-                rag = PrivateRAG(self.stores_dir / store, lm=self.lm, embedder=self.core.embedder)
-                rag._engine = self.engine  # the one engine of this process (summaries and answers share its batch)
+                # the one runtime of this process: summaries and answers are decoded in the shared batch
+                rag = PrivateRAG(self.stores_dir / store, runtime=self.core)
                 self._rags[store] = (rag, threading.Lock())
         return self._rags[store]
 
