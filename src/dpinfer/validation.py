@@ -1,10 +1,10 @@
 """Checks shared by the command line and the API, run before any model loads.
 
-Parameter checks (:func:`check_sanitize_params`, :func:`check_synth_params`, :func:`check_generate_params`) are
-plain Python: no model, no torch, a few microseconds (the method list is read without importing the mechanisms:
-:mod:`dpinfer.methods`). Budget checks (:func:`check_sanitize_budget`; for synthesis
-:func:`dpinfer.pipelines.synthesize.check_synth_budget`) calibrate the mechanism from the parameters alone (they
-import torch, still no model).
+Parameter checks (:func:`check_sanitize_params`, :func:`check_generate_params`; synthesis: the
+:class:`~dpinfer.configs.synth.SynthConfig` itself) are plain Python: no model, no torch, a few microseconds (the method
+list is read without importing the mechanisms: :mod:`dpinfer.methods`). Budget checks (:func:`check_sanitize_budget`;
+for synthesis :func:`dpinfer.methods.synthesize.build`) calibrate the mechanism from the parameters alone (they import
+torch, still no model).
 Path helpers refuse an output path that cannot be written, or that is the input, before any work is done, and write
 results atomically (a temporary file in the same folder, then :func:`os.replace`).
 
@@ -32,8 +32,8 @@ from dpinfer.checks import (  # noqa: F401
 )
 from dpinfer.checks import is_number as _is_number  # noqa: F401
 from dpinfer.configs.sanitize import SanitizeConfig, option_namer
-from dpinfer.defaults import GENERATE, SANITIZE, SYNTH
-from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.defaults import GENERATE, SANITIZE
+from dpinfer.errors import InvalidInputError
 
 # File reading and atomic writing live in dpinfer.io; re-exported here under the names this module always had.
 from dpinfer.io import (  # noqa: F401
@@ -146,58 +146,6 @@ def check_sanitize_budget(config: SanitizeConfig | None = None, *, cli: bool = F
         if eps <= floor:
             raise InfeasibleBudgetError(dp_fusion_floor_message(eps, cfg.delta, cfg.alpha, group=name,
                                                                 alpha_name="--alpha" if cli else "alpha"))
-
-
-def check_synth_params(*, method: object = SYNTH.method, epsilon: object = None, delta: object = SYNTH.delta,
-                       batch_size: object = SYNTH.batch_size, max_new_tokens: object = SYNTH.max_new_tokens,
-                       top_k: object = SYNTH.top_k, temperature: object = SYNTH.temperature, seed: object = None,
-                       max_texts: object = None, max_reference_tokens: object = SYNTH.max_reference_tokens,
-                       limit: object = None, cli: bool = False) -> None:
-    """Every parameter of :func:`dpinfer.synthesize` that can be checked without the corpus or the model
-    (``cli=True``: messages name the command-line options).
-
-    >>> check_synth_params(epsilon=10)
-    >>> check_synth_params(epsilon=10, batch_size=0)
-    Traceback (most recent call last):
-    dpinfer.errors.ConfigurationError: batch_size must be an integer ≥ 1, got 0
-    """
-    from dpinfer.methods import is_baseline
-
-    n = _namer(cli)
-    check_method("synthesize", method, n("method"))
-    public = is_baseline("synthesize", method)  # reads no reference: needs no ε
-    if epsilon is None and not public:
-        raise ConfigurationError(f"{n('epsilon')} is required (the target ε per reference), except with "
-                                 f"{n('method')} {', '.join(_baselines('synthesize'))}")
-    if epsilon is not None:
-        positive_number(epsilon, n("epsilon"))
-    check_delta(delta, n("delta"))
-    int_at_least(batch_size, n("batch_size"), 1)
-    int_at_least(max_new_tokens, n("max_new_tokens"), 1)
-    _optional_k(top_k, n("top_k"))
-    check_temperature(temperature, n("temperature"), allow_zero=public)
-    check_seed(seed, n("seed"))
-    if max_texts is not None:
-        int_at_least(max_texts, n("max_texts"), 1)
-    if max_reference_tokens is not None:
-        int_at_least(max_reference_tokens, n("max_reference_tokens"), 1, " (None: no cut)")
-    if limit is not None:
-        int_at_least(limit, n("limit"), 1)
-
-
-def _baselines(task: str) -> list[str]:
-    from dpinfer.methods import BASELINES
-
-    return list(BASELINES[task])
-
-
-def check_corpus_size(*, method: str, references: int, batch_size: int) -> None:
-    """At least one batch of B references for a method that reads them (before the model loads)."""
-    from dpinfer.methods import is_baseline
-
-    if not is_baseline("synthesize", method) and references < batch_size:
-        raise InvalidInputError(f"{references} references are fewer than one batch of B = {batch_size}; lower "
-                                "--batch-size or add references")
 
 
 def check_generate_params(*, max_new_tokens: object = GENERATE.max_new_tokens,

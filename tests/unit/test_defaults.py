@@ -62,13 +62,12 @@ def test_sanitize_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> N
 
 
 def test_synth_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> None:
-    from dpinfer.pipelines.synthesize import synthesize
-    from dpinfer.validation import check_synth_params
+    from dpinfer.configs.synth import TEMPLATES, SynthConfig
 
     want = {k: v for k, v in dataclasses.asdict(SYNTH).items() if k != "template"}
-    for fn in (synthesize, check_synth_params):
-        got = _kw_defaults(fn)
-        assert {k: got[k] for k in want} == want, fn.__name__
+    got = _kw_defaults(SynthConfig)  # dpinfer.synthesize's settings are SynthConfig's fields
+    assert {k: got[k] for k in want} == want
+    assert SynthConfig().template == TEMPLATES[SYNTH.template]
     cli = vars(_sub("synth").parse_args(["c.jsonl", "--text-field", "t", "--out", "o.jsonl"]))
     assert {k: cli[k] for k in want} == want
     assert cli["template"] == SYNTH.template

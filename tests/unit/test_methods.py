@@ -9,11 +9,13 @@ import pytest
 
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.cli import main
+from dpinfer.configs.synth import SynthConfig
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import REGISTRY
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.methods import BASELINES, DEFAULT_METHODS, is_baseline, mechanism_names, method_names, methods_help
-from dpinfer.validation import check_sanitize_params, check_synth_params
+from dpinfer.methods.synthesize import check as check_synth
+from dpinfer.validation import check_sanitize_params
 
 DOC = "Mr Jan Kowalski was born on 12 May 1961 in Warsaw and works for the Polish Post."
 SPANS = [{"start": 3, "end": 15, "label": "PERSON"}, {"start": 28, "end": 39, "label": "DATETIME"}]
@@ -65,7 +67,7 @@ def test_a_registered_mechanism_is_offered_by_validation_help_and_the_pipeline(t
     assert toy in method_names("sanitize") and toy not in method_names("synthesize")
     check_sanitize_params(method=toy, epsilon=2.0)  # accepted
     with pytest.raises(ConfigurationError, match="unknown method"):
-        check_synth_params(method=toy, epsilon=2.0)  # registered for sanitize only
+        check_synth(SynthConfig(method=toy, epsilon=2.0))  # registered for sanitize only
     assert f"{toy}: a toy registered by the dispatch test" in methods_help("sanitize")
     with pytest.raises(SystemExit):
         main(["sanitize", "--help"])

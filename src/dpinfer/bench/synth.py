@@ -123,8 +123,10 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
     With ``slot_engine``, both also run as ONE job through ``Engine.run_jobs`` (the slot engine), each on an engine of
     its own so that its compiled decode step is reused across repeats; the first call of each (it compiles on CUDA)
     is timed apart. Their figures are under ``"slot_engine"``, with the same keys."""
+    from dpinfer.configs.synth import SynthConfig
     from dpinfer.engine import Engine, EngineJob
-    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, build_mechanism, partition, public_pad_width
+    from dpinfer.methods.synthesize import build
+    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, partition, public_pad_width
 
     batches, _ = partition(refs, batch_size, seed)
     public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]], max_reference_tokens)
@@ -139,8 +141,8 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
     first_calls: dict[str, float] = {}
 
     def job(method: str, r: int) -> Any:
-        mech = build_mechanism(method, lm=lm, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
-                               max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0)
+        mech = build(SynthConfig(method=method, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
+                                 max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0))
         contexts = [public] if method == "public" else [public, *private]
         return EngineJob(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r,
                          pad_width=pad)

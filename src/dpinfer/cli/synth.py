@@ -19,12 +19,13 @@ from dpinfer.cli.output import (
     print_json,
     show,
 )
+from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
-from dpinfer.errors import InvalidInputError
+from dpinfer.errors import ConfigurationError, InvalidInputError
 
 if TYPE_CHECKING:
     from dpinfer.pipelines.synth_job import SynthesisOutput
-    from dpinfer.pipelines.synthesize import SynthesisPlan, SyntheticText
+    from dpinfer.pipelines.synthesize import SynthesisPlan, SynthesisResult, SyntheticText
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -51,7 +52,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help=f"k of Top-k+ (default {show(SYNTH.top_k)}; 0 = full vocabulary)")
     sy.add_argument("--temperature", type=float, default=SYNTH.temperature,
                     help=f"τ (default {SYNTH.temperature:.1f})")
-    sy.add_argument("--template", default=SYNTH.template, choices=["generic", "yelp", "tab"],
+    sy.add_argument("--template", default=SYNTH.template, choices=list(TEMPLATES),
                     help=f"built-in prompt pair (default {SYNTH.template}; yelp uses {{label1}} and {{label2}})")
     sy.add_argument("--template-file", default=None,
                     help='JSON {"private": "... {reference} ...", "public": "...", "response_prefix": "..."} '
@@ -69,6 +70,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "(only the missing batches are generated; other settings or a changed corpus are refused). "
                          "While unfinished, OUT has private sidecars OUT.partition and OUT.digests (never publish "
                          "them; deleted at the end). See docs/corpus.md")
+    sy.add_argument("--debug-stats", action="store_true",
+                    help="also print the run's diagnostics (timing, each text's data-dependent figures such as "
+                         "private tokens or AdaPMixED's realised spend): computed from the references, not covered by "
+                         "the guarantee, never written to OUT")
     sy.add_argument("--allow-rerelease", action="store_true",
                     help="resume even when a text line of an unfinished OUT was deleted (refused otherwise: its batch "
                          "would be released a second time, and the privacy loss of its references adds up)")
@@ -89,9 +94,6 @@ def label_fields(items: Sequence[str] | None) -> list[str]:
 
 def template_arg(args: argparse.Namespace) -> Any:
     """The prompt template: a built-in name, or a :class:`PromptTemplate` read from ``--template-file``."""
-    from dpinfer.errors import ConfigurationError
-    from dpinfer.pipelines.synthesize import PromptTemplate
-
     if not args.template_file:
         return args.template
     from dpinfer.validation import MAX_TEXT_BYTES, input_file
@@ -111,42 +113,47 @@ def template_arg(args: argparse.Namespace) -> Any:
     return PromptTemplate(private=data["private"], public=data["public"], response_prefix=prefix)
 
 
+def config_of(args: argparse.Namespace) -> SynthConfig:
+    """The run's :class:`SynthConfig` from the options (messages name the options; ``--top-k 0`` and
+    ``--max-reference-tokens 0`` mean None), with the checks that depend on the method."""
+    from dpinfer.methods.synthesize import check
+
+    config = SynthConfig(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
+                         max_new_tokens=args.max_new_tokens, top_k=cli_k(args.top_k, "--top-k"),
+                         temperature=args.temperature, prompt_template=args.template, seed=args.seed,
+                         max_texts=args.max_texts,
+                         max_reference_tokens=cli_k(args.max_reference_tokens, "--max-reference-tokens"), cli=True)
+    check(config, cli=True)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     """Every check and refusal (parameters, paths, the corpus, an ``--out`` that is not this run's) before the model
     loads; then the batches not yet in ``--out``, each text appended as its batch finishes (docs/corpus.md)."""
-    from dpinfer.errors import ConfigurationError
-    from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
-    from dpinfer.pipelines.synthesize import check_synth_budget
-    from dpinfer.validation import check_corpus_size, check_output_path, check_synth_params
+    from dpinfer.checks import int_at_least
 
-    # every parameter and path is checked here, before the corpus is read and before the model loads
-    top_k = cli_k(args.top_k, "--top-k")
-    max_ref = cli_k(args.max_reference_tokens, "--max-reference-tokens")
-    check_synth_params(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature, seed=args.seed,
-                       max_texts=args.max_texts, max_reference_tokens=max_ref, limit=args.limit, cli=True)
+    # every parameter and path is checked here, before the corpus is read and before torch or the model loads
+    config = config_of(args)
+    if args.limit is not None:
+        int_at_least(args.limit, "--limit", 1)
+    from dpinfer.io import check_output_path
+    from dpinfer.models import model_name
+    from dpinfer.pipelines.jobs import ReleaseDigests
+    from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
+    from dpinfer.pipelines.synthesize import plan_synthesis
+    from dpinfer.references import load_references
+
     if str(args.out).strip() == "-":
         raise ConfigurationError("--out must be a file (texts are appended to it and read back to resume); standard "
                                  "output cannot be resumed")
     inputs = (args.file, args.template_file)
     check_output_path(args.out, inputs=inputs)
     check_output_path(partition_path(args.out), inputs=inputs, option="--out's partition file")
-    from dpinfer.pipelines.jobs import ReleaseDigests
-
     check_output_path(ReleaseDigests.of(args.out).path, inputs=inputs, option="--out's digest file")
-    template = template_arg(args)
-    from dpinfer.models import model_name
-    from dpinfer.pipelines.synthesize import load_references, plan_synthesis
-
+    config = config.replace(prompt_template=template_arg(args))
     fields = label_fields(args.label_fields)
     refs = load_references(args.file, text_field=args.text_field, label_fields=fields, limit=args.limit)
-    check_corpus_size(method=args.method, references=len(refs), batch_size=args.batch_size)
-    check_synth_budget(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, top_k=top_k, temperature=args.temperature)
-    plan = plan_synthesis(refs, method=args.method, epsilon=args.epsilon, delta=args.delta,
-                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, top_k=top_k,
-                          temperature=args.temperature, prompt_template=template, seed=args.seed,
-                          max_texts=args.max_texts, max_reference_tokens=max_ref)
+    plan = plan_synthesis(refs, config)  # the corpus's size, the template's fields, the calibration: no model yet
     header = plan.header(model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
     return _run_job(args, plan, header, SynthesisOutput(args.out))
@@ -223,11 +230,14 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
                           references_left_out=plan.references_left_out, seconds=seconds,
                           lm_calls_per_token=plan.lm_calls_per_token)
     if args.json:
-        print_json({**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": run.skipped,
-                    "generated_tokens": res.generated_tokens, "tokens_per_second": round(res.tokens_per_second, 3),
-                    "truncated_bytes": run.truncated_bytes, "torn": run.torn, "out": args.out})
+        summary = {**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": run.skipped,
+                   "generated_tokens": res.generated_tokens, "truncated_bytes": run.truncated_bytes, "torn": run.torn,
+                   "out": args.out}
+        print_json({**summary, "diagnostics": res.diagnostics()} if args.debug_stats else summary)
         return 0
     print_summary(args, res, skipped=run.skipped, truncated_bytes=run.truncated_bytes, torn=run.torn)
+    if args.debug_stats:
+        print_json({"diagnostics": res.diagnostics()})
     return 0
 
 
@@ -248,38 +258,35 @@ _TORN_NOTE = ("[dim]a torn last line from an interrupted run held part of a text
               "record saying it was torn) and its batch is not generated again[/dim]")
 
 
-def print_summary(args: argparse.Namespace, res: Any, *, skipped: int = 0, truncated_bytes: int = 0,
+def print_summary(args: argparse.Namespace, res: SynthesisResult, *, skipped: int = 0, truncated_bytes: int = 0,
                   torn: int = 0) -> None:
-    """What was written (``skipped``: texts an earlier run had written), and the guarantee in words."""
-    import math
-
-    from dpinfer.methods import is_baseline
+    """What was written (``skipped``: texts an earlier run had written), and the guarantee in words (from the method's
+    table entry: its kind of guarantee). No timing: that is a diagnostic (``--debug-stats``)."""
+    from dpinfer.methods.synthesize import TABLE
 
     con = console()
-    g = res.guarantee
-    public = is_baseline("synthesize", args.method)
-    con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.tokens_per_second:.1f} tokens/s, "
-              f"{res.lm_calls_per_token} LM calls per token) written to {args.out}")
+    kind = TABLE.get(args.method).guarantee
+    con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.lm_calls_per_token} LM calls "
+              f"per token) written to {args.out}")
     if skipped:
         con.print(f"{skipped} texts from an earlier run were already there: {skipped + len(res.texts)} in all")
     if truncated_bytes:
         con.print(f"[dim]a torn last line of {truncated_bytes} bytes from an interrupted run was cut off[/dim]")
     if torn:
         con.print(_TORN_NOTE)
-    if res.references_left_out and not public:
+    if res.references_left_out and kind != "zero":
         con.print(f"[dim]{res.references_left_out} references were left out (label groups not filling a batch of "
                   f"{args.batch_size}, or --max-texts)[/dim]")
-    if public:
+    if kind == "zero":
         con.print("Guarantee: the texts were generated from the public prompt only; they reveal nothing about the "
                   "references (ε = 0).")
-    elif math.isinf(g.epsilon):
-        if any(t.data_dependent.get("spent") for t in res.texts):
-            con.print(f"Guarantee: none ex ante. The privacy loss of {args.method} depends on the references; each "
-                      "text records its realised (data-dependent) figure, which is not a differential-privacy "
-                      "guarantee.")
-        else:
-            con.print(f"Guarantee: none. {args.method} states no differential-privacy guarantee.")
+    elif kind == "data-dependent":
+        con.print(f"Guarantee: none ex ante. The privacy loss of {args.method} depends on the references; its "
+                  "realised (data-dependent) figure is a diagnostic (--debug-stats), not a differential-privacy "
+                  "guarantee.")
+    elif kind == "none":
+        con.print(f"Guarantee: none. {args.method} states no differential-privacy guarantee.")
     else:
-        con.print(f"Guarantee: {g}")
+        con.print(f"Guarantee: {res.guarantee}")
         con.print("It holds for every reference at once: the batches are disjoint and chosen without reading the "
                   "texts, so the file as a whole has the guarantee of one text.")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.io import atomic_write_text
 from dpinfer.pipelines.jobs import (
     OutputLock,
     append_line,
@@ -242,8 +243,6 @@ class SynthesisOutput:
     def start(self, header: Mapping[str, Any], partition_sha256: str) -> None:
         """Before the first text of this run: the sidecar (atomically, mode 0600; rewritten while no text is out),
         then the header line when ``OUT`` has none."""
-        from dpinfer.validation import atomic_write_text
-
         if not self.done:
             body = {"dpinfer": {"kind": PARTITION_KIND, "note": PARTITION_NOTE, "out": Path(self.path).name,
                                 "batches": int(header["dpinfer"]["texts"]), "sha256": partition_sha256}}

@@ -18,6 +18,7 @@ from dpinfer.pipelines.synthesize import (
     partition,
     synthesize,
 )
+from dpinfer.release import check_release
 
 REVIEWS = [
     ("The pasta was fresh and the staff were kind.", "Restaurants", "5.0"),
@@ -111,12 +112,18 @@ def test_synthesize_runs_every_method(tiny_lm, method: str, tmp_path: Path) -> N
         assert g.epsilon == 0.0 and res.references_used == 0
     else:
         assert math.isinf(g.epsilon) and all("spent" in t.data_dependent for t in res.texts)
+    release = check_release(res.release())  # public by construction: no timing, seed, statistics
+    assert len(release["texts"]) == 2 and release["guarantee"] == g.to_dict()
+    diagnostics = res.diagnostics()
+    assert "warning" in diagnostics and diagnostics["seconds"] >= 0 and len(diagnostics["texts"]) == 2
+    if method == "adapmixed":
+        assert all("spent" in t for t in diagnostics["texts"])
     out = tmp_path / "o.jsonl"
     res.write_jsonl(out)
     lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert lines[0]["dpinfer"]["guarantee"]["mechanism"] == method
     assert lines[0]["dpinfer"]["settings"]["batch_size"] == 2 and len(lines) == 3
-    assert all("text" in x for x in lines[1:])
+    assert all("text" in x and "data_dependent" not in x and "private_tokens" not in x for x in lines[1:])
 
 
 def test_synthesize_is_reproducible_with_a_seed(tiny_lm) -> None:
@@ -233,3 +240,27 @@ def test_plan_header_and_partition_digest_hold_no_reference() -> None:
     other = _refs()
     other[left_out] = Reference("changed", other[left_out].labels)  # a reference in no batch: same partition
     assert plan_synthesis(other, **kw).partition_sha256() == digest
+
+
+def test_a_toy_method_is_one_table_entry(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a method is a builder and one entry of the synthesize table: the pipeline dispatches through the table,
+    a SynthConfig carries the settings once."""
+    from dpinfer.configs.synth import SynthConfig
+    from dpinfer.methods import Method
+    from dpinfer.methods.synthesize import TABLE
+
+    monkeypatch.setattr(TABLE, "_entries", dict(TABLE._entries))
+    TABLE.register(Method("toy", "synthesize", build=_toy_build, mechanism="invisibleink", contexts="batch",
+                          protects="references", summary="a toy"))
+    config = SynthConfig(method="toy", epsilon=8.0, batch_size=2, max_new_tokens=4, prompt_template=TEMPLATE, seed=1)
+    res = synthesize(_refs(), config, lm=tiny_lm)
+    assert res.method == "toy" and len(res.texts) == 2 and res.guarantee.epsilon <= 4.0 + 1e-9
+    assert synthesize(_refs(), config, lm=tiny_lm, max_texts=1).settings["max_texts"] == 1  # keywords over config
+    with pytest.raises(ConfigurationError, match="unknown setting"):
+        synthesize(_refs(), config, lm=tiny_lm, max_txts=1)
+
+
+def _toy_build(config, runtime=None):
+    from dpinfer.methods.synthesize import build_invisibleink
+
+    return build_invisibleink(config.replace(epsilon=config.epsilon / 2))
