@@ -13,6 +13,7 @@ a different person's: each record carries its own guarantee, and the prompts do 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -27,39 +28,21 @@ DESCRIPTION = (
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    from dpinfer.defaults import PROTECT as D
+    from dpinfer.configs import add_options
+    from dpinfer.configs.protect import ProtectConfig
+    from dpinfer.methods.prompt import TABLE
 
     p = sub.add_parser("protect-prompt", parents=[common], help="rewrite a prompt with local DP (DP-GTR / DP-Prompt)",
                        description=DESCRIPTION)
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text ('-' for standard input), or use --file")
     p.add_argument("--file", default=None, help="read the prompt from this UTF-8 file ('-' for standard input)")
-    p.add_argument("--method", default="dp-gtr", choices=["dp-gtr", "dp-prompt"],
-                   help="dp-gtr (default): rewrites + keywords + final prompt; dp-prompt: one rewrite")
+    p.add_argument("--method", default=TABLE.default, choices=TABLE.names(), help=TABLE.help())
+    fields = {f.name: f.metadata for f in dataclasses.fields(ProtectConfig)}
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--epsilon", type=float, default=None,
-                        help="target ε of all rewrites together (τ is calibrated to it)")
-    budget.add_argument("--temperature", type=float, default=None,
-                        help=f"stage-1 temperature τ (default {D.temperature:g}; ε follows from it)")
-    p.add_argument("--delta", type=float, default=D.delta, help=f"δ (default {D.delta:g})")
-    p.add_argument("--n-rewrites", type=int, default=None,
-                   help=f"stage-1 rewrites (default {D.n_rewrites}; dp-prompt: 1)")
-    p.add_argument("--n-keywords", type=int, default=D.n_keywords, help=f"K keywords to avoid (default {D.n_keywords})")
-    p.add_argument("--keywords", default=D.keywords, choices=["ndp", "jem"],
-                   help="ndp (default): the top K as they are; jem: Joint Exponential Mechanism over a fixed public "
-                        "word universe")
-    p.add_argument("--suppress", default=D.suppress, choices=["ban", "instruct"],
-                   help="how the final rewrite avoids the keywords: ban (default): asked to and banned while "
-                        "decoding; instruct: asked to only (the paper's template)")
-    p.add_argument("--n-exemplars", type=int, default=D.n_exemplars,
-                   help=f"final prompts written, one from each of the lowest-perplexity rewrites; the one closest to "
-                        f"the rewrites' consensus is released (default {D.n_exemplars}; 1: the paper's one exemplar)")
-    p.add_argument("--jem-epsilon", type=float, default=None,
-                   help=f"ε₂ of JEM (default {D.jem_epsilon:g}; not added to ε)")
-    p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
-                   help=f"T_max of each rewrite and of the final prompt, fixed in advance (default {D.max_new_tokens})")
-    p.add_argument("--max-input-tokens", type=int, default=D.max_input_tokens,
-                   help=f"a public cap on the prompt: a longer one is cut to its first N tokens before stage 1, "
-                        f"silently (its length is private; default {D.max_input_tokens})")
+    budget.add_argument("--epsilon", type=float, default=None, help=fields["epsilon"]["help"])
+    budget.add_argument("--temperature", type=float, default=None, help=fields["temperature"]["help"] +
+                        "; ε follows from it")
+    add_options(p, ProtectConfig)
     p.add_argument("--show-rewrites", action="store_true",
                    help="also print the exemplar, keywords and rewrites to standard error (all covered by the "
                         "guarantee)")
@@ -100,15 +83,21 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return check_text(args.prompt, "the prompt")
 
 
-def run(args: argparse.Namespace) -> int:
-    from dpinfer.pipelines.protect_prompt import DEFAULT_JEM_EPSILON, check_protect_params
+def _config(args: argparse.Namespace) -> Any:
+    """The settings of the command (checked, spelled as options in messages) and the method they name."""
+    from dpinfer.configs.protect import ProtectConfig
+    from dpinfer.pipelines.protect_prompt import method_for
 
-    jem_epsilon = DEFAULT_JEM_EPSILON if args.jem_epsilon is None else args.jem_epsilon
-    n = check_protect_params(method=args.method, epsilon=args.epsilon, temperature=args.temperature, delta=args.delta,
-                         n_rewrites=args.n_rewrites, n_keywords=args.n_keywords, keywords=args.keywords,
-                         max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon, seed=args.seed,
-                         suppress=args.suppress, n_exemplars=args.n_exemplars,
-                         max_input_tokens=args.max_input_tokens, cli=True)
+    config = ProtectConfig.from_args(args, spelling="cli")
+    from dpinfer.checks import check_seed
+
+    check_seed(args.seed, "--seed")
+    return config, method_for(config)
+
+
+def run(args: argparse.Namespace) -> int:
+    config, method = _config(args)
+    n = method.rewrites
     from dpinfer.cli.budget import cli_spend, ledger_path, report_charge
 
     if args.prompts is not None or args.out is not None or args.allow_rerelease:
@@ -119,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
             from dpinfer.errors import LedgerError
             from dpinfer.pipelines.budget import LedgerCharges, open_ledger, pure_steps_estimate
 
-            if args.epsilon is None or args.unit is None:
+            if config.epsilon is None or args.unit is None:
                 raise LedgerError("--prompts with a ledger needs --unit (the prompt source) and --epsilon (each "
                                   "prompt's cost is then known before the model loads)")
-            cost = pure_steps_estimate(args.epsilon, args.delta, n * args.max_new_tokens, bounded_range=True)
+            cost = pure_steps_estimate(config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True)
             charge = LedgerCharges(open_ledger(ledger_path(args)), job=os.path.abspath(args.out or ""),
-                                   scope="prompt-source", mechanism=args.method, unit_of=lambda key: args.unit,
+                                   scope="prompt-source", mechanism=config.method, unit_of=lambda key: args.unit,
                                    bound_of=lambda key: cost, exact=True)
-        return _run_prompts(args, jem_epsilon, charge)
+        return _run_prompts(args, config.api(), charge)
     prompt = _read_prompt(args)
 
     from dpinfer.models import load_model
@@ -135,30 +124,26 @@ def run(args: argparse.Namespace) -> int:
 
     spend = cli_spend(args, scope="prompt-source", what="protect-prompt")
     if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
-        spend.reserve(None if args.epsilon is None else pure_steps_estimate(
-            args.epsilon, args.delta, n * args.max_new_tokens, bounded_range=True), mechanism=args.method)
+        spend.reserve(None if config.epsilon is None else pure_steps_estimate(
+            config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
     try:
         lm = load_model(args.model, device=args.device)
     except BaseException:
         if spend is not None:
             spend.cancel()
         raise
-    res = protect_prompt(prompt, lm=lm, method=args.method, epsilon=args.epsilon, temperature=args.temperature,
-                         delta=args.delta, n_rewrites=args.n_rewrites, n_keywords=args.n_keywords,
-                         keywords=args.keywords, max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
-                         suppress=args.suppress, n_exemplars=args.n_exemplars,
-                         max_input_tokens=args.max_input_tokens, seed=args.seed, ledger=spend)
+    res = protect_prompt(prompt, config.api(), lm=lm, seed=args.seed, ledger=spend)
     del prompt
     report_charge(spend)
     if args.json:
         from dpinfer.cli.output import print_json
 
-        print_json(res.to_dict())
+        print_json(res.release())
         return 0
     sys.stdout.write(res.prompt + "\n")
     sys.stdout.flush()
     err = sys.stderr
-    if args.show_rewrites and res.method == "dp-gtr":
+    if args.show_rewrites and (res.keywords or len(res.rewrites) > 1):  # a method with intermediate releases
         print(f"exemplar: {res.exemplar}", file=err)
         print(f"keywords (to avoid): {', '.join(res.keywords)}", file=err)
         for i, r in enumerate(res.rewrites, 1):
@@ -188,15 +173,16 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
     return read_corpus(args.prompts, id_field=args.id_field, text_field=args.prompt_field, spans_field=None)
 
 
-def _run_prompts(args: argparse.Namespace, jem_epsilon: float, charge: Any = None) -> int:
-    """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, one after another, each release
-    appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line with the budget per
+def _run_prompts(args: argparse.Namespace, config: Any, charge: Any = None) -> int:
+    """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, :data:`CHUNK` at a time through
+    :func:`~dpinfer.pipelines.protect_prompt.protect_prompts` (they share the engine's steps), each release appended
+    as its chunk finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line with the budget per
     prompt."""
     from dpinfer.cli.corpus_job import print_job_summary, record_progress, warn
     from dpinfer.pipelines.corpus import per_record_budget, run_corpus_job
 
     records = _check_prompts_args(args)
-    run = run_corpus_job(records, args.out, lambda todo: _protect_each(args, jem_epsilon, list(todo)),
+    run = run_corpus_job(records, args.out, lambda todo: _protect_each(args, config, list(todo)),
                          job="dpinfer protect-prompt --prompts", source=f"--prompts {args.prompts}",
                          allow_rerelease=args.allow_rerelease, charge=charge,
                          progress=lambda total: record_progress("protect-prompt --prompts", total), warn=warn)
@@ -209,32 +195,29 @@ def _run_prompts(args: argparse.Namespace, jem_epsilon: float, charge: Any = Non
                              per_record_budget(run.held, what="prompt", groups=False), records=len(records))
 
 
-def _protect_each(args: argparse.Namespace, jem_epsilon: float, todo: list[Any]) -> Any:
-    """The output record of each prompt of ``todo``, one after another (a failure is the prompt's error record)."""
+CHUNK = 8
+"""Prompts of a ``--prompts`` file protected together (:func:`~dpinfer.pipelines.protect_prompt.protect_prompts`:
+stage 1 of all of them in one engine run, stage 3 in one more); a killed run loses at most one chunk's work."""
+
+
+def _protect_each(args: argparse.Namespace, config: Any, todo: list[Any]) -> Any:
+    """The output record of each prompt of ``todo``, :data:`CHUNK` prompts at a time (a refusal is the prompt's error
+    record; one line, never the prompt)."""
     from dpinfer.errors import DPInferError
-    from dpinfer.models import load_model
-    from dpinfer.pipelines.protect_prompt import protect_prompt
+    from dpinfer.pipelines.protect_prompt import protect_prompts
     from dpinfer.pipelines.sanitize import record_seed
+    from dpinfer.runtime import Runtime
 
-    lm = load_model(args.model, device=args.device)
-    embedder = None
-    if args.method == "dp-gtr" and args.n_exemplars > 1:  # stage 3's consensus pick: one encoder, all prompts
-        from dpinfer.eval.embeddings import load_embedder
-
-        embedder = load_embedder()
-    for rec in todo:
+    runtime = Runtime.from_model(args.model, device=args.device)  # one model, engine and encoder for every chunk
+    for start in range(0, len(todo), CHUNK):
+        chunk = todo[start:start + CHUNK]
         try:
-            res = protect_prompt(rec.text, lm=lm, method=args.method, epsilon=args.epsilon,
-                                 temperature=args.temperature, delta=args.delta, n_rewrites=args.n_rewrites,
-                                 n_keywords=args.n_keywords, keywords=args.keywords,
-                                 max_new_tokens=args.max_new_tokens, jem_epsilon=jem_epsilon,
-                                 suppress=args.suppress, n_exemplars=args.n_exemplars,
-                                 max_input_tokens=args.max_input_tokens, seed=record_seed(args.seed, rec.id),
-                                 embedder=embedder)
-        except DPInferError as err:  # one line, never the prompt (errors do not quote private text)
-            yield {"id": rec.id, "error": str(err).splitlines()[0]}
-        else:
-            release = res.to_dict()
-            for timing in ("seconds", "stage_seconds"):  # they depend on the private prompt: not released
-                release.pop(timing, None)
-            yield {"id": rec.id, **release}
+            results: list[Any] = protect_prompts([rec.text for rec in chunk], config, runtime=runtime,
+                                                 seeds=[record_seed(args.seed, rec.id) for rec in chunk])
+        except DPInferError as err:  # a refusal of the whole chunk (the settings against the model): each record
+            results = [err] * len(chunk)
+        for rec, res in zip(chunk, results, strict=True):
+            if isinstance(res, DPInferError):
+                yield {"id": rec.id, "error": str(res).splitlines()[0]}
+            else:
+                yield {"id": rec.id, **res.release()}

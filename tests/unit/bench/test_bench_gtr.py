@@ -74,10 +74,11 @@ def test_perf_on_the_tiny_model(tiny_lm) -> None:
                         n_exemplars=1)
     assert len(perf["runs"]) == 2 and perf["ratio"] > 0 and perf["stage1_ratio"] > 0
     assert perf["best_one"] == min(r["one"] for r in perf["runs"])
+    assert perf["cpu_ratio"] == perf["best_gtr_cpu"] / perf["best_one_cpu"] > 0
     assert {"loading", "stage1", "ranking", "stage2", "stage3", "total"} <= set(perf["stages"])
     assert all(len(r["rewrite_tokens"]) == 3 for r in perf["runs"])
     md = gtr.perf_markdown(perf)
-    for line in ("one DP-Prompt rewrite", "stage 1 alone", "whole DP-GTR release", "per stage"):
+    for line in ("one DP-Prompt rewrite", "stage 1 alone", "whole DP-GTR release", "in CPU time", "per stage"):
         assert line in md
 
 

@@ -11,12 +11,13 @@ import torch
 from scipy.stats import chisquare
 
 from dpinfer.accounting import DEFAULT_ORDERS
+from dpinfer.configs.protect import ProtectConfig
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
+from dpinfer.methods.prompt_keywords import word_universe, words
 from dpinfer.pipelines import protect_prompt as pp
-from dpinfer.pipelines.keywords import word_universe, words
 
 SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
 
@@ -47,7 +48,8 @@ def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperatur
 
 
 def test_no_truncation_can_be_switched_on(tiny_lm) -> None:
-    assert not {"top_k", "top_p"} & set(inspect.signature(pp.protect_prompt).parameters)
+    settings = set(inspect.signature(pp.protect_prompt).parameters) | set(ProtectConfig.field_names())
+    assert not {"top_k", "top_p"} & settings
     assert not {"top_k", "top_p"} & set(inspect.signature(pp.stage1_mechanism).parameters)
     for knob in ({"top_k": 50}, {"top_p": 0.9}):
         with pytest.raises(ConfigurationError, match="full vocabulary"):
@@ -94,15 +96,20 @@ def test_epsilon_target_calibrates_the_temperature(tiny_lm) -> None:
 
 # ------------------------------------------------------------------------------------------------ pipeline
 def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.methods import prompt_gtr, prompt_stage3
+
     seen: dict[str, list] = {"stage2+3": []}
-    for name in ("choose_exemplars", "release_keywords", "stage3_select", "stage3_prompts", "closest_to_consensus"):
-        original = getattr(pp, name)
+    # every stage-2/3 function the method runs, where it is called from (the method's modules)
+    for module, name in ((prompt_gtr, "choose_exemplars"), (prompt_gtr, "release_keywords"),
+                         (prompt_gtr, "stage3_choices"), (prompt_stage3, "stage3_prompts"),
+                         (prompt_stage3, "closest_to_consensus"), (prompt_gtr, "perplexities")):
+        original = getattr(module, name)
 
         def spy(*args, _original=original, **kwargs):
             seen["stage2+3"].append(repr((args[1:], kwargs)))
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(pp, name, spy)
+        monkeypatch.setattr(module, name, spy)
     lengths: list[int] = []
     from dpinfer.engine import Engine
 

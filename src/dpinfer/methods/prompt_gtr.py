@@ -1,0 +1,202 @@
+"""DP-GTR (Li et al. 2025) after stage 1: the exemplars, the keywords and the final prompt, from the rewrites only.
+
+Stage 2 (post-processing of the released rewrites): the *exemplars* are the rewrites with the lowest perplexity
+under a PUBLIC instruction (:data:`EXEMPLAR_INSTRUCTION`, no private text) among those with at least
+:data:`MIN_CONTENT_WORDS` content words (:func:`choose_exemplars`, one packed forward: :func:`perplexities`); the
+*keywords* are counted over the rewrites and released as the top K (``ndp``) or by the Joint Exponential Mechanism
+(``jem``: :mod:`dpinfer.methods.prompt_keywords`). Stage 3: :mod:`dpinfer.methods.prompt_stage3`.
+
+:class:`GroupTextRewrite` is the ``dp-gtr`` entry of the prompt method table (:mod:`dpinfer.methods.prompt`); the
+pipeline (:func:`dpinfer.protect_prompt`) runs stage 1 and hands it the rewrites, never the prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dpinfer.configs.protect import ProtectConfig
+from dpinfer.defaults import PROTECT
+from dpinfer.methods.prompt_keywords import keyword_counts, top_k_jem, top_k_ndp, words
+from dpinfer.methods.prompt_stage3 import stage3_choices
+
+if TYPE_CHECKING:
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.randomness import RandomSource
+    from dpinfer.models import LM
+
+MIN_CONTENT_WORDS = 3
+
+EXEMPLAR_INSTRUCTION = "Write a short question."
+"""The PUBLIC instruction under which stage 2 scores the rewrites' perplexity (no private text)."""
+
+
+def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]]) -> list[float]:
+    """``exp(mean NLL)`` of each of ``outputs`` after the same ``context`` (float64 log-normaliser); ``inf`` for an
+    empty output.
+
+    ONE pass over the context (its key/value cache shared by every output, its last logits scoring every output's
+    first token), then ONE forward over all outputs packed end to end, without padding: a 4-D additive mask lets each
+    output attend to the context and to its own earlier tokens only, and its position ids restart after the context,
+    so each output's score is what it would be alone (up to float rounding). Only the log-probability of each
+    realised token is formed (``logsumexp − logit``), never a full float64 log-softmax.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
+
+    result = [math.inf] * len(outputs)
+    rows = [(i, list(o)) for i, o in enumerate(outputs) if o]
+    if not rows:
+        return result
+    device = lm.device
+    ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)
+    start = ctx.shape[1]
+    packed = [t for _, o in rows for t in o[:-1]]  # a row's last token predicts nothing
+    with torch.inference_mode():
+        cache = DynamicCache(config=lm.model.config)
+        first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
+                                                         past_key_values=cache)), use_cache=True,
+                         logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
+        first_lse = torch.logsumexp(first, dim=-1)
+        logits = None
+        if packed:
+            n = len(packed)
+            dtype = lm.model.dtype if lm.model.dtype.is_floating_point else torch.float32
+            seen = torch.zeros((n, start + n), dtype=torch.bool)
+            seen[:, :start] = True
+            positions = torch.empty(n, dtype=torch.long)
+            at = 0
+            for _, o in rows:
+                m = len(o) - 1
+                seen[at:at + m, start + at:start + at + m] = torch.ones((m, m), dtype=torch.bool).tril()
+                positions[at:at + m] = torch.arange(start, start + m)
+                at += m
+            mask = torch.where(seen, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)[None, None]
+            logits = lm.model(**_cache_kwargs(lm.model, dict(
+                input_ids=torch.as_tensor([packed], dtype=torch.long, device=device), attention_mask=mask.to(device),
+                position_ids=positions[None].to(device), past_key_values=cache)), use_cache=True).logits[0]
+    at = 0
+    for i, o in rows:
+        toks = torch.as_tensor(o, dtype=torch.long)
+        nll = float(first_lse - first[toks[0]])
+        m = len(o) - 1
+        if m and logits is not None:
+            z = logits[at:at + m].to(torch.float64).cpu()
+            nll += float((torch.logsumexp(z, dim=-1) - z.gather(1, toks[1:, None])[:, 0]).sum())
+        at += m
+        result[i] = math.exp(nll / len(o))
+    return result
+
+
+def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
+                     min_content_words: int = MIN_CONTENT_WORDS) -> list[str]:
+    """Stage 2: the ``k`` rewrites with the lowest perplexity under :data:`EXEMPLAR_INSTRUCTION` (public), best
+    first, among those with at least ``min_content_words`` content words (else among the non-empty ones; ``[""]`` if
+    every rewrite is empty)."""
+    nonempty = [r for r in rewrites if r.strip()]
+    candidates = [r for r in nonempty if len(words(r)) >= min_content_words] or nonempty
+    if not candidates:
+        return [""]
+    context = lm.encode(lm.instruction_prompt(EXEMPLAR_INSTRUCTION))
+    room = max(1, lm.context_window - len(context))
+    scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates])
+    order = sorted(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
+    return [candidates[i] for i in order[:k]]
+
+
+def choose_exemplar(lm: LM, rewrites: Sequence[str], *, min_content_words: int = MIN_CONTENT_WORDS) -> str:
+    """Stage 2: the rewrite with the lowest perplexity (:func:`choose_exemplars` with ``k = 1``)."""
+    return choose_exemplars(lm, rewrites, 1, min_content_words=min_content_words)[0]
+
+
+def release_keywords(rewrites: Sequence[str], *, method: str, k: int, jem_epsilon: float,
+                     generator: RandomSource) -> list[str]:
+    """Stage 2: the keywords of the rewrites, by ``ndp`` (top K as is) or ``jem`` (ε₂ = ``jem_epsilon``)."""
+    counts = keyword_counts(rewrites)
+    if method == "ndp":
+        return top_k_ndp(counts, k)
+    return top_k_jem(counts, k, jem_epsilon, generator)
+
+
+class _TimedEmbedder:
+    """An encoder wrapper that adds the seconds of its ``encode`` calls to ``stages["embedding"]`` (diagnostics)."""
+
+    def __init__(self, embedder: Any, stages: dict[str, float]) -> None:
+        self.embedder, self.stages, self.seconds = embedder, stages, 0.0
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        t = time.perf_counter()
+        out = self.embedder.encode(texts)
+        spent = time.perf_counter() - t
+        self.seconds += spent
+        self.stages["embedding"] = self.stages.get("embedding", 0.0) + spent
+        return out
+
+
+class GroupTextRewrite:
+    """The ``dp-gtr`` method: stages 2 and 3 on each prompt's released rewrites (module docstring)."""
+
+    name = "dp-gtr"
+
+    def __init__(self, config: ProtectConfig) -> None:
+        self.config = config
+
+    @property
+    def rewrites(self) -> int:
+        """Stage 1's rewrites (default :data:`PROTECT.n_rewrites <dpinfer.defaults.PROTECT>`)."""
+        return PROTECT.n_rewrites if self.config.n_rewrites is None else int(self.config.n_rewrites)
+
+    @property
+    def uses_embedder(self) -> bool:
+        """Whether stage 3 picks among several final prompts with a sentence encoder."""
+        return self.config.n_exemplars > 1
+
+    def settings(self) -> dict[str, Any]:
+        """The public settings that apply to this method."""
+        c = self.config
+        return {"n_keywords": c.n_keywords, "keywords": c.keywords,
+                "jem_epsilon": c.jem_epsilon if c.keywords == "jem" else None, "suppress": c.suppress,
+                "n_exemplars": c.n_exemplars}
+
+    def parameters(self) -> dict[str, Any]:
+        """What the guarantee's parameters record of stages 2 and 3 (JEM's ε₂ is post-processing here: not added)."""
+        c = self.config
+        out: dict[str, Any] = {"keywords": c.keywords, "n_keywords": c.n_keywords, "suppress": c.suppress,
+                               "n_exemplars": c.n_exemplars}
+        if c.keywords == "jem":
+            out["jem_epsilon"] = c.jem_epsilon
+            out["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
+                               "post-processing for the headline adjacency, not added to ε")
+        return out
+
+    def finish(self, engine: Engine, lm: LM, rewrites: Sequence[Sequence[str]], sources: Sequence[RandomSource], *,
+               embedder: Any = None, lap: Callable[[str], None] | None = None,
+               stages: dict[str, float] | None = None) -> list[tuple[str, str, list[str]]]:
+        """``(final prompt, the exemplar it was written from, keywords)`` for each prompt's rewrites, each prompt's
+        keyword release drawn from its own source; stage 3 of every prompt in one engine run. ``lap`` / ``stages``:
+        diagnostics only (seconds per stage)."""
+        c = self.config
+        tick = lap or (lambda name: None)
+        groups = []
+        for rw, src in zip(rewrites, sources, strict=True):
+            exemplars = choose_exemplars(lm, rw, c.n_exemplars)
+            tick("ranking")
+            kws = release_keywords(rw, method=c.keywords, k=c.n_keywords, jem_epsilon=c.jem_epsilon, generator=src)
+            tick("stage2")
+            groups.append((exemplars, kws, list(rw)))
+        timed = _TimedEmbedder(embedder, stages) if embedder is not None and stages is not None else embedder
+        chosen = stage3_choices(engine, lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
+                                embedder=timed)
+        tick("stage3")
+        if isinstance(timed, _TimedEmbedder) and stages is not None and "stage3" in stages:
+            stages["stage3"] -= timed.seconds  # the consensus pick's encoder time, counted apart from decoding
+        return [(final, g[0][i], list(g[1])) for (final, i), g in zip(chosen, groups, strict=True)]
+
+
+def build(config: ProtectConfig, runtime: Any = None) -> GroupTextRewrite:
+    """The ``dp-gtr`` entry's builder (:mod:`dpinfer.methods.prompt`)."""
+    return GroupTextRewrite(config)
