@@ -48,7 +48,10 @@ from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import plots
 from dpinfer.bench.data import load_csqa
 from dpinfer.bench.harness import Progress, write_json, write_text
+from dpinfer.checks import int_at_least, positive_number
+from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import PROTECT
+from dpinfer.errors import ConfigurationError
 from dpinfer.eval.intervals import mean_interval, ratio_interval
 
 DESCRIPTION = __doc__
@@ -60,40 +63,8 @@ DEFAULT_TEMPERATURES = (0.25, 0.5, 0.75)
 PERF_TEMPERATURE = 0.5
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", dest="dataset", default="csqa",
-                   help="csqa (default: ../shared/data/csqa/csqa_dev.jsonl) or a CSQA-shaped .jsonl file")
-    p.add_argument("--n", type=int, default=200, help="questions (default 200)")
-    p.add_argument("--temperatures", default=None,
-                   help="comma-separated stage-1 temperatures (default 0.25,0.5,0.75; --perf: its first, default 0.5)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="repeats per τ, fresh noise each (default 3; --perf: 2, the best of them reported)")
-    p.add_argument("--n-rewrites", type=int, default=10, help="DP-GTR stage-1 rewrites (default 10)")
-    p.add_argument("--n-keywords", type=int, default=10, help="keywords K (default 10)")
-    p.add_argument("--jem-epsilon", type=float, default=None, help="ε₂ of JEM (default: the pipeline's, 40)")
-    p.add_argument("--suppress", default=None, choices=["ban", "instruct"],
-                   help="stage 3's keyword suppression (default: the pipeline's, ban)")
-    p.add_argument("--n-exemplars", type=int, default=None,
-                   help="stage-3 final prompts per question, the one closest to the rewrites' consensus released "
-                        "(default: the pipeline's, 5)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="T_max (default 48)")
-    p.add_argument("--delta", type=float, default=1e-5, help="δ (default 1e-5)")
-    p.add_argument("--batch-questions", type=int, default=4,
-                   help="questions decoded together in one engine batch (default 4: 4 × n rows)")
-    p.add_argument("--answer-model", default=None,
-                   help="also answer with this local causal LM (log-likelihood of each choice)")
-    p.add_argument("--perf", action="store_true",
-                   help="latency: one DP-Prompt rewrite, stage 1 alone and the whole DP-GTR release, per stage, in "
-                        "one run")
-    p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the benchmark's noise (default 0)")
-    p.add_argument("--out", default=None, help="folder for gtr.json, gtr.md and gtr.png (default: no files)")
-
-
 # ---------------------------------------------------------------------------------------------------------- data
 def parse_temperatures(text: str) -> list[float]:
-    from dpinfer.errors import ConfigurationError
-
     try:
         values = [float(t) for t in str(text).split(",") if t.strip()]
     except ValueError:
@@ -408,53 +379,59 @@ def perf_markdown(perf: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------- entry
 @dataclass(frozen=True)
-class GtrBenchConfig:
-    """Settings of ``dpinfer bench gtr`` (one field per option; the ``--perf``-dependent defaults resolved)."""
+class GtrBenchConfig(Config):
+    """Settings of ``dpinfer bench gtr`` (one field per option, its ``--help`` with it; the ``--perf``-dependent
+    defaults resolved by :func:`config_from_args`), checked when built."""
 
-    dataset: str = "csqa"
-    n: int = 200
-    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
-    repeats: int = 3
-    n_rewrites: int = 10
-    n_keywords: int = 10
-    jem_epsilon: float = PROTECT.jem_epsilon
-    suppress: str | None = None
-    n_exemplars: int | None = None
-    max_new_tokens: int = 48
-    delta: float = 1e-5
-    batch_questions: int = 4
-    answer_model: str | None = None
-    perf: bool = False
-    model: str | None = None
-    seed: int = 0
-    out: str | None = None
+    dataset: str = option("csqa", flag="--data", help="csqa (default: ../shared/data/csqa/csqa_dev.jsonl) or a "
+                                                      "CSQA-shaped .jsonl file")
+    n: int = option(200, help="questions (default 200)")
+    temperatures: tuple[float, ...] = option(DEFAULT_TEMPERATURES, type=str, help="comma-separated stage-1 "
+                                             "temperatures (default 0.25,0.5,0.75; --perf: its first, default 0.5)")
+    repeats: int = option(3, help="repeats per τ, fresh noise each (default 3; --perf: 2, the best of them reported)")
+    n_rewrites: int = option(PROTECT.n_rewrites, help="DP-GTR stage-1 rewrites (default 10)")
+    n_keywords: int = option(PROTECT.n_keywords, help="keywords K (default 10)")
+    jem_epsilon: float = option(PROTECT.jem_epsilon, help="ε₂ of JEM (default: the pipeline's, 40)")
+    suppress: str | None = option(None, type=str, choices=("ban", "instruct"),
+                                  help="stage 3's keyword suppression (default: the pipeline's, ban)")
+    n_exemplars: int | None = option(None, type=int, help="stage-3 final prompts per question, the one closest to the "
+                                                          "rewrites' consensus released (default: the pipeline's, 5)")
+    max_new_tokens: int = option(PROTECT.max_new_tokens, help="T_max (default 48)")
+    delta: float = option(PROTECT.delta, help="δ (default 1e-5)")
+    batch_questions: int = option(4, help="questions decoded together in one engine batch (default 4: 4 × n rows)")
+    answer_model: str | None = option(None, type=str, help="also answer with this local causal LM (log-likelihood "
+                                                           "of each choice)")
+    perf: bool = option(False, help="latency: one DP-Prompt rewrite, stage 1 alone and the whole DP-GTR release, "
+                                    "per stage, in one run")
+    model: str | None = option(None, type=str, help="model name or local folder (default: embedded SmolLM2-135M)")
+    seed: int = option(0, help="seed of the benchmark's noise (default 0)")
+    out: str | None = option(None, type=str, help="folder for gtr.json, gtr.md and gtr.png (default: no files)")
+
+    def __post_init__(self) -> None:
+        for name in ("repeats", "n_rewrites", "n_keywords", "batch_questions"):
+            int_at_least(getattr(self, name), "--" + name.replace("_", "-"), 1)
+        positive_number(self.jem_epsilon, "--jem-epsilon")
+        if self.perf and self.n_rewrites < 2:
+            raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_options(p, GtrBenchConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> GtrBenchConfig:
     """The config of parsed ``dpinfer bench gtr`` options, checked before any data or model loads."""
-    from dpinfer.errors import ConfigurationError
-    from dpinfer.validation import check_output_path, int_at_least, positive_number
+    from dpinfer.validation import check_output_path
 
-    if args.temperatures is None:
-        temperatures = [PERF_TEMPERATURE] if args.perf else list(DEFAULT_TEMPERATURES)
-    else:
-        temperatures = parse_temperatures(args.temperatures)
-    repeats = args.repeats if args.repeats is not None else (2 if args.perf else 3)
-    int_at_least(repeats, "--repeats", 1)
-    for name in ("n_rewrites", "n_keywords", "batch_questions"):
-        int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 1)
-    jem_epsilon = PROTECT.jem_epsilon if args.jem_epsilon is None else positive_number(args.jem_epsilon,
-                                                                                       "--jem-epsilon")
-    if args.perf and args.n_rewrites < 2:
-        raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        check_output_path(Path(args.out) / "gtr.json")
-    return GtrBenchConfig(
-        dataset=args.dataset, n=args.n, temperatures=tuple(temperatures), repeats=repeats, n_rewrites=args.n_rewrites,
-        n_keywords=args.n_keywords, jem_epsilon=jem_epsilon, suppress=args.suppress, n_exemplars=args.n_exemplars,
-        max_new_tokens=args.max_new_tokens, delta=args.delta, batch_questions=args.batch_questions,
-        answer_model=args.answer_model, perf=args.perf, model=args.model, seed=args.seed, out=args.out)
+    perf = getattr(args, "perf", False)
+    temperatures = (parse_temperatures(args.temperatures) if "temperatures" in args
+                    else [PERF_TEMPERATURE] if perf else list(DEFAULT_TEMPERATURES))
+    c = GtrBenchConfig.from_args(args, temperatures=tuple(temperatures),
+                                 **({} if "repeats" in args or not perf else {"repeats": 2}))
+    if c.out:
+        Path(c.out).mkdir(parents=True, exist_ok=True)
+        check_output_path(Path(c.out) / "gtr.json")
+    return c
 
 
 def run(config: GtrBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
