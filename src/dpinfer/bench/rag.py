@@ -39,6 +39,8 @@ from typing import Any
 
 from dpinfer.bench import plots
 from dpinfer.bench.harness import Progress, parse_list, write_json, write_text
+from dpinfer.configs import Config, add_options, option
+from dpinfer.errors import ConfigurationError
 from dpinfer.eval import intervals
 from dpinfer.methods.rag import TABLE as RAG_TABLE
 
@@ -46,29 +48,6 @@ DESCRIPTION = __doc__
 
 DATASETS = ("medical", "enron")
 ALL_METHODS = (*RAG_TABLE.baselines(), *reversed(RAG_TABLE.mechanisms()))  # the rag method table, pad last
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", dest="dataset", required=True, choices=DATASETS,
-                   help="medical (GenMedGPT dialogues) | enron (AESLC)")
-    p.add_argument("--docs", type=int, default=1000, help="documents in the store (default 1000)")
-    p.add_argument("--attacks", type=int, default=100, help="attack prompts from held-out records (default 100)")
-    p.add_argument("--benign", type=int, default=50, help="benign questions from held-out records (default 50)")
-    p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma-separated methods (default: all)")
-    p.add_argument("--epsilons", default="64,16,4", help="ε per answer for pad, comma-separated (default 64,16,4)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="T_max per answer (default 48)")
-    p.add_argument("--support-top-k", default=None,
-                   help="k of pad's public Top-k+ support, comma-separated for one pad row per (ε, k); 0 = the full "
-                        "vocabulary (default: the pipeline's)")
-    p.add_argument("--theta", type=float, default=None, help="distance-threshold θ (default: the pipeline's 0.9)")
-    p.add_argument("--static-sigma", type=float, default=1.0, help="static noise σ (default 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise (benchmark only; default 0)")
-    p.add_argument("--store", default=None, help="store folder (default: a cache folder per data set and size)")
-    p.add_argument("--out", default=None, help="output prefix (default bench_rag_DATA): .json, .md, .png")
-    p.add_argument("--perf", action="store_true", help="pad vs none tokens/s on the same questions, side by side")
-    p.add_argument("--perf-questions", type=int, default=8, help="questions for --perf (default 8)")
-    p.add_argument("--model", default=None, help="model (default: embedded SmolLM2-135M)")
-    p.add_argument("--device", default=None)
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -272,68 +251,74 @@ def _configs(methods: list[str], epsilons: list[float], theta: float | None, sta
 
 
 @dataclass(frozen=True)
-class RagBenchConfig:
-    """Settings of ``dpinfer bench rag`` (one field per option)."""
+class RagBenchConfig(Config):
+    """Settings of ``dpinfer bench rag`` (one field per option, its ``--help`` with it)."""
 
     data: str = "medical"
-    docs: int = 1000
-    attacks: int = 100
-    benign: int = 50
-    methods: tuple[str, ...] = ALL_METHODS
-    epsilons: tuple[float, ...] = (64.0, 16.0, 4.0)
-    max_new_tokens: int = 48
-    support_top_ks: tuple[int | None, ...] | None = None
-    theta: float | None = None
-    static_sigma: float = 1.0
-    seed: int = 0
-    store: str | None = None
-    out: str | None = None
-    perf: bool = False
-    perf_questions: int = 8
-    model: str | None = None
-    device: str | None = None
+    """``--data``: medical (GenMedGPT dialogues) | enron (AESLC)."""
+    docs: int = option(1000, help="documents in the store (default 1000)")
+    attacks: int = option(100, help="attack prompts from held-out records (default 100)")
+    benign: int = option(50, help="benign questions from held-out records (default 50)")
+    methods: tuple[str, ...] = option(ALL_METHODS, type=str, help="comma-separated methods (default: all)")
+    epsilons: tuple[float, ...] = option((64.0, 16.0, 4.0), type=str,
+                                         help="ε per answer for pad, comma-separated (default 64,16,4)")
+    max_new_tokens: int = option(48, help="T_max per answer (default 48)")
+    support_top_ks: tuple[int | None, ...] | None = option(
+        None, type=str, flag="--support-top-k", help="k of pad's public Top-k+ support, comma-separated for one "
+                                                     "pad row per (ε, k); 0 = the full vocabulary (default: the "
+                                                     "pipeline's)")
+    theta: float | None = option(None, type=float, help="distance-threshold θ (default: the pipeline's 0.9)")
+    static_sigma: float = option(1.0, help="static noise σ (default 1.0)")
+    seed: int = option(0, help="seed of the noise (benchmark only; default 0)")
+    store: str | None = option(None, type=str, help="store folder (default: a cache folder per data set and size)")
+    out: str | None = option(None, type=str, help="output prefix (default bench_rag_DATA): .json, .md, .png")
+    perf: bool = option(False, help="pad vs none tokens/s on the same questions, side by side")
+    perf_questions: int = option(8, help="questions for --perf (default 8)")
+    model: str | None = option(None, type=str, help="model (default: embedded SmolLM2-135M)")
+    device: str | None = option(None, type=str, help="cpu, cuda or cuda:N (default: CUDA when available)")
 
     @property
     def prefix(self) -> Path:
         return Path(self.out or f"bench_rag_{self.data}")
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", dest="dataset", required=True, choices=DATASETS,
+                   help="medical (GenMedGPT dialogues) | enron (AESLC)")
+    add_options(p, RagBenchConfig)
+
+
 def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     """The config of parsed ``dpinfer bench rag`` options, every option checked before any data or model is read."""
-    from dpinfer.errors import ConfigurationError
     from dpinfer.pipelines.rag import METHODS, check_ask_params
     from dpinfer.validation import check_output_path
 
-    methods = tuple(parse_list(args.methods, str, "--methods"))
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigurationError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    epsilons = tuple(parse_list(args.epsilons, float, "--epsilons"))
-    for e in epsilons:
-        check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=args.max_new_tokens, cli=True)
-    support_top_ks = None
-    if args.support_top_k is not None:
-        ks = parse_list(args.support_top_k, int, "--support-top-k")
+    lists: dict[str, Any] = {"data": args.dataset}
+    if "methods" in args:
+        lists["methods"] = tuple(parse_list(args.methods, str, "--methods"))
+        for m in lists["methods"]:
+            if m not in METHODS:
+                raise ConfigurationError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if "epsilons" in args:
+        lists["epsilons"] = tuple(parse_list(args.epsilons, float, "--epsilons"))
+    if getattr(args, "support_top_ks", None) is not None:
+        ks = parse_list(args.support_top_ks, int, "--support-top-k")
         if any(k < 0 for k in ks):
             raise ConfigurationError(f"--support-top-k must be integers ≥ 0 (0 = full vocabulary), got "
-                                     f"{args.support_top_k!r}")
-        support_top_ks = tuple(None if k == 0 else k for k in ks)
+                                     f"{args.support_top_ks!r}")
+        lists["support_top_ks"] = tuple(None if k == 0 else k for k in ks)
+    c = RagBenchConfig.from_args(args, **lists)
+    for e in c.epsilons:
+        check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=c.max_new_tokens, cli=True)
     for name in ("docs", "attacks", "benign", "perf_questions"):
-        if getattr(args, name) < 1:
-            raise ConfigurationError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
-    if args.theta is not None:
-        check_ask_params(mechanism="distance-threshold", theta=args.theta, cli=True)
-    check_ask_params(mechanism="static", static_sigma=args.static_sigma, cli=True)
-    config = RagBenchConfig(
-        data=args.dataset, docs=args.docs, attacks=args.attacks, benign=args.benign, methods=methods, epsilons=epsilons,
-        max_new_tokens=args.max_new_tokens, support_top_ks=support_top_ks, theta=args.theta,
-        static_sigma=args.static_sigma, seed=args.seed,
-        store=args.store, out=args.out, perf=args.perf, perf_questions=args.perf_questions, model=args.model,
-        device=args.device)
-    prefix = config.prefix
-    for suffix in (".perf.json",) if config.perf else (".json", ".md", ".png"):
-        check_output_path(prefix.with_name(prefix.name + suffix), option="--out")
-    return config
+        if getattr(c, name) < 1:
+            raise ConfigurationError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(c, name)}")
+    if c.theta is not None:
+        check_ask_params(mechanism="distance-threshold", theta=c.theta, cli=True)
+    check_ask_params(mechanism="static", static_sigma=c.static_sigma, cli=True)
+    for suffix in (".perf.json",) if c.perf else (".json", ".md", ".png"):
+        check_output_path(c.prefix.with_name(c.prefix.name + suffix), option="--out")
+    return c
 
 
 def run(config: RagBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
