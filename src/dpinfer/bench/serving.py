@@ -49,6 +49,7 @@ from typing import Any
 from dpinfer.bench import speed
 from dpinfer.bench.harness import write_json, write_text
 from dpinfer.bench.speed import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
+from dpinfer.configs import Config, add_options, option
 
 DESCRIPTION = __doc__
 
@@ -88,60 +89,40 @@ BATCH_SIZE = 8
 
 
 @dataclass(frozen=True)
-class ServingBenchConfig:
-    """Settings of ``dpinfer bench serving`` (one field per option; the device-dependent defaults resolved)."""
+class ServingBenchConfig(Config):
+    """Settings of ``dpinfer bench serving`` (one field per option, its ``--help`` with it; the device-dependent
+    defaults resolved by :func:`config_from_args`)."""
 
-    model: str | None = None
-    """Model name or local folder (None: the embedded SmolLM2), unless ``shape``."""
+    model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
     device: str | None = None
     dtype: str | None = None
     shape: str | None = None
-    """A :data:`dpinfer.bench.engine.SHAPES` name: random weights of that shape instead of ``model``."""
-    new_tokens: int = 256
-    prompt_tokens: int = 600
-    corpus_docs: int = 8
-    """Documents of measure 3 (``--corpus-docs``; 64 on CUDA, 8 elsewhere by default)."""
-    repeats: int = 1
-    """Interleaved rounds, median reported (3 on CUDA, 1 elsewhere by default)."""
-    hf_baselines: bool = True
-    out: str | None = None
-    """Folder for ``serving.json`` and ``serving.md`` (None: print only)."""
+    """A :data:`dpinfer.bench.speed.SHAPES` name: random weights of that shape instead of ``model``."""
+    new_tokens: int = option(256, help="tokens generated per release (default 256)")
+    prompt_tokens: int = option(600, help="the document is cut so its prompt has at most this many tokens (default "
+                                          "600)")
+    corpus_docs: int = option(8, help="documents of the corpus measure (default 64 on CUDA, 8 elsewhere)")
+    repeats: int = option(1, help="interleaved rounds, the median is reported (default 3 on CUDA, 1 elsewhere)")
+    hf_baselines: bool = option(True, flag="--hf", help="also time the Hugging Face generate baselines (--no-hf: "
+                                                        "skip them)")
+    out: str | None = option(None, type=str, help="also write serving.json and serving.md into this folder")
     seed: int = 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model name or local folder (default: the embedded SmolLM2)")
+    add_options(p, ServingBenchConfig)
     add_speed_arguments(p, None)
-    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per release (default 256)")
-    p.add_argument("--prompt-tokens", type=int, default=600,
-                   help="the document is cut so its prompt has at most this many tokens (default 600)")
-    p.add_argument("--corpus-docs", type=int, default=None,
-                   help="documents of the corpus measure (default 64 on CUDA, 8 elsewhere)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="interleaved rounds, the median is reported (default 3 on CUDA, 1 elsewhere)")
-    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baselines")
-    p.add_argument("--out", default=None, help="also write serving.json and serving.md into this folder")
 
 
 def config_from_args(args: argparse.Namespace) -> ServingBenchConfig:
     """The config of parsed ``dpinfer bench serving`` options, checked here, before any model loads."""
-    from dpinfer.checks import int_at_least
-    from dpinfer.errors import InvalidInputError
     from dpinfer.models import _pick_device
 
     check_speed_arguments(args, speed_run=True, runs="bench serving")  # shape, model, device, dtype
-    for name in ("new_tokens", "prompt_tokens", "corpus_docs", "repeats"):
-        if getattr(args, name) is not None:
-            int_at_least(getattr(args, name), "--" + name.replace("_", "-"), 1)
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise InvalidInputError(f"--out {args.out} is a file; give a folder")
-    cuda = _pick_device(args.device).type == "cuda"
-    return ServingBenchConfig(
-        model=args.model, device=args.device, dtype=args.dtype, shape=args.shape, new_tokens=args.new_tokens,
-        prompt_tokens=args.prompt_tokens,
-        corpus_docs=args.corpus_docs if args.corpus_docs is not None else (64 if cuda else 8),
-        repeats=args.repeats if args.repeats is not None else (3 if cuda else 1),
-        hf_baselines=not args.no_hf, out=args.out)
+    c = ServingBenchConfig.from_args(args)
+    if _pick_device(c.device).type == "cuda":
+        c = c.replace(**{k: v for k, v in (("corpus_docs", 64), ("repeats", 3)) if k not in args})
+    return c
 
 
 # ---------------------------------------------------------------------------------------------------- the inputs
