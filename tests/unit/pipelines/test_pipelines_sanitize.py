@@ -267,8 +267,12 @@ def test_whole_document_methods_cut_to_a_public_cap_and_say_nothing_about_the_le
 
 def test_release_holds_no_data_dependent_statistic_unless_debug(tiny_lm, tiny_model_dir, tmp_path, capsys):
     """Hole 4: per-step λ and divergences (exact functions of the private content) are not released."""
+    from dpinfer.release import Release, check_release
+
     res = sanitize(DOC, lm=tiny_lm, spans=SPANS, max_new_tokens=6, seed=0, epsilon=30.0)
     out = res.to_dict()
+    assert isinstance(res, Release) and out == res.release() == check_release(res.release())  # public by construction
+    assert {"spans", "prompt_tokens", "seconds"} <= set(res.diagnostics()) and "warning" in res.diagnostics()
 
     def keys(obj):
         if isinstance(obj, dict):
