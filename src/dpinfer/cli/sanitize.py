@@ -21,7 +21,7 @@ from dpinfer.cli.output import (
     show,
     write_failure,
 )
-from dpinfer.configs.sanitize import SanitizeConfig
+from dpinfer.configs.sanitize import ACCOUNTINGS, ADJACENCIES, SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import InvalidInputError
 
@@ -86,9 +86,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sz.add_argument("--no-repeat-ngram", type=int, default=None,
                     help=f"ban repeating any n-gram of the rewrite (public transform; default "
                          f"{show(SANITIZE.no_repeat_ngram)}; 0 = off)")
-    sz.add_argument("--accounting", default=SANITIZE.accounting, choices=["dpinfer", "as_published"],
+    sz.add_argument("--accounting", default=SANITIZE.accounting, choices=ACCOUNTINGS,
                     help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
-    sz.add_argument("--adjacency", default=SANITIZE.adjacency, choices=["replace-by-null", "replace-one"],
+    sz.add_argument("--adjacency", default=SANITIZE.adjacency, choices=ADJACENCIES,
                     help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans replaced by "
                          "placeholders) or replace-one (a group's values swapped for any others; bound enforced at "
                          "order 2α, more noise for the same ε)")
