@@ -8,6 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from dpinfer import models
+from dpinfer.checks import int_at_least
+from dpinfer.cli.budget import add_ledger_options, cli_spend, report_charge
 from dpinfer.cli.output import (
     EXIT_ERROR,
     SEED_HELP,
@@ -16,15 +19,20 @@ from dpinfer.cli.output import (
     add_model_arguments,
     cli_k,
     console,
+    count_progress,
     print_json,
     show,
 )
 from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
+from dpinfer.methods.synthesize import TABLE, check
+from dpinfer.pipelines.jobs import ReleaseDigests, check_rerelease, run_resumable
+from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
+from dpinfer.references import load_references
 
 if TYPE_CHECKING:
-    from dpinfer.pipelines.synth_job import SynthesisOutput
     from dpinfer.pipelines.synthesize import SynthesisPlan, SynthesisResult, SyntheticText
 
 
@@ -77,8 +85,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sy.add_argument("--allow-rerelease", action="store_true",
                     help="resume even when a text line of an unfinished OUT was deleted (refused otherwise: its batch "
                          "would be released a second time, and the privacy loss of its references adds up)")
-    from dpinfer.cli.budget import add_ledger_options
-
     add_ledger_options(sy, "the corpus's unit on the ledger (name it, e.g. yelp-2024); required with a ledger. "
                               "The run is charged once, before the model loads; a resumed run is not charged again")
     sy.set_defaults(func=run)
@@ -96,8 +102,6 @@ def template_arg(args: argparse.Namespace) -> Any:
     """The prompt template: a built-in name, or a :class:`PromptTemplate` read from ``--template-file``."""
     if not args.template_file:
         return args.template
-    from dpinfer.validation import MAX_TEXT_BYTES, input_file
-
     p = input_file(args.template_file, "template")
     if p.stat().st_size > MAX_TEXT_BYTES:
         raise InvalidInputError(f"{p} is too large for a template file")
@@ -116,8 +120,6 @@ def template_arg(args: argparse.Namespace) -> Any:
 def config_of(args: argparse.Namespace) -> SynthConfig:
     """The run's :class:`SynthConfig` from the options (messages name the options; ``--top-k 0`` and
     ``--max-reference-tokens 0`` mean None), with the checks that depend on the method."""
-    from dpinfer.methods.synthesize import check
-
     config = SynthConfig(method=args.method, epsilon=args.epsilon, delta=args.delta, batch_size=args.batch_size,
                          max_new_tokens=args.max_new_tokens, top_k=cli_k(args.top_k, "--top-k"),
                          temperature=args.temperature, prompt_template=args.template, seed=args.seed,
@@ -130,18 +132,11 @@ def config_of(args: argparse.Namespace) -> SynthConfig:
 def run(args: argparse.Namespace) -> int:
     """Every check and refusal (parameters, paths, the corpus, an ``--out`` that is not this run's) before the model
     loads; then the batches not yet in ``--out``, each text appended as its batch finishes (docs/corpus.md)."""
-    from dpinfer.checks import int_at_least
-
     # every parameter and path is checked here, before the corpus is read and before torch or the model loads
     config = config_of(args)
     if args.limit is not None:
         int_at_least(args.limit, "--limit", 1)
-    from dpinfer.io import check_output_path
-    from dpinfer.models import model_name
-    from dpinfer.pipelines.jobs import ReleaseDigests
-    from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
-    from dpinfer.pipelines.synthesize import plan_synthesis
-    from dpinfer.references import load_references
+    from dpinfer.pipelines.synthesize import plan_synthesis  # imports torch: after the checks
 
     if str(args.out).strip() == "-":
         raise ConfigurationError("--out must be a file (texts are appended to it and read back to resume); standard "
@@ -154,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     fields = label_fields(args.label_fields)
     refs = load_references(args.file, text_field=args.text_field, label_fields=fields, limit=args.limit)
     plan = plan_synthesis(refs, config)  # the corpus's size, the template's fields, the calibration: no model yet
-    header = plan.header(model_name(args.model),
+    header = plan.header(models.model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
     return _run_job(args, plan, header, SynthesisOutput(args.out))
 
@@ -165,8 +160,6 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
     model loads."""
     import time
 
-    from dpinfer.cli.output import count_progress
-    from dpinfer.pipelines.jobs import ReleaseDigests, check_rerelease, run_resumable
     from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
 
     digest = plan.partition_sha256()
@@ -186,16 +179,13 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
 
     def generate(todo: Any) -> Any:
         batches = set(todo)
-        from dpinfer.cli.budget import cli_spend, report_charge
-        from dpinfer.models import load_model
-
         # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
         # --out) was charged by the run it resumes
         spend = None if out.done else cli_spend(args, scope="corpus", what="synth")
         if spend is not None:
             spend.settle(plan.guarantee)
         try:
-            lm = load_model(args.model, device=args.device)
+            lm = models.load_model(args.model, device=args.device)
             lm_name.append(lm.name)
             out.start(header, digest)  # the private partition file, then the header line (before any text)
             with count_progress(f"synthesizing ({args.method})", "batches") as progress:
@@ -262,8 +252,6 @@ def print_summary(args: argparse.Namespace, res: SynthesisResult, *, skipped: in
                   torn: int = 0) -> None:
     """What was written (``skipped``: texts an earlier run had written), and the guarantee in words (from the method's
     table entry: its kind of guarantee). No timing: that is a diagnostic (``--debug-stats``)."""
-    from dpinfer.methods.synthesize import TABLE
-
     con = console()
     kind = TABLE.get(args.method).guarantee
     con.print(f"{len(res.texts)} synthetic texts ({res.generated_tokens} tokens, {res.lm_calls_per_token} LM calls "

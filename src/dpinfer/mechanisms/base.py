@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 
+from dpinfer.accounting import Guarantee
 from dpinfer.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from dpinfer.accounting import Guarantee
     from dpinfer.accounting.calibration import Budget, Spec
     from dpinfer.mechanisms.randomness import Randomness
 
@@ -134,6 +134,4 @@ class Mechanism(ABC):
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
-        from dpinfer.accounting import Guarantee
-
         return Guarantee.no_privacy(mechanism=self.name)

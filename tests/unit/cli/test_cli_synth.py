@@ -44,8 +44,24 @@ def test_cli_synth_writes_the_guarantee_and_texts(tiny_model_dir: Path, tmp_path
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["guarantee"]["epsilon"] <= 6.0 and summary["texts"] == 2
+    assert "diagnostics" not in summary and "tokens_per_second" not in json.dumps(summary)  # the release only
     header = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
     assert header["dpinfer"]["settings"]["epsilon"] == 6.0
+
+
+def test_cli_synth_debug_stats_prints_the_diagnostics_never_writes_them(tiny_model_dir: Path, tmp_path: Path,
+                                                                       capsys) -> None:
+    corpus = _write_corpus(tmp_path)
+    out = tmp_path / "out.jsonl"
+    rc = cli_main(["synth", str(corpus), "--text-field", "text", "--label-fields", "cat", "--method", "amin",
+                   "--epsilon", "8", "--batch-size", "2", "--max-new-tokens", "4", "--out", str(out), "--model",
+                   str(tiny_model_dir), "--seed", "0", "--json", "--debug-stats"])
+    assert rc == 0
+    diagnostics = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert "warning" in diagnostics and "tokens_per_second" in diagnostics
+    assert all("private_tokens" in t for t in diagnostics["texts"])
+    written = out.read_text(encoding="utf-8")
+    assert "private_tokens" not in written and "tokens_per_second" not in written and "seconds" not in written
 
 
 @pytest.mark.parametrize(
