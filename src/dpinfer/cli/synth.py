@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -49,26 +50,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sy.add_argument("--label-fields", action="append", metavar="F1,F2",
                     help="public label fields shown in the prompts (e.g. label1,label2 for Yelp); references are "
                          "batched within equal labels")
-    sy.add_argument("--epsilon", type=float, default=None, help="target ε per reference (required but for public)")
-    sy.add_argument("--delta", type=float, default=SYNTH.delta, help=f"δ (default {show(SYNTH.delta)})")
-    sy.add_argument("--batch-size", type=int, default=SYNTH.batch_size,
-                    help=f"B references per text (compute ≈ B + 1 LM calls per token; default {SYNTH.batch_size})")
-    sy.add_argument("--max-new-tokens", type=int, default=SYNTH.max_new_tokens,
-                    help=f"T_max per text (default {SYNTH.max_new_tokens})")
+    add_config_options(sy)
     add_method_argument(sy, "synthesize")
-    sy.add_argument("--top-k", type=int, default=SYNTH.top_k,
-                    help=f"k of Top-k+ (default {show(SYNTH.top_k)}; 0 = full vocabulary)")
-    sy.add_argument("--temperature", type=float, default=SYNTH.temperature,
-                    help=f"τ (default {SYNTH.temperature:.1f})")
     sy.add_argument("--template", default=SYNTH.template, choices=list(TEMPLATES),
                     help=f"built-in prompt pair (default {SYNTH.template}; yelp uses {{label1}} and {{label2}})")
     sy.add_argument("--template-file", default=None,
                     help='JSON {"private": "... {reference} ...", "public": "...", "response_prefix": "..."} '
                          "(the prefix is optional); {field} names a label field")
-    sy.add_argument("--max-texts", type=int, default=None, help="stop after this many texts")
-    sy.add_argument("--max-reference-tokens", type=int, default=SYNTH.max_reference_tokens or 0,
-                    help=f"cut each reference to this many tokens (default {SYNTH.max_reference_tokens or 0}; "
-                         "0 = no cut)")
     sy.add_argument("--limit", type=int, default=None, help="read only the first N records")
     sy.add_argument("--seed", type=int, default=None, help=SEED_HELP)
     add_model_arguments(sy, quantize=False)
@@ -88,6 +76,21 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     add_ledger_options(sy, "the corpus's unit on the ledger (name it, e.g. yelp-2024); required with a ledger. "
                               "The run is charged once, before the model loads; a resumed run is not charged again")
     sy.set_defaults(func=run)
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per :class:`SynthConfig` field declared with ``option(...)`` (its help text, its default; for
+    ``--top-k`` and ``--max-reference-tokens`` 0 stands for None: :func:`config_of` maps it back)."""
+    for f in dataclasses.fields(SynthConfig):
+        if not f.metadata.get("cli"):
+            continue
+        default = 0 if f.default is None and f.name in ZERO_IS_NONE else f.default
+        parser.add_argument("--" + f.name.replace("_", "-"), type=f.metadata.get("type") or type(default),
+                            default=default, help=f.metadata["help"].format(default=show(default)))
+
+
+ZERO_IS_NONE = ("top_k", "max_reference_tokens")
+"""Fields whose option takes 0 for None (the full vocabulary, no cut)."""
 
 
 def label_fields(items: Sequence[str] | None) -> list[str]:

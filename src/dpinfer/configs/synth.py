@@ -23,7 +23,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from dpinfer.checks import check_delta, check_seed, check_temperature, int_at_least, positive_number
-from dpinfer.configs.base import Config
+from dpinfer.configs.base import Config, option
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError
 
@@ -135,23 +135,29 @@ def _namer(cli: bool) -> Any:
 class SynthConfig(Config):
     """Every setting of :func:`dpinfer.synthesize` but the references, the model and the callbacks (the same keywords,
     the same defaults: :data:`dpinfer.defaults.SYNTH`). Built once, checked once (``cli=True``: messages name the
-    command-line options); :meth:`settings` is its public part as written next to a release."""
+    command-line options); :meth:`settings` is its public part as written next to a release. The fields declared with
+    :func:`~dpinfer.configs.base.option` carry the ``--help`` of their ``dpinfer synth`` option."""
 
-    method: str = SYNTH.method
-    epsilon: float | None = None
+    method: str = option(SYNTH.method, cli=False)
+    """A method of :data:`dpinfer.methods.synthesize.TABLE` (``--method``)."""
+    epsilon: float | None = option(None, type=float, help="target ε per reference (required but for public)")
     """Target ε per reference (for ``adapmixed``: the budget of its data-dependent accounting); None only for a
     baseline that reads no reference."""
-    delta: float = SYNTH.delta
-    batch_size: int = SYNTH.batch_size
-    max_new_tokens: int = SYNTH.max_new_tokens
-    top_k: int | None = SYNTH.top_k
-    temperature: float = SYNTH.temperature
+    delta: float = option(SYNTH.delta, help="δ (default {default})")
+    batch_size: int = option(SYNTH.batch_size,
+                             help="B references per text (compute ≈ B + 1 LM calls per token; default {default})")
+    max_new_tokens: int = option(SYNTH.max_new_tokens, help="T_max per text (default {default})")
+    top_k: int | None = option(SYNTH.top_k, type=int, help="k of Top-k+ (default {default}; 0 = full vocabulary)")
+    temperature: float = option(SYNTH.temperature, help="τ (default {default})")
     prompt_template: PromptTemplate | str | None = None
+    """A :class:`PromptTemplate` or a name of :data:`TEMPLATES` (``--template`` / ``--template-file``)."""
     seed: int | None = field(default=None, repr=False)
     """Tests and benchmarks only; never in :meth:`settings` (nor anywhere next to a release)."""
-    max_texts: int | None = None
-    max_reference_tokens: int | None = SYNTH.max_reference_tokens
-    options: Mapping[str, Any] = field(default_factory=dict)
+    max_texts: int | None = option(None, type=int, help="stop after this many texts")
+    max_reference_tokens: int | None = option(SYNTH.max_reference_tokens, type=int,
+                                              help="cut each reference to this many tokens (default {default}; "
+                                                   "0 = no cut)")
+    options: Mapping[str, Any] = option(cli=False, default_factory=dict)
     """Extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``)."""
     cli: InitVar[bool] = False
 
