@@ -160,3 +160,15 @@ class Spec:
     def with_params(self, **params: Any) -> Spec:
         """A copy with ``params`` added or replaced."""
         return Spec(self.max_new_tokens, **{**self.params, **params})
+
+
+def zcdp_rho(loss: PrivacyLoss) -> float:
+    """ρ of a loss that composes in zCDP (an event whose per-step loss is :class:`Zcdp`); anything else is refused
+    (a programming error: its ρ would not mean what the caller reports).
+
+    >>> zcdp_rho(Zcdp(0.25))
+    0.25
+    """
+    if not isinstance(loss, Zcdp):
+        raise TypeError(f"expected a zCDP loss, got {type(loss).__name__}")
+    return loss.rho

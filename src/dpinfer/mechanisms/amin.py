@@ -36,7 +36,7 @@ import torch
 
 from dpinfer.accounting import Guarantee
 from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee, grow_bracket
-from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.calibration import Budget, Spec, zcdp_rho
 from dpinfer.accounting.events import SparseVectorExponentialEvent
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -161,7 +161,7 @@ class AminSVT(Mechanism):
 
     def rho(self, max_new_tokens: int) -> float:
         """The ex-ante zCDP ρ of one text (module docstring)."""
-        return compose_steps(self.loss_event(), self.private_tokens(max_new_tokens)).rho  # type: ignore
+        return zcdp_rho(compose_steps(self.loss_event(), self.private_tokens(max_new_tokens)))
 
     @classmethod
     def calibrated(cls, budget: Budget, spec: Spec) -> AminSVT:

@@ -31,7 +31,7 @@ import torch
 
 from dpinfer.accounting import Guarantee, zcdp_rho_for_target
 from dpinfer.accounting.accountant import compose_steps, ex_ante_guarantee
-from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.calibration import Budget, Spec, zcdp_rho
 from dpinfer.accounting.events import ClippedExponentialEvent
 from dpinfer.checks import check_delta, optional_positive_int, positive_int, positive_number
 from dpinfer.errors import InvalidInputError
@@ -102,7 +102,7 @@ def rho_for_clip_norm(clip_norm: float, *, batch_size: int, temperature: float, 
     0.125
     """
     loss = compose_steps(ClippedExponentialEvent(clip_norm, batch_size, temperature), max_new_tokens)
-    return loss.rho  # type: ignore[attr-defined]
+    return zcdp_rho(loss)
 
 
 class InvisibleInk(Mechanism):
@@ -248,7 +248,7 @@ class InvisibleInk(Mechanism):
 
     def rho(self, max_new_tokens: int) -> float:
         """``ρ = T_max·C²/(2B²τ²)``."""
-        return compose_steps(self.loss_event(), positive_int(max_new_tokens, "max_new_tokens")).rho  # type: ignore
+        return zcdp_rho(compose_steps(self.loss_event(), positive_int(max_new_tokens, "max_new_tokens")))
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP per reference over at most ``T_max`` tokens, converted to (ε, δ); from parameters only."""

@@ -52,7 +52,7 @@ import torch
 
 from dpinfer.accounting import DataDependentSpend, Guarantee, PrivacyLoss, zcdp_rho_for_target
 from dpinfer.accounting.accountant import Adjacency, calibrate_event, compose_steps, ex_ante_guarantee
-from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.calibration import Budget, Spec, zcdp_rho
 from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -271,7 +271,7 @@ class Pad(Mechanism):
 
     def rho(self, max_new_tokens: int) -> float:
         """``ρ = T_max·Δ²/(2σ²)``."""
-        return self.loss(max_new_tokens).rho  # type: ignore[attr-defined]
+        return zcdp_rho(self.loss(max_new_tokens))
 
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """ρ-zCDP for one answer's retrieved context over at most ``T_max`` tokens, converted to (ε, δ)."""
