@@ -269,6 +269,26 @@ class DPFusion(Mechanism):
             adjacency=adjacency, **kw
         )
 
+    def diagnostics(self, steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """DATA-DEPENDENT: per group, the mean λ, the share of steps at λ = 1 and the largest realised divergence,
+        and the per-step λ and divergences (exact functions of the private contexts: never released)."""
+        if not steps:
+            return {}
+        m = self.num_groups
+        lam = torch.tensor([s["lambda"] for s in steps], dtype=torch.float64).reshape(len(steps), m)
+        div = torch.tensor([s["divergence"] for s in steps], dtype=torch.float64).reshape(len(steps), m)
+        finite = div.isfinite()
+        return {
+            "groups": {
+                name: {"mean_lambda": float(lam[:, i].mean()),
+                       "share_lambda_1": float((lam[:, i] >= 1.0).double().mean()),
+                       "max_divergence": float(div[finite[:, i], i].max()) if finite[:, i].any() else None}
+                for i, name in enumerate(self.group_names)
+            },
+            "lambda_per_step": lam.round(decimals=6).tolist(),
+            "divergence_per_step": div.round(decimals=8).tolist(),
+        }
+
     def start(self, num_contexts: int, vocab_size: int) -> None:
         m = self.num_groups
         if num_contexts != m + 1:

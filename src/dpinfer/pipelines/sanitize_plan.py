@@ -23,7 +23,7 @@ from dpinfer.pipelines.sanitize_contexts import (
     prepare_contexts,
     whole_document_cap,
 )
-from dpinfer.pipelines.sanitize_result import SanitizeResult, summarise_steps
+from dpinfer.pipelines.sanitize_result import SanitizeResult
 from dpinfer.runtime import Runtime, resolve_runtime
 from dpinfer.taggers.base import Span
 from dpinfer.taggers.resolve import resolve_group_epsilon, resolve_groups
@@ -82,7 +82,6 @@ class SanitizePlan:
     method: str
     spans: list[Span]
     groups: dict[str, list[str]]
-    group_names: list[str]
     guarantee: Guarantee
     prompt_tokens: int
     settings: dict[str, Any]
@@ -162,16 +161,14 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
               max_new_tokens=t_max, min_new_tokens=min(cfg.min_new_tokens, t_max), seed=cfg.seed,
               processors=processors)
     return SanitizePlan(job=job, lm=model, method=cfg.method, spans=used_spans, groups=group_map,
-                        group_names=prep.group_names, guarantee=guarantee, prompt_tokens=len(prep.original),
+                        guarantee=guarantee, prompt_tokens=len(prep.original),
                         settings=settings, debug=cfg.debug)
 
 
 def finish_sanitize(plan: SanitizePlan, output: EngineOutput, *, seconds: float = 0.0) -> SanitizeResult:
     """The :class:`SanitizeResult` of a planned document (:func:`plan_sanitize`) from its engine output."""
     ids = output.sequences[0]
-    stats: dict[str, Any] = {}
-    if plan.debug and methods.method(plan.method).contexts == "fusion":
-        stats = summarise_steps(output.steps, plan.group_names)
+    stats = plan.job.mechanism.diagnostics(output.steps) if plan.debug else {}  # data-dependent: diagnostics only
     return SanitizeResult(
         text=plan.lm.decode(ids).strip(), guarantee=plan.guarantee, token_ids=list(ids),
         spans=plan.spans, groups=plan.groups, method=plan.method, finish_reason=output.finish_reasons[0],

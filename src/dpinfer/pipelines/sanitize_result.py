@@ -3,12 +3,8 @@ construction and whose :meth:`~SanitizeResult.diagnostics` holds the rest."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from dpinfer.accounting.sanitize_text import (
     guarantee_caveats,
@@ -107,21 +103,3 @@ class SanitizeResult:
         per-step λ and divergences. They reveal the private document: never release them."""
         return {"warning": DEBUG_WARNING, "spans": [s.to_dict() for s in self.spans],
                 "prompt_tokens": self.prompt_tokens, "seconds": round(self.seconds, 3), **self.data_dependent}
-
-
-def summarise_steps(steps: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
-    """Per-group summaries and per-step λ and divergences of a DP-Fusion decoding (data-dependent: diagnostics)."""
-    if not steps or "lambda" not in steps[0]:
-        return {}
-    lam = np.asarray([s["lambda"] for s in steps], dtype=np.float64).reshape(len(steps), -1)
-    div = np.asarray([s.get("divergence", [math.nan] * lam.shape[1]) for s in steps], dtype=np.float64)
-    div = div.reshape(lam.shape)
-    return {
-        "groups": {
-            name: {"mean_lambda": float(lam[:, i].mean()), "share_lambda_1": float((lam[:, i] >= 1.0).mean()),
-                   "max_divergence": float(np.nanmax(div[:, i])) if np.isfinite(div[:, i]).any() else None}
-            for i, name in enumerate(names)
-        },
-        "lambda_per_step": lam.round(6).tolist(),
-        "divergence_per_step": div.round(8).tolist(),
-    }
