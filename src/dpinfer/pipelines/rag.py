@@ -34,6 +34,7 @@ from dpinfer.accounting.ledger import Ledger
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
 from dpinfer.defaults import RAG
+from dpinfer.engine import Engine, EngineJob
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.methods.rag import TABLE
 from dpinfer.pipelines.budget import Spend, start_spend
@@ -42,12 +43,14 @@ from dpinfer.rag.answer import AskPlan, RagAnswer
 from dpinfer.rag.answering import SUMMARY_TOKENS, AnswerMethod
 from dpinfer.rag.documents import TEXT_SUFFIXES, read_documents, read_records
 from dpinfer.rag.prompts import DOC_SLACK, MIN_DOC_TOKENS, RagRows, RagTemplate
+from dpinfer.rag.rerank import rerank
+from dpinfer.rag.store import AddReport, DocumentStore, Hit
+from dpinfer.runtime import Runtime, resolve_runtime
 from dpinfer.validation import check_text
 
 if TYPE_CHECKING:
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
-    from dpinfer.rag.store import AddReport, DocumentStore, Hit
 
 __all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "DOC_SLACK", "METHODS", "MIN_DOC_TOKENS", "STORE_LEDGER",
            "SUMMARY_TOKENS", "TEXT_SUFFIXES", "AskConfig", "AskPlan", "PrivateRAG", "RagAnswer", "RagTemplate",
@@ -141,7 +144,8 @@ class PrivateRAG:
             no ledger (only :meth:`session_guarantee` adds the answers up). A mechanism without a guarantee
             (``none``, ``static``, ...) costs ε = ∞ and is refused by every ledger.
         unit: the store's unit on the ledger (default: see ``ledger``).
-        runtime: the :class:`~dpinfer.runtime.Runtime` whose model and engine answer (``lm`` wins when given).
+        runtime: the :class:`~dpinfer.runtime.Runtime` whose model, engine and embedder answer (default: one on
+            ``lm``, or the process's default runtime; give ``runtime`` or ``lm``, not both).
     """
 
     doc_slack = DOC_SLACK
@@ -150,8 +154,6 @@ class PrivateRAG:
                  top_k: int = RAG.top_k, top_n: int = RAG.top_n, reranker: str | Callable[..., Any] = "maxp",
                  max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None,
                  ledger: Any = STORE_LEDGER, unit: str | None = None, runtime: Any = None) -> None:
-        from dpinfer.rag.store import DocumentStore  # chromadb: an optional dependency
-
         self.top_k = positive_int(top_k, "top_k")
         self.top_n = positive_int(top_n, "top_n")
         if self.top_n > self.top_k:
@@ -161,13 +163,10 @@ class PrivateRAG:
         self.reranker = reranker
         self.max_doc_tokens = positive_int(max_doc_tokens, "max_doc_tokens")
         self.template = template or RagTemplate()
+        self.runtime: Runtime = resolve_runtime(runtime, lm=lm)
         if embedder is None and runtime is not None:
-            embedder = getattr(runtime, "embedder", None)
+            embedder = runtime.embedder
         self.store: DocumentStore = DocumentStore(path, embedder=embedder, create=True)
-        self.runtime = runtime
-        self._lm_arg = lm
-        self._lm: LM | None = None
-        self._engine: Any = None
         self.accountant = PrivacyAccountant()
         """Every answer of this session (this object), composed: :meth:`session_guarantee`."""
         self._ledger_arg = ledger
@@ -201,8 +200,6 @@ class PrivateRAG:
 
     def retrieve(self, question: str) -> list[Hit]:
         """The ``top_n`` documents for ``question``: ``top_k`` by embedding distance, reranked (PRIVATE)."""
-        from dpinfer.rag.rerank import rerank
-
         check_text(question, "the question")
         hits = self.store.query(question, self.top_k)
         return rerank(question, hits, self.top_n, self.store.embed_query, self.reranker)
@@ -210,24 +207,13 @@ class PrivateRAG:
     # ------------------------------------------------------------------ model and rows
     @property
     def lm(self) -> LM:
-        if self._lm is None:
-            from dpinfer.generation import resolve_lm
-
-            given = self._lm_arg if self._lm_arg is not None or self.runtime is None else self.runtime.lm
-            self._lm = resolve_lm(given)
-        return self._lm
+        """The runtime's model (loaded on first use)."""
+        return self.runtime.lm
 
     @property
-    def engine(self) -> Any:
-        if self._engine is None:
-            runtime_engine = getattr(self.runtime, "engine", None) if self._lm_arg is None else None
-            if runtime_engine is not None:
-                self._engine = runtime_engine
-            else:
-                from dpinfer.engine import Engine
-
-                self._engine = Engine(self.lm)
-        return self._engine
+    def engine(self) -> Engine:
+        """The runtime's engine (built on first use)."""
+        return self.runtime.engine
 
     @property
     def rows(self) -> RagRows:
@@ -296,8 +282,6 @@ class PrivateRAG:
 
         Every job gets a PUBLIC padding width (the method's rows; the question's own length for ``public``), so
         that jobs of every method batch in one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call."""
-        from dpinfer.engine import EngineJob
-
         del checked  # the config is checked when it is built
         t0 = time.perf_counter()
         check_text(question, "the question")
