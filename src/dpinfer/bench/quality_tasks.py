@@ -206,7 +206,8 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dic
     rouge = RougeL()
     rows = []
     with tempfile.TemporaryDirectory(prefix="dpinfer-quality-") as tmp:
-        rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb, max_doc_tokens=cfg.max_doc_tokens)
+        rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb, max_doc_tokens=cfg.max_doc_tokens,
+                         ledger=None)  # a measurement, not a release: none and public are asked too
         progress("rag: storing dialogues")
         rag.add([f"Patient: {r['input']}\nDoctor: {r['output']}" for r in recs])
         questions = [r["input"] for r in recs[:cfg.questions]]
