@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from dpinfer.bench.harness import Progress, quiet
 
 
 def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: int, seed: int, repeats: int = 1,
-               progress: Callable[[str], None] | None = None, groups: Mapping[str, Sequence[str]] | None = None,
+               progress: Progress = quiet, groups: Mapping[str, Sequence[str]] | None = None,
                engine: Any = None, one_by_one: bool = True) -> dict[str, Any]:
     """Time ``docs`` (``dpinfer.bench.sanitize.Doc``) one by one and through ``sanitize_many``; the measurements.
 
@@ -40,8 +42,7 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
     opts: dict[str, Any] = {"epsilon": epsilon, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens}
     if groups is not None:
         opts["groups"] = groups
-    if progress:
-        progress("warm-up")
+    progress("warm-up")
     sanitize(docs[0].text, lm=lm, spans=docs[0].spans, seed=seed, epsilon=epsilon, max_new_tokens=4)
     times: dict[str, list[float]] = {"one by one": [], "corpus (sanitize_many)": []} if one_by_one else {
         "corpus (sanitize_many)": []}
@@ -49,8 +50,7 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
     many: dict[str, list[int]] = {}
     errors: list[str] = []
     def run_one_by_one(r: int) -> None:
-        if progress:
-            progress(f"round {r + 1}/{repeats}: one by one")
+        progress(f"round {r + 1}/{repeats}: one by one")
         t0 = time.perf_counter()
         for d in docs:
             res = sanitize(d.text, lm=lm, spans=d.spans, seed=record_seed(seed, d.doc_id), **opts)
@@ -58,8 +58,7 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
         times["one by one"].append(time.perf_counter() - t0)
 
     def corpus(r: int) -> None:
-        if progress:
-            progress(f"round {r + 1}/{repeats}: corpus")
+        progress(f"round {r + 1}/{repeats}: corpus")
         t0 = time.perf_counter()
         records = [Record(d.doc_id, d.text, d.spans) for d in docs]
         for outcome in sanitize_many(records, lm=lm, seed=seed, engine=engine, **opts):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dpinfer.bench.harness import Progress, quiet
 from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's names before the split)
     DEFAULT_DOC,
     INSTRUCTION,
@@ -52,7 +53,7 @@ from dpinfer.errors import ConfigurationError
 DESCRIPTION = __doc__
 
 def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens: int = 256, prompt_tokens: int = 500,
-                     repeats: int = 1, unshared: bool = True, progress: Any = None) -> dict[str, Any]:
+                     repeats: int = 1, unshared: bool = True, progress: Progress = quiet) -> dict[str, Any]:
     """Measure and return ``{"settings": ..., "rows": [...]}`` (see module docstring)."""
     ids = document_prompt_ids(lm, prompt_tokens)
     configs: list[tuple[str, int, bool]] = [("hf generate", 1, True)]
@@ -66,8 +67,7 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
     prefill: dict[str, list[float]] = {c[0]: [] for c in configs}
     for _ in range(repeats):
         for label, k, shared in configs:
-            if progress:
-                progress(label)
+            progress(label)
             if label == "hf generate":
                 times[label].append(time_hf(lm, ids, new_tokens))
             else:
@@ -107,7 +107,7 @@ def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
 
 def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_tokens: int = 64,
                    prompt_tokens: int = 300, repeats: int = 1, compile: bool = False, max_rows: int | None = None,
-                   progress: Any = None) -> dict[str, Any]:
+                   progress: Progress = quiet) -> dict[str, Any]:
     """``--jobs N``: N jobs one by one vs through ``run_jobs`` (see the module docstring); rows per K."""
     import torch
 
@@ -127,8 +127,7 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     extra: dict[str, dict[str, Any]] = {}
 
     def timed(label: str, fn: Callable[[], Any]) -> Any:
-        if progress:
-            progress(label)
+        progress(label)
         sync(lm)
         t0 = time.perf_counter()
         out = fn()
@@ -143,8 +142,7 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     if compile:  # the decode step alone, eager vs compiled, interleaved (S = the jobs' slot count)
         from dpinfer.engine import DEFAULT_MAX_ROWS, bucket_capacity
 
-        if progress:
-            progress("decode step eager vs compiled")
+        progress("decode step eager vs compiled")
         default_rows = DEFAULT_MAX_ROWS.get(torch.device(lm.device).type, DEFAULT_MAX_ROWS["cpu"])
         step_ab = decode_step_ab(lm, slots=min(n_jobs * max(ks), max_rows or default_rows),
                                  capacity=bucket_capacity(max(map(len, prompts)) + new_tokens))
@@ -315,7 +313,7 @@ def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
     return c.replace(**{k: v for k, v in jobs_defaults.items() if k not in args})
 
 
-def run(config: EngineBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: EngineBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """Load the model and measure (:func:`run_engine_bench`, or :func:`run_jobs_bench` with ``jobs``);
     ``progress(stage)`` names each run as it starts."""
     lm = speed_model(config.model, device=config.device, dtype=config.dtype, shape=config.shape)

@@ -47,7 +47,7 @@ from typing import Any
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import plots
 from dpinfer.bench.data import load_csqa
-from dpinfer.bench.harness import Progress, write_json, write_text
+from dpinfer.bench.harness import Progress, quiet, write_json, write_text
 from dpinfer.checks import int_at_least, positive_number
 from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import PROTECT
@@ -132,7 +132,7 @@ class LMAnswerer:
 # ---------------------------------------------------------------------------------------------------------- quality
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
-                seed: int, answerers: list[Any], progress: Any = None, suppress: str | None = None,
+                seed: int, answerers: list[Any], progress: Progress = quiet, suppress: str | None = None,
                 n_exemplars: int | None = None) -> dict[str, Any]:
     from dpinfer.engine import Engine
     from dpinfer.eval.intervals import wilson as wilson_interval
@@ -169,8 +169,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
             source = SeededRandom(seed * 1_000_003 + rep * 7919 + round(tau * 1000))
             for start in range(0, len(records), batch_questions):
                 chunk = list(range(start, min(start + batch_questions, len(records))))
-                if progress:
-                    progress(f"τ={tau:g} repeat {rep + 1}/{repeats} questions {chunk[0] + 1}-{chunk[-1] + 1}")
+                progress(f"τ={tau:g} repeat {rep + 1}/{repeats} questions {chunk[0] + 1}-{chunk[-1] + 1}")
                 # stage 1 of every question of the chunk in one independent-mode batch (rows are independent draws)
                 rows = [ids[i] for i in chunk for _ in range(n_rewrites)]
                 batch_mech = DPPrompt(lo, hi, tau, num_rewrites=len(rows), delta=delta)
@@ -434,7 +433,7 @@ def config_from_args(args: argparse.Namespace) -> GtrBenchConfig:
     return c
 
 
-def run(config: GtrBenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run(config: GtrBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """The quality table (or, with ``perf``, the latency run); ``gtr.json``, ``gtr.md`` (and ``gtr.png``) written
     into ``config.out`` when given; the results with their Markdown (``"markdown"``)."""
     from dpinfer.models import load_model

@@ -32,6 +32,10 @@ Progress = Callable[[str], None]
 """``progress(stage)``: names the stage a benchmark has reached (a spinner on the command line)."""
 
 
+def quiet(stage: str) -> None:
+    """The :data:`Progress` of a run nobody watches: says nothing."""
+
+
 class Bench(Protocol):
     """What ``dpinfer bench NAME`` runs (a module implements it)."""
 
@@ -44,7 +48,7 @@ class Bench(Protocol):
     def config_from_args(self, args: argparse.Namespace) -> Any:
         """The frozen config of the parsed options, every option checked before any model or data loads."""
 
-    def run(self, config: Any, progress: Progress | None = None) -> dict[str, Any]:
+    def run(self, config: Any, progress: Progress = quiet) -> dict[str, Any]:
         """Measure (baselines in the same run), write the files the config asks for, return the results."""
 
     def render(self, results: dict[str, Any]) -> str:

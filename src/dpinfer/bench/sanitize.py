@@ -35,7 +35,7 @@ from typing import Any
 
 from dpinfer.bench import plots, speed
 from dpinfer.bench.data import Doc, load_tab, mention_pool
-from dpinfer.bench.harness import check_choices, parse_list, write_json, write_text
+from dpinfer.bench.harness import Progress, check_choices, parse_list, quiet, write_json, write_text
 from dpinfer.configs import Config, add_options, option
 from dpinfer.errors import ConfigurationError
 from dpinfer.eval.intervals import mean_interval, wilson
@@ -47,7 +47,7 @@ DEFAULT_EPSILONS = (12.0, 20.0, 40.0, 100.0)
 
 
 def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tuple[float, ...],
-                methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Any = None,
+                methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Progress = quiet,
                 decoding: dict[str, Any] | None = None) -> dict[str, Any]:
     from dpinfer.eval.metrics import loss_attack, perplexity, repeated_ngram_share, verbatim_leak_rate
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
@@ -70,8 +70,7 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
         original_ctx = context(doc.text)
         secrets = [doc.text[s.start:s.end] for s in doc.spans]
         for method, eps in runs:
-            if progress:
-                progress(f"doc {di + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
+            progress(f"doc {di + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
             res = sanitize(doc.text, lm=lm, method=method, epsilon=eps, spans=doc.spans,
                            max_new_tokens=max_new_tokens, seed=seed + di, **decoding)
             out_ids = res.token_ids
@@ -150,7 +149,7 @@ def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, A
 
 
 def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
-             progress: Any = None, hf_baselines: bool = True, ms: tuple[int, ...] = (1, 4),
+             progress: Progress = quiet, hf_baselines: bool = True, ms: tuple[int, ...] = (1, 4),
              slot_engine: bool = False) -> dict[str, Any]:
     """DP-Fusion with m privacy groups (``ms``: 1 and 4) vs ``original`` on one document, interleaved, median of
     repeats; with ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache +
@@ -183,22 +182,19 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         for name, groups in configs}
     for name, groups in configs:  # first calls timed apart (the engine's decode step compiles on CUDA)
         times[f"{name} (former path)"] = []
-        if progress:
-            progress(f"{name}, first call")
+        progress(f"{name}, first call")
         first_calls[name] = round(pipeline.sanitize(
             doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).seconds, 3)
     if slot_engine:
         slot_runs = {name: _slot_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
         for name, _ in configs:
             label = f"{name} (run_jobs)"
-            if progress:
-                progress(f"{label}, first call")
+            progress(f"{label}, first call")
             first_calls[label] = round(slot_runs[name][0](), 3)
             times[label] = []
     for _ in range(repeats):
         for name, groups in configs:
-            if progress:
-                progress(name)
+            progress(name)
             res = pipeline.sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion",
                                     groups=groups, **opts)
             assert res.generated_tokens == max_new_tokens
@@ -207,14 +203,12 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                           "path": "engine (sanitize, Engine.step)",
                           "decode_step": steps[name]}
             label = f"{name} (former path)"
-            if progress:
-                progress(label)
+            progress(label)
             times[label].append(former[name]())
             info[label] = {**info[name], "path": "former one-job path (dynamic-cache runner)", "decode_step": "eager"}
             if slot_engine:
                 label = f"{name} (run_jobs)"
-                if progress:
-                    progress(label)
+                progress(label)
                 timer, step = slot_runs[name]
                 times[label].append(timer())
                 info[label] = {**info[name], "path": "slot engine (run_jobs, 1 job)", "decode_step": step}
@@ -225,8 +219,7 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     if hf_baselines:  # the prompt `original` decodes, through transformers' own generate loop
         ids = pipeline.prepare_contexts(lm, doc.text, doc.spans, pipeline.resolve_groups(doc.spans, None),
                                         pipeline.DEFAULT_INSTRUCTION).original
-        if progress:
-            progress("hf generate static+compile (first call: compiles)")
+        progress("hf generate static+compile (first call: compiles)")
         compile_seconds = speed.time_hf(lm, ids, max_new_tokens, compiled=True)
         for label, compiled in (("hf generate eager", False), ("hf generate static+compile", True)):
             times[label] = []
@@ -234,8 +227,7 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                            "decode_step": "compiled" if compiled else "eager"}
             names.append(label)
             for _ in range(repeats):
-                if progress:
-                    progress(label)
+                progress(label)
                 times[label].append(speed.time_hf(lm, ids, max_new_tokens, compiled=compiled))
     base = statistics.median(times["original"])
     rows = []
@@ -423,7 +415,7 @@ def config_from_args(args: argparse.Namespace) -> SanitizeBenchConfig:
     return c
 
 
-def run(config: SanitizeBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: SanitizeBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """Run the quality sweep (or, with ``perf``, the throughput run); write its files into ``config.out``; return
     the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
     from dpinfer.defaults import SANITIZE

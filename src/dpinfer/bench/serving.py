@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import speed
-from dpinfer.bench.harness import write_json, write_text
+from dpinfer.bench.harness import Progress, quiet, write_json, write_text
 from dpinfer.bench.speed import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
 from dpinfer.configs import Config, add_options, option
 
@@ -190,7 +190,7 @@ def _median(xs: list[float]) -> float:
 
 
 def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf_baselines: bool,
-                   progress: Callable[[str], None] | None) -> tuple[dict[str, list[float]], dict[str, Any]]:
+                   progress: Progress) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Measure 1: per-round seconds of each path on the same prompt, and the first calls timed apart."""
     from dpinfer.engine import Engine, EngineJob
     from dpinfer.mechanisms.sampler import Sampler
@@ -222,16 +222,14 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
         paths["hf generate static+compile"] = hf(True)
     paths["engine (Engine.generate)"] = one_job
     paths["slot engine (run_jobs, 1 job)"] = through_slots
-    if progress:
-        progress("1. plain: first calls")
+    progress("1. plain: first calls")
     first["1. slot engine (run_jobs, 1 job)"] = through_slots()
     if hf_baselines:
         first["1. hf generate static+compile"] = hf(True)()
     times: dict[str, list[float]] = {label: [] for label in paths}
     for _ in range(repeats):
         for label, fn in paths.items():
-            if progress:
-                progress(f"1. plain: {label}")
+            progress(f"1. plain: {label}")
             times[label].append(fn())
     return times, {"first_calls": first, "slot_decode_step": speed.slot_decode_step(lm, job())}
 
@@ -256,7 +254,7 @@ def _row(number: int, key: str | None, path: str, decode: str, runs: list[float]
             "value": value, "met": target.met(value) if target and value is not None else None}
 
 
-def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: ServingBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """Load the model and measure the four figures (module docstring) in one run; write ``serving.json`` and
     ``serving.md`` into ``config.out`` when given; return the measurements with their Markdown (``"markdown"``)."""
     import torch
@@ -279,14 +277,12 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
 
     c = config
     load_before = bench.machine_load()
-    if progress:
-        progress("loading the model")
+    progress("loading the model")
     lm = speed.speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
     doc = serving_document(lm, c.prompt_tokens)
     ids = prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None), DEFAULT_INSTRUCTION).original
     n = c.new_tokens
-    if progress:
-        progress("warm-up")
+    progress("warm-up")
     speed.time_engine(lm, ids[:64], 1, 4, True)  # thread pools, allocator, CUDA context: not in the first timed run
 
     # 1. plain, single stream
@@ -296,7 +292,7 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
 
     # 2. DP-Fusion m = 4, one document (dpinfer bench sanitize --perf's run, m = 4 only, plus the slot engine)
     one = bench_sanitize.run_perf(lm, doc, max_new_tokens=n, seed=c.seed, repeats=c.repeats,
-                                  progress=(lambda s: progress(f"2. one document: {s}")) if progress else None,
+                                  progress=lambda s: progress(f"2. one document: {s}"),
                                   hf_baselines=False, ms=(GROUPS,), slot_engine=True)
     first_calls.update({f"2. {k}": v for k, v in one["settings"]["slot_first_call_seconds"].items()})
     info = {r["config"]: r for r in one["rows"]}
@@ -308,15 +304,14 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
     docs = [bench_sanitize.Doc(f"{doc.doc_id}#{i}", doc.text, doc.spans) for i in range(c.corpus_docs)]
     engine = Engine(lm)
     corpus_opts = {"epsilon": SANITIZE.epsilon, "max_new_tokens": n, "min_new_tokens": n, "groups": groups}
-    if progress:
-        progress("3. corpus: first call")
+    progress("3. corpus: first call")
     t0 = time.perf_counter()
     refused = [o.error for o in sanitize_many([Record(d.doc_id, d.text, d.spans) for d in docs], lm=lm,
                                               seed=c.seed, engine=engine, **corpus_opts) if o.error]
     first_calls["3. corpus (sanitize_many)"] = time.perf_counter() - t0
     corpus = bench_corpus.run_corpus(lm, docs, epsilon=SANITIZE.epsilon, max_new_tokens=n, seed=c.seed,
                                      repeats=c.repeats, groups=groups, engine=engine, one_by_one=False,
-                                     progress=(lambda s: progress(f"3. corpus: {s}")) if progress else None)
+                                     progress=lambda s: progress(f"3. corpus: {s}"))
     corpus_job = plan_sanitize(doc.text, lm=lm, spans=doc.spans, groups=groups, max_new_tokens=n, seed=c.seed).job
 
     # 4. InvisibleInk B = 8 vs plain (dpinfer bench synth --perf's run, plus the slot engine)
@@ -327,7 +322,7 @@ def run(config: ServingBenchConfig, progress: Callable[[str], None] | None = Non
                                max_new_tokens=n, template="tab", seed=c.seed, repeats=c.repeats,
                                epsilon=synth_defaults.epsilon, top_k=synth_defaults.top_k,
                                max_reference_tokens=max(1, c.prompt_tokens - overhead), slot_engine=True,
-                               progress=(lambda s: progress(f"4. InvisibleInk: {s}")) if progress else None)
+                               progress=lambda s: progress(f"4. InvisibleInk: {s}"))
     first_calls.update({f"4. {k} (run_jobs)": v for k, v in ink["slot_engine"]["first_call_seconds"].items()})
     load_after = bench.machine_load()
 

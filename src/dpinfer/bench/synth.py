@@ -27,13 +27,12 @@ import argparse
 import math
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import plots, speed
-from dpinfer.bench.harness import parse_list, write_json, write_text
+from dpinfer.bench.harness import Progress, parse_list, quiet, write_json, write_text
 from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError
@@ -62,7 +61,7 @@ def _ppl(lm: Any, context: list[int], text: str, max_tokens: int) -> tuple[float
 def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str, ...],
                 batch_sizes: tuple[int, ...], epsilon: float, delta: float, n_texts: int, max_new_tokens: int,
                 top_k: int | None, temperature: float, template: str, seed: int, mauve_repeats: int,
-                amin_sound: bool, progress: Any = None) -> dict[str, Any]:
+                amin_sound: bool, progress: Progress = quiet) -> dict[str, Any]:
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.methods import is_baseline
     from dpinfer.pipelines.synthesize import TEMPLATES, synthesize
@@ -80,8 +79,7 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
     for method in methods:
         public = is_baseline("synthesize", method)
         for b in (batch_sizes[-1:] if public else batch_sizes):
-            if progress:
-                progress(f"{method} B={b}")
+            progress(f"{method} B={b}")
             options: dict[str, Any] = {}
             if method == "amin" and not amin_sound:
                 options["as_published"] = True
@@ -115,7 +113,7 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
 
 def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, template: str, seed: int,
              repeats: int, epsilon: float, top_k: int | None, max_reference_tokens: int = 512,
-             slot_engine: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             slot_engine: bool = False, progress: Progress = quiet) -> dict[str, Any]:
     """InvisibleInk (B = ``batch_size``) against plain generation (``public``) of the same length on the first batch
     of ``refs``, through the one-job engine (``Engine.generate``), median of ``repeats``. References are cut to
     ``max_reference_tokens`` tokens (the public padding width follows from it).
@@ -154,13 +152,11 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
         return len(res.sequences[0]), time.perf_counter() - t0
 
     for method in slot_engines:  # first calls (compilation on CUDA), timed apart
-        if progress:
-            progress(f"{method} (run_jobs), first call")
+        progress(f"{method} (run_jobs), first call")
         first_calls[method] = round(through_slots(method, 0)[1], 3)
     for r in range(repeats):
         for method in methods:
-            if progress:
-                progress(method)
+            progress(method)
             j = job(method, r)
             t0 = time.perf_counter()
             res = engine.generate(j.contexts, j.mechanism, max_new_tokens=max_new_tokens,
@@ -169,8 +165,7 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
             out[method].append(res.num_generated / dt)
             seconds[method].append(dt)
             if slot_engine:
-                if progress:
-                    progress(f"{method} (run_jobs)")
+                progress(f"{method} (run_jobs)")
                 n, dt = through_slots(method, r)
                 slot_out[method].append(n / dt)
                 slot_seconds[method].append(dt)
@@ -286,7 +281,7 @@ def config_from_args(args: argparse.Namespace) -> SynthBenchConfig:
     return c
 
 
-def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: SynthBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """Run the MAUVE sweep (or, with ``perf``, the throughput run); write its files into ``config.out_dir``; return
     the measurements with their Markdown (``"markdown"``) and plot path (``"plot"``)."""
     import json
@@ -306,8 +301,7 @@ def run(config: SynthBenchConfig, progress: Callable[[str], None] | None = None)
     if len(records) < c.n_private + c.n_real:
         raise ConfigurationError(f"{path.name} has {len(records)} records, fewer than --n-private + --n-real")
     refs, real = records[:c.n_private], records[c.n_private:]
-    if progress:
-        progress("loading the model")
+    progress("loading the model")
     lm = speed.speed_model(c.model, device=c.device, dtype=c.dtype, shape=c.shape)
     out_dir = Path(c.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dpinfer.bench.data import load_tab as tab_documents
-from dpinfer.bench.harness import write_json
+from dpinfer.bench.harness import Progress, quiet, write_json
 from dpinfer.errors import InvalidInputError, MissingDependencyError
 from dpinfer.paths import data_file
 from dpinfer.taggers.base import TAB_LABELS, Tagger
@@ -409,11 +409,10 @@ def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
     return TaggerBenchConfig(taggers=tuple(taggers), datasets=tuple(datasets), n=args.n, json=target)
 
 
-def run(config: TaggerBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(config: TaggerBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """Run every tagger of ``config`` on its datasets (:func:`run_tagger_bench`); with a ``--json PATH``, the results
     are written there (atomically)."""
-    if progress:
-        progress(", ".join(config.taggers))
+    progress(", ".join(config.taggers))
     results = run_tagger_bench(config.taggers, n_tab=config.n, n_synth=config.n, datasets=config.datasets)
     if isinstance(config.json, str) and config.json != "-":
         write_json(config.json, results)
