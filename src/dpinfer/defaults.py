@@ -156,6 +156,10 @@ class ServeDefaults:
     """Budget (δ) of a unit that no admin has set (ten releases at δ = 1e-5)."""
     batch_window_s: float = 0.02
     """How long the batcher waits after the first queued job for others to join the same engine run (public)."""
+    engine_min_capacity: int = 512
+    """Cache positions per row of the server's shared batch, at least (public; its row count is the device's default
+    slot count, whatever the jobs running): a request whose prompt width plus ``T_max`` fits joins the running batch
+    at once; a longer one waits for the batch to drain, which is then planned again for it."""
     tagger: str = "presidio"
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""

@@ -69,7 +69,10 @@ class Service:
         self.model_lock = threading.Lock()
         """Held by the batcher for each engine step, and by anything that runs the model outside the engine."""
         self.plan_lock = threading.Lock()
-        self.batcher = Batcher(Engine(lm), self.model_lock, self.metrics, window=window, batching=batching)
+        # a server's engine: the batch keeps its shapes (slot count, capacity) whatever is running, so that a request
+        # arriving later joins the running batch instead of waiting for it to drain
+        engine = Engine(lm, fixed_rows=True, min_capacity=SERVE.engine_min_capacity)
+        self.batcher = Batcher(engine, self.model_lock, self.metrics, window=window, batching=batching)
         self.engine = SharedEngine(self.batcher)
         self.core = Runtime(lm, self.engine, tagger, embedder)
         self.lm = lm
