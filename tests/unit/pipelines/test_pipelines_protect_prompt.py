@@ -18,6 +18,7 @@ from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
 from dpinfer.methods.prompt_keywords import word_universe, words
 from dpinfer.pipelines import protect_prompt as pp
+from dpinfer.release import check_release
 
 SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
 
@@ -133,6 +134,8 @@ def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
         assert "Zanzibarquux" not in call and "Kettleborough" not in call
     assert lengths[-2:] == [6, 6]  # stage 1 and stage 3 at the fixed T_max (before: the clip calibration, if any)
     d = res.to_dict()
+    assert d == check_release(res.release())  # no timing, seed or input text in the release, at any depth
+    assert {"stage1", "stage3", "total"} <= set(res.diagnostics()["seconds"])
     assert "Zanzibarquux" not in repr(d) and "seed" not in d["settings"]
     assert d["guarantee"]["seeded"] is True
     res2 = pp.protect_prompt(SECRET + " " + SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=2, max_new_tokens=6,
