@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -255,15 +256,16 @@ def _check_questions_args(args: argparse.Namespace) -> None:
 
 def answers_budget(records: Any) -> str:
     """The budget of every answer record given (every answer in OUT: they read the same store, so they compose),
-    composed by the accountant: PAD's ex-ante zCDP loss per answer (from its parameters), converted once at the
-    largest δ; ``public`` answers cost nothing; any answer without a guarantee voids it. A torn answer (part of it
-    was released) keeps its guarantee and counts."""
-    import math
-
-    from dpinfer.accounting import Zcdp, compose
+    composed by one :class:`~dpinfer.accounting.PrivacyAccountant`: each PAD answer is its Gaussian step event
+    (sensitivity and σ from its public parameters) composed ``T_max`` times, converted once at the largest δ;
+    ``public`` answers cost nothing; any answer without a guarantee voids it. A torn answer (part of it was released)
+    keeps its guarantee and counts."""
+    from dpinfer.accounting import Adjacency, NoLossEvent, PrivacyAccountant
     from dpinfer.accounting._format import format_up
+    from dpinfer.accounting.calibration import zcdp_rho
+    from dpinfer.accounting.gaussian import GaussianShiftEvent
 
-    losses, deltas, answers = [], [], 0
+    acc, answers = PrivacyAccountant(), 0
     for rec in records:
         g = rec.get("guarantee")
         if not isinstance(g, dict):
@@ -271,21 +273,24 @@ def answers_budget(records: Any) -> str:
         answers += 1
         mechanism = g.get("mechanism", rec.get("mechanism"))
         if mechanism == "public":
+            acc.compose(NoLossEvent(), adjacency=Adjacency.ANY_TWO_INPUTS, label="public")
             continue
-        params = g.get("parameters") or {}
-        if mechanism != "pad" or "rho" not in params:
+        p = g.get("parameters") or {}
+        if mechanism != "pad" or not {"clip_norm", "sigma", "T_max", "adjacency"} <= set(p):
             return f"{answers} answers in the output; one has no guarantee, so together they have none"
-        losses.append(Zcdp(float(params["rho"])))
-        deltas.append(float(g.get("delta", 1e-5)))
+        adjacency = Adjacency(p["adjacency"])
+        sensitivity = float(p["clip_norm"]) * (2.0 if adjacency is Adjacency.REPLACE_ONE else 1.0)
+        acc.compose(GaussianShiftEvent(sensitivity, float(p["sigma"])), int(p["T_max"]), adjacency=adjacency,
+                    label="pad", delta=float(g.get("delta", 1e-5)))
     if not answers:
         return "no answer in the output yet"
-    if not deltas:
+    if all(e.label == "public" for e in acc.history):
         return f"{answers} answers in the output, all public (ε = 0)"
-    total = compose(*losses)
-    eps = total.to_epsilon(max(deltas))
+    total, delta = acc.loss(), acc.delta()
+    eps = acc.epsilon(delta)
     shown = "∞" if math.isinf(eps) else format_up(eps)
-    return (f"{answers} answers in the output, composed (they read the same store): ρ = {format_up(total.rho)} zCDP, "
-            f"ε ≤ {shown} at δ = {format_up(max(deltas))} for all of them together")
+    return (f"{answers} answers in the output, composed (they read the same store): ρ = "
+            f"{format_up(zcdp_rho(total))} zCDP, ε ≤ {shown} at δ = {format_up(delta)} for all of them together")
 
 
 def _run_ask_questions(args: argparse.Namespace, config: Any) -> int:

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.accounting import Adjacency, Guarantee, PrivacyAccountant
+from dpinfer.accounting import Adjacency, Guarantee, PrivacyAccountant, Zcdp
+from dpinfer.accounting.calibration import zcdp_rho
 from dpinfer.accounting.ledger import Ledger
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
@@ -407,7 +408,9 @@ class PrivateRAG:
         relation = acc.relation()
         where = "any change to the store" if relation is Adjacency.ANY_TWO_INPUTS else str(relation)
         adjacency = f"{where} of {SESSION_ADJACENCY.format(n=n)}"
-        total = acc.loss()
-        return acc.guarantee(mechanism="rag-session", adjacency=adjacency,
-                             parameters={"answers": n, "rho": float(getattr(total, "rho", float("nan")))})
+        loss = acc.loss()
+        parameters: dict[str, Any] = {"answers": n}
+        if isinstance(loss, Zcdp):  # the answers of PAD (and public ones) compose in zCDP
+            parameters["rho"] = zcdp_rho(loss)
+        return acc.guarantee(mechanism="rag-session", adjacency=adjacency, parameters=parameters)
 
