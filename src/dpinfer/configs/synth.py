@@ -196,11 +196,12 @@ class SynthConfig(Config):
         raise ConfigurationError(f"unknown prompt template {t!r}; choose one of {', '.join(TEMPLATES)} or pass a "
                                  "PromptTemplate")
 
-    def settings(self) -> dict[str, Any]:
-        """The public settings in output order, without the model (the pipeline adds it) and never the seed."""
+    def settings(self, model: str | None = None) -> dict[str, Any]:
+        """The public settings in output order (the ``model``'s name after the temperature, when given), never the
+        seed."""
         template = self.template
         return {"epsilon": self.epsilon, "delta": self.delta, "batch_size": self.batch_size,
                 "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "temperature": self.temperature,
-                "max_reference_tokens": self.max_reference_tokens,
+                **({} if model is None else {"model": model}), "max_reference_tokens": self.max_reference_tokens,
                 "prompt_template": next((k for k, v in TEMPLATES.items() if v == template), "custom"),
                 "prompt_template_sha256": template.sha256(), "max_texts": self.max_texts, "options": dict(self.options)}

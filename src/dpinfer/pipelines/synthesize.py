@@ -193,12 +193,7 @@ class SynthesisPlan:
 
     def settings_for(self, model: str) -> dict[str, Any]:
         """:attr:`settings` with the model's name (``lm.name``) after the temperature."""
-        out: dict[str, Any] = {}
-        for key, value in self.settings.items():
-            out[key] = value
-            if key == "temperature":
-                out["model"] = model
-        return out
+        return self.config.settings(model)
 
     def header(self, model: str, extra_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The first line of an output file, without the throughput (timing is a side channel): the guarantee, the
