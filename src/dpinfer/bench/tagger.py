@@ -35,6 +35,7 @@ from typing import Any
 
 from dpinfer.bench.data import load_tab as tab_documents
 from dpinfer.bench.harness import Progress, quiet, write_json
+from dpinfer.configs import Config, add_options, option
 from dpinfer.errors import InvalidInputError, MissingDependencyError
 from dpinfer.paths import data_file
 from dpinfer.taggers.base import TAB_LABELS, Tagger
@@ -345,17 +346,22 @@ examples:
 """
 
 
+@dataclass(frozen=True)
+class TaggerBenchConfig(Config):
+    """Settings of ``dpinfer bench tagger`` (one field per option, its ``--help`` with it)."""
+
+    taggers: tuple[str, ...] = option(("regex", "presidio"), type=str,
+                                      help="comma-separated tagger names (default: regex,presidio)")
+    datasets: tuple[str, ...] = option(DATASETS, type=str,
+                                       help=f"comma-separated datasets (default: {','.join(DATASETS)})")
+    n: int | None = option(None, type=int, help="use only the first N documents of each dataset")
+    json: bool | str | None = None
+    """True or ``"-"``: print JSON instead of Markdown; a path: write the JSON there and print the Markdown."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dpinfer bench tagger``."""
-    parser.add_argument(
-        "--taggers",
-        default="regex,presidio",
-        help="comma-separated tagger names (default: regex,presidio)",
-    )
-    parser.add_argument("--n", type=int, default=None, help="use only the first N documents of each dataset")
-    parser.add_argument(
-        "--datasets", default=",".join(DATASETS), help=f"comma-separated datasets (default: {','.join(DATASETS)})"
-    )
+    add_options(parser, TaggerBenchConfig)
     parser.add_argument(
         "--json",
         nargs="?",
@@ -367,46 +373,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
-class TaggerBenchConfig:
-    """Settings of ``dpinfer bench tagger`` (one field per option)."""
-
-    taggers: tuple[str, ...] = ("regex", "presidio")
-    datasets: tuple[str, ...] = tuple(DATASETS)
-    n: int | None = None
-    """Only the first N documents of each dataset (None: all)."""
-    json: bool | str | None = None
-    """True or ``"-"``: print JSON instead of Markdown; a path: write the JSON there and print the Markdown."""
-
-
-def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """The tagger and dataset names of ``args``, checked (unknown names, --n < 1) without loading any tagger."""
+def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
+    """The config of parsed ``dpinfer bench tagger`` options, checked (tagger and dataset names, --n, a --json PATH
+    that cannot be written) before any tagger loads."""
     from dpinfer.taggers.registry import available_taggers
 
-    taggers = [t.strip() for t in str(args.taggers).split(",") if t.strip()]
-    datasets = [d.strip() for d in str(getattr(args, "datasets", ",".join(DATASETS))).split(",") if d.strip()]
-    if not taggers:
+    lists = {name: tuple(x.strip() for x in str(getattr(args, name)).split(",") if x.strip())
+             for name in ("taggers", "datasets") if name in args}
+    c = TaggerBenchConfig.from_args(args, **lists)
+    if not c.taggers:
         raise InvalidInputError("--taggers is empty; give e.g. --taggers regex,presidio")
-    unknown = [t for t in taggers if t not in available_taggers()]
+    unknown = [t for t in c.taggers if t not in available_taggers()]
     if unknown:
         raise InvalidInputError(f"unknown tagger {unknown[0]!r}; choose from {', '.join(available_taggers())}")
-    if not datasets or any(d not in DATASETS for d in datasets):
+    if not c.datasets or any(d not in DATASETS for d in c.datasets):
         raise InvalidInputError(f"--datasets must be a comma-separated list of {', '.join(DATASETS)}")
-    if args.n is not None and args.n < 1:
+    if c.n is not None and c.n < 1:
         raise InvalidInputError("--n must be >= 1")
-    return taggers, datasets
-
-
-def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
-    """The config of parsed ``dpinfer bench tagger`` options, checked (names, --n, a --json PATH that cannot be
-    written) before any tagger loads."""
-    taggers, datasets = check_args(args)
-    target = getattr(args, "json", None)
-    if isinstance(target, str) and target != "-":
+    if isinstance(c.json, str) and c.json != "-":
         from dpinfer.validation import check_output_path
 
-        check_output_path(target, option="--json")
-    return TaggerBenchConfig(taggers=tuple(taggers), datasets=tuple(datasets), n=args.n, json=target)
+        check_output_path(c.json, option="--json")
+    return c
 
 
 def run(config: TaggerBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
