@@ -6,16 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.release import check_release, with_warning
+
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
     from dpinfer.engine import EngineJob
     from dpinfer.rag.answering import AnswerMethod
     from dpinfer.rag.store import Hit
 
-__all__ = ["DIAGNOSTICS_WARNING", "AskPlan", "RagAnswer"]
-
-DIAGNOSTICS_WARNING = ("computed from the private documents (timing, retrieved ids, data-dependent figures): not a "
-                       "guarantee, never release")
+__all__ = ["AskPlan", "RagAnswer"]
 
 
 @dataclass
@@ -50,13 +49,14 @@ class RagAnswer:
     def release(self) -> dict[str, Any]:
         """The release, public by construction: the text, what is read off it (``tokens``, ``finish_reason``), the
         guarantee and the public settings (never the seed, the question, the documents' ids or the timing)."""
-        return {"text": self.text, "mechanism": self.mechanism, "guarantee": self.guarantee.to_dict(),
-                "settings": dict(self.settings), "tokens": self.tokens, "finish_reason": self.finish_reason}
+        return check_release({"text": self.text, "mechanism": self.mechanism, "guarantee": self.guarantee.to_dict(),
+                              "settings": dict(self.settings), "tokens": self.tokens,
+                              "finish_reason": self.finish_reason})
 
     def diagnostics(self) -> dict[str, Any]:
         """What is computed from the private documents, for the store's owner (``--debug-stats``): never released."""
-        return {"warning": DIAGNOSTICS_WARNING, "doc_ids": list(self.doc_ids), **self.data_dependent,
-                "seconds": round(self.seconds, 3), "generation_seconds": round(self.generation_seconds, 3)}
+        return with_warning({"doc_ids": list(self.doc_ids), **self.data_dependent, "seconds": round(self.seconds, 3),
+                             "generation_seconds": round(self.generation_seconds, 3)})
 
     def to_dict(self, *, doc_ids: bool = False, debug: bool = False) -> dict[str, Any]:
         """:meth:`release`, with ``doc_ids`` and (``debug``) :meth:`diagnostics` under ``data_dependent`` when

@@ -19,6 +19,7 @@ from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.pad import Pad
 from dpinfer.mechanisms.randomness import SeededRandom
 from dpinfer.pipelines.rag import PrivateRAG
+from dpinfer.release import check_release
 from dpinfer.taggers import Span
 
 RELEASE = {"text", "tokens", "finish_reason", "generated_tokens"}
@@ -72,6 +73,7 @@ def test_rag_ask_json_holds_nothing_input_dependent_beyond_the_release(tmp_path,
     one = _ask_json(capsys, a, "I cough at night and wheeze, what is it?", tiny_model_dir, "--mechanism", mechanism)
     two = _ask_json(capsys, b, "Where does Mr Smith live?", tiny_model_dir, "--mechanism", mechanism)
     assert "seconds" not in json.dumps([one, two])  # timing depends on the retrieved documents
+    assert check_release(one) == one and check_release(two) == two  # the printed JSON is the release, as it is
     assert _differences(one, two) == []
     debug = _ask_json(capsys, a, "Why?", tiny_model_dir, "--mechanism", mechanism, "--debug-stats")
     assert "seconds" in debug["diagnostics"] and "warning" in debug["diagnostics"]  # diagnostics only
