@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError
-from dpinfer.eval.embeddings import Embedder, load_embedder, shared_embedder
 from dpinfer.models import LM, default_lm, load_model, model_name
 from dpinfer.taggers import Tagger, get_tagger
 
 if TYPE_CHECKING:
     from dpinfer.engine import Engine
+    from dpinfer.eval.embeddings import Embedder
 
 
 class Runtime:
@@ -156,6 +156,8 @@ class Runtime:
         if self._embedder is None:
             with self._build_lock:
                 if self._embedder is None:
+                    from dpinfer.eval.embeddings import Embedder, load_embedder, shared_embedder  # numpy, on first use
+
                     arg = self._embedder_arg
                     # an object with encode(texts) is an encoder as it is (e.g. a test's stand-in); a str or path
                     # is a model folder

@@ -2,8 +2,9 @@
 ``TYPE_CHECKING`` imports included, since a lazy upward import is still a dependency running back up the layers).
 
 Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
-``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``) → taggers, eval → ``runtime`` →
-pipelines → bench, serve, audit → interfaces (``cli``, the Python API).
+``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``) → taggers, eval, ``clip_bounds``
+→ ``runtime`` → ``jobs`` (the resumable-job loop), pipelines → bench, serve, audit → interfaces (``cli``, the Python
+API).
 """
 
 from __future__ import annotations
@@ -23,21 +24,23 @@ UPPER = ("pipelines", "cli", "bench", "taggers", "eval", "audit", "generation", 
 INTERFACES = ("pipelines", "cli", "bench", "serve", "audit", "api", "generation")
 """What runs a request (pipelines) and what serves one (command line, server, benchmarks, audit, Python API)."""
 
-BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models")
+BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "quantize")
 """Everything above the bottom layer (errors, defaults, checks, io, release)."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "checks.py": BOTTOM,
     "io.py": BOTTOM,
     "release.py": BOTTOM,
-    "configs": (*UPPER, "engine", "models"),
-    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models"),
-    "mechanisms": (*UPPER, "methods", "engine", "models"),
+    "configs": (*UPPER, "engine", "models", "quantize"),
+    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models", "quantize"),
+    "mechanisms": (*UPPER, "methods", "engine", "models", "quantize"),
     "methods": INTERFACES,
     "engine": UPPER,
     "taggers": (*INTERFACES, "runtime"),
     "eval": (*INTERFACES, "runtime"),
     "runtime.py": INTERFACES,
+    "clip_bounds.py": (*INTERFACES, "runtime"),
+    "jobs": (*INTERFACES, "runtime", "engine", "models", "quantize", "taggers", "eval", "validation"),
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 

@@ -1,10 +1,11 @@
 """Corpus mode of a command: ``--corpus IN.jsonl --out OUT.jsonl`` (``dpinfer sanitize --corpus``).
 
 Not a command module: the commands add these options with :func:`add_corpus_arguments` and hand over to
-:func:`run_sanitize_corpus`. Record format, resume semantics and the Ray backend: :mod:`dpinfer.pipelines.corpus`,
-:mod:`dpinfer.pipelines.corpus_ray` and docs/corpus.md. Every refusal (paths, fields, duplicate ids, a file that is
-not JSONL, Ray not installed) comes before the model loads. Standard output stays empty but for ``--json`` (the
-summary); the releases go to ``--out`` only.
+:func:`run_sanitize_corpus`. Record format, resume semantics and the Ray backend: :mod:`dpinfer.jobs.corpus`,
+:mod:`dpinfer.pipelines.corpus_ray` and docs/corpus.md. Each output line is the id and the record's ``release()``
+(:func:`dpinfer.pipelines.corpus.release_record`), never its diagnostics. Every refusal (paths, fields, duplicate
+ids, a file that is not JSONL, Ray not installed) comes before the model loads. Standard output stays empty but for
+``--json`` (the summary); the releases go to ``--out`` only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from dpinfer.errors import ConfigurationError
+from dpinfer.checks import int_at_least
+from dpinfer.cli.budget import ledger_path
+from dpinfer.cli.output import console, print_json
+from dpinfer.defaults import SANITIZE
+from dpinfer.errors import ConfigurationError, LedgerError
+from dpinfer.jobs import check_corpus_paths, id_key, per_record_budget, read_corpus, run_corpus_job
+from dpinfer.pipelines.corpus import release_record
+from dpinfer.runtime import Runtime
+from dpinfer.taggers.base import TAB_LABELS, Span
 
 CHUNK_RECORDS = 256
 """Records planned and handed to one ``Engine.run_jobs`` call at a time by the local backend: enough jobs to keep a
@@ -52,8 +61,6 @@ def add_corpus_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_corpus_args(args: argparse.Namespace) -> None:
     """The corpus options that conflict with the one-document options, checked before anything is read."""
-    from dpinfer.validation import int_at_least
-
     if args.corpus is None:
         for option, value in (("--backend", args.backend != "local"), ("--ray-address", args.ray_address),
                               ("--allow-rerelease", args.allow_rerelease)):
@@ -87,8 +94,6 @@ def record_progress(label: str, total: int, *, interval: float = PLAIN_PROGRESS_
                     ) -> Iterator[Callable[[int, int], None]]:
     """Progress of a corpus job on standard error; yields ``update(done, errors)``. On a terminal: a bar with the
     rate and the ETA. Otherwise: a plain line every ``interval`` seconds (and none for a run shorter than that)."""
-    from dpinfer.cli.output import console
-
     err = console(stderr=True)
     if err.is_terminal:
         from rich.progress import (
@@ -150,10 +155,8 @@ def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: An
 
 def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """``dpinfer sanitize --corpus IN --out OUT``: refusals first, then the records not yet in OUT, appended one by
-    one as they finish (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line on standard error (and the
+    one as they finish (:func:`~dpinfer.jobs.corpus.run_corpus_job`); a summary line on standard error (and the
     summary as JSON with ``--json``)."""
-    from dpinfer.pipelines.corpus import check_corpus_paths, per_record_budget, read_corpus, run_corpus_job
-
     check_corpus_paths(args.corpus, args.out)
     if args.backend == "ray":
         from dpinfer.pipelines.corpus_ray import check_ray
@@ -167,8 +170,6 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
                          allow_rerelease=args.allow_rerelease, progress=_progress("sanitize --corpus"), warn=warn,
                          charge=charge)
     if charge is not None:  # charges a killed run left pending: its released lines committed, its errors dropped
-        from dpinfer.pipelines.corpus import id_key
-
         charge.reconcile([str(id_key(r["id"])) for r in run.held if "error" not in r],
                          [str(id_key(r["id"])) for r in run.held if "error" in r])
     # records whose spans left entity types uncovered, completed by the tagger
@@ -209,8 +210,6 @@ def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: st
     line = f"{run.head(args.out)}; {budget}"
     print(f"dpinfer: {label}: {line}", file=sys.stderr)
     if args.json:
-        from dpinfer.cli.output import print_json
-
         print_json({"done": run.done, "skipped": run.skipped, "errors": run.errors, "out": args.out,
                     "records": records, "out_records": run.out_records, "out_errors": run.out_errors,
                     "summary": line})
@@ -223,14 +222,10 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     takes over the pending charge its killed run left (:class:`~dpinfer.pipelines.budget.LedgerCharges`)."""
     import os
 
-    from dpinfer.accounting.ledger import ApproxDp, Cost
-    from dpinfer.cli.budget import ledger_path
+    from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
     from dpinfer.configs.sanitize import SanitizeConfig
-    from dpinfer.errors import LedgerError
     from dpinfer.pipelines.budget import LedgerCharges, open_ledger
-    from dpinfer.pipelines.corpus import id_key
     from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
-    from dpinfer.taggers.base import TAB_LABELS, Span
 
     ledger = open_ledger(ledger_path(args))
     if ledger is None:
@@ -244,8 +239,6 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     every = resolve_groups([Span(0, 1, label) for label in TAB_LABELS], options.get("groups"))
     bound = estimate_cost(SanitizeConfig(**options), every)
     if bound is None:  # a whole-document mechanism, calibrated to its target
-        from dpinfer.defaults import SANITIZE
-
         bound = Cost.of(ApproxDp(options.get("epsilon") or SANITIZE.epsilon, options["delta"]))
     return LedgerCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
                          unit_of=lambda key: args.unit or ledger.unit_for_text(texts[key]),
@@ -264,20 +257,15 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
                                        batch_size=args.ray_batch_size, actors=args.ray_actors)
         return
-    from dpinfer.engine import Engine
-    from dpinfer.models import load_model
-    from dpinfer.pipelines.corpus import id_key, release_record
     from dpinfer.pipelines.sanitize import sanitize_many
-    from dpinfer.taggers import get_tagger
 
-    # the tagger (when a record has no spans) is built once, before the model loads: a tagger that cannot be built
-    # stops the run here instead of failing every record
+    # one runtime for the run; the tagger (when a record has no spans) is built first, before the model loads: a
+    # tagger that cannot be built stops the run here instead of failing every record
+    runtime = Runtime.from_model(args.model, device=args.device, quantize=args.quantize)
     needed = options.get("tag_uncovered") or any(r.spans is None for r in todo)
-    tg = get_tagger(tagger) if tagger and needed else None
-    lm = load_model(args.model, device=args.device, quantize=args.quantize)
-    engine = Engine(lm)
+    tg = runtime.get_tagger(tagger) if tagger and needed else None
     for start in range(0, len(todo), CHUNK_RECORDS):
         chunk = todo[start:start + CHUNK_RECORDS]
         planned = None if charge is None else (lambda rid, g: charge.settle(str(id_key(rid)), g))
-        for outcome in sanitize_many(chunk, engine=engine, tagger=tg, seed=args.seed, on_planned=planned, **options):
+        for outcome in sanitize_many(chunk, runtime=runtime, tagger=tg, seed=args.seed, on_planned=planned, **options):
             yield release_record(outcome)

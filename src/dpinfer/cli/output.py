@@ -1,4 +1,9 @@
-"""What every command shares: consoles, ``--json`` output, reading a FILE argument, progress displays.
+"""What every command shares: consoles, ``--json`` output, printing a result's release, reading a FILE argument,
+progress displays.
+
+A result is printed through :func:`release_json`: its ``release()`` as it is (public by construction,
+:mod:`dpinfer.release`), and its ``diagnostics()`` only under ``--debug-stats``, under their warning. No command
+deletes keys from a release or patches its strings.
 
 Light on import (no torch, no rich until used): the parser is built on every call.
 """
@@ -13,7 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dpinfer._json import plain
 from dpinfer.errors import InvalidInputError
+from dpinfer.io import MAX_TEXT_BYTES, decode_text, input_file
+from dpinfer.methods import DEFAULT_METHODS, methods_help, task_name
+from dpinfer.release import DIAGNOSTICS_WARNING, Release, check_release, diagnostics_of, release_of
 
 EXIT_ERROR = 2
 """Exit status of every refusal and error (argparse's usage errors use it too)."""
@@ -35,20 +44,47 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    """``obj`` as one indented JSON object on standard output (objects with ``to_dict`` are converted)."""
-    from dpinfer._json import plain
+    """``obj`` as one indented JSON object on standard output (a result is printed as its ``release()``; other
+    objects with ``to_dict`` are converted)."""
 
     def default(o: Any) -> Any:
+        if isinstance(o, Release):
+            return plain(o.release())
         return plain(o.to_dict()) if hasattr(o, "to_dict") else str(o)
 
     sys.stdout.write(json.dumps(plain(obj), indent=2, ensure_ascii=False, default=default) + "\n")
 
 
+def release_json(result: Any, *, debug_stats: bool = False, allow: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What a command prints for ``result``: its ``release()`` (checked: a forbidden key is a bug and refused, see
+    :func:`dpinfer.release.check_release`; ``allow``: a task's public keys that share a forbidden name), plus its
+    ``diagnostics()`` under ``"diagnostics"`` with ``debug_stats`` only (and a warning on standard error)."""
+    out = check_release(release_of(result), allow=allow)
+    if debug_stats:
+        diagnostics = diagnostics_of(result)
+        if diagnostics:
+            print(f"dpinfer: warning: {DIAGNOSTICS_WARNING}", file=sys.stderr)
+            out["diagnostics"] = diagnostics
+    return out
+
+
+def print_release(result: Any, *, debug_stats: bool = False, allow: frozenset[str] = frozenset()) -> None:
+    """:func:`release_json` of ``result`` as one indented JSON object on standard output."""
+    print_json(release_json(result, debug_stats=debug_stats, allow=allow))
+
+
+DEBUG_STATS_HELP = ("also print the result's diagnostics (timings, lengths, per-step statistics): data-dependent, "
+                    "computed from the private input, not covered by the guarantee; never publish them")
+
+
+def add_debug_stats_argument(p: Any, help: str = DEBUG_STATS_HELP) -> None:
+    """``--debug-stats``: print ``diagnostics()`` next to the release (:func:`release_json`)."""
+    p.add_argument("--debug-stats", action="store_true", help=help)
+
+
 def read_text_arg(source: str, what: str = "input") -> str:
     """Text of a FILE argument, or standard input for ``-``; refuses a missing file, a folder, an empty, binary,
     non-UTF-8 or oversized (> 4 MiB) input with a one-line message (sizes and offsets only, never the content)."""
-    from dpinfer.validation import MAX_TEXT_BYTES, decode_text, input_file
-
     limit_mib = MAX_TEXT_BYTES // (1024 * 1024)
     if source == "-":
         data = sys.stdin.buffer.read(MAX_TEXT_BYTES + 1)
@@ -195,9 +231,7 @@ def add_method_argument(p: argparse.ArgumentParser, task: str) -> argparse.Actio
     """``--method`` of a task's command: its methods (registered mechanisms and baselines, from
     :func:`dpinfer.methods.method_names`) are listed in ``--help`` and checked by :mod:`dpinfer.validation`; the parser
     needs ``formatter_class=LazyHelpFormatter``."""
-    from dpinfer.methods import DEFAULT_METHODS, methods_help
-
-    default = DEFAULT_METHODS[task]
+    default = DEFAULT_METHODS[task_name(task)]
     action = p.add_argument("--method", default=default, metavar="METHOD", help=f"the method (default {default})")
     action.lazy_help = lambda: methods_help(task)  # type: ignore[attr-defined]
     return action

@@ -16,7 +16,7 @@ prefill when a job takes it. Every other operation of the step is row-wise for f
 logits come from the full head on its own hidden state. So the public row of every job is bit-for-bit independent of
 every private row in the batch, its own job's and other jobs' (content AND length): ``tests/unit/test_public_row.py``
 checks it with ``torch.equal``. With int8 layers every row has its own quantisation scale
-(:func:`dpinfer.models.quantize_int8`).
+(:func:`dpinfer.quantize.quantize_int8`).
 
 What a seed reproduces
 ----------------------

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.errors import DPInferError, InvalidInputError
+from dpinfer.jobs.corpus import Record
 from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.sanitize_result import SanitizeResult
 from dpinfer.runtime import Runtime, resolve_runtime
@@ -23,18 +24,6 @@ if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
     from dpinfer.engine import Engine
     from dpinfer.models import LM
-
-
-@dataclass(frozen=True)
-class Record:
-    """One document of a corpus for :func:`sanitize_many`: its ``id`` (a string or an integer, unique in the corpus),
-    its ``text`` and its ``spans`` (a list of spans or a spans object in a format
-    :func:`~dpinfer.taggers.resolve.resolve_span_source` accepts, e.g. TAB's ``entity_mentions``; ``None``: the tagger
-    tags it). A string is not accepted as ``spans`` here (it would be read as a file path)."""
-
-    id: str | int
-    text: str
-    spans: Any = None
 
 
 @dataclass

@@ -16,7 +16,6 @@ a TAB type (``CODE``).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -24,10 +23,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-Validator = Callable[[str], "bool | int | None"]
-"""Receives the matched string; returns True (keep), False/None/0 (drop) or a positive int: keep that many
-leading characters (used to trim trailing punctuation or find the longest valid prefix)."""
-
+from dpinfer.taggers.validators import (
+    Validator,
+    iban_prefix,
+    id_ok,
+    ipv6_ok,
+    luhn_ok,
+    numeric_date_ok,
+    phone_ok,
+    trim_url,
+)
 
 # --------------------------------------------------------------------------------------------------------- helpers
 
@@ -100,82 +105,6 @@ def lexicon() -> dict[str, tuple[str, ...]]:
 def _alternation(words: Iterable[str]) -> str:
     """Regex alternation of literal words, longest first (so multi-word entries win)."""
     return "|".join(re.escape(w).replace("\\ ", r"\s+") for w in sorted(set(words), key=lambda w: (-len(w), w)))
-
-
-def _digits(s: str) -> int:
-    return sum(c.isdigit() for c in s)
-
-
-def _luhn_ok(s: str) -> bool:
-    ds = [int(c) for c in s if c.isdigit()]
-    if not 12 <= len(ds) <= 19:
-        return False
-    total = 0
-    for i, d in enumerate(reversed(ds)):
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def _iban_ok(compact: str) -> bool:
-    s = compact.upper()
-    if not 15 <= len(s) <= 34 or not (s[:2].isalpha() and s[2:4].isdigit() and s.isalnum()):
-        return False
-    rearranged = s[4:] + s[:4]
-    try:
-        return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
-    except ValueError:
-        return False
-
-
-def _iban_prefix(s: str) -> int:
-    """Longest prefix of the match (ending on an alphanumeric) that is a valid IBAN."""
-    for end in range(len(s), 14, -1):
-        if not s[end - 1].isalnum():
-            continue
-        if _iban_ok(s[:end].replace(" ", "")):
-            return end
-    return 0
-
-
-def _phone_ok(lo: int, hi: int) -> Validator:
-    return lambda s: lo <= _digits(s) <= hi
-
-
-def _trim_url(s: str) -> int:
-    end = len(s)
-    while end > 0 and s[end - 1] in ".,;:!?)]}'\"":
-        end -= 1
-    return end
-
-
-def _ipv6_ok(s: str) -> bool:
-    if s.count(":") < 2:
-        return False
-    try:
-        ipaddress.IPv6Address(s)
-    except ValueError:
-        return False
-    return True
-
-
-def _numeric_date_ok(s: str) -> bool:
-    parts = re.split(r"[./-]", s)
-    if len(parts) != 3:
-        return False
-    a, b, _ = (int(p) for p in parts)
-    if len(parts[2]) not in (2, 4):
-        return False
-    # D/M/Y or M/D/Y
-    return (1 <= a <= 31 and 1 <= b <= 12) or (1 <= a <= 12 and 1 <= b <= 31)
-
-
-def _id_ok(s: str) -> bool:
-    compact = s.replace("-", "")
-    return len(compact) >= 6 and _digits(compact) >= 2 and any(c.isalpha() for c in compact)
 
 
 # -------------------------------------------------------------------------------------------------------- patterns
@@ -272,21 +201,21 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             0.45,
         ),
         P("us_ssn", "US_SSN", r"(?<![\w\-])\d{3}-\d{2}-\d{4}(?![\w\-])", 0.8),
-        P("credit_card", "CREDIT_CARD", r"(?<![\w\-])\d(?:[ \-]?\d){11,18}(?![\w\-]|[ \-]\d)", 0.9, validator=_luhn_ok),
+        P("credit_card", "CREDIT_CARD", r"(?<![\w\-])\d(?:[ \-]?\d){11,18}(?![\w\-]|[ \-]\d)", 0.9, validator=luhn_ok),
         P(
             "iban",
             "IBAN_CODE",
             r"(?<!\w)[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]{4}){2,7}(?:[ ]?[A-Z0-9]{1,3})?(?!\w)",
             0.9,
             flags=I,
-            validator=_iban_prefix,
+            validator=iban_prefix,
         ),
         P(
             "alnum_id",
             "ID_NUMBER",
             r"(?<![\w\-/.])(?=[A-Z0-9\-]*\d)[A-Z]{0,20}\d[A-Z0-9]{0,40}(?:-[A-Z0-9]{1,20}){0,5}(?![\w\-/]|\.\w)",
             0.5,
-            validator=_id_ok,
+            validator=id_ok,
         ),
         P("long_digits", "ID_NUMBER", r"(?<![\w.,\-/])\d{7,}(?![\w/]|[.,]\d)", 0.5),
         P("dashed_digits", "ID_NUMBER", r"(?<![\w\-/.])\d{2,6}(?:-\d{2,6}){2,4}(?![\w\-/])", 0.5),
@@ -304,7 +233,7 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             r"\b(?:https?://|ftp://|www\d{0,3}\.)[^\s<>\"'()\[\]]{1,2000}",
             0.85,
             flags=I,
-            validator=_trim_url,
+            validator=trim_url,
         ),
         P(
             "domain",
@@ -312,7 +241,7 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             rf"(?<![\w@.\-/])(?:[a-z0-9](?:[a-z0-9\-]{{0,61}}[a-z0-9])?\.){{1,10}}(?:{_TLDS})(?:/[^\s<>\"']{{0,2000}})?(?![\w\-])",
             0.6,
             flags=I,
-            validator=_trim_url,
+            validator=trim_url,
         ),
         P(
             "ipv4",
@@ -320,27 +249,27 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?!\w|\.\d)",
             0.85,
         ),
-        P("ipv6", "IP_ADDRESS", r"(?<![\w:.])[0-9A-Fa-f:]{2,39}(?![\w:])", 0.85, validator=_ipv6_ok),
+        P("ipv6", "IP_ADDRESS", r"(?<![\w:.])[0-9A-Fa-f:]{2,39}(?![\w:])", 0.85, validator=ipv6_ok),
         P(
             "phone_international",
             "PHONE_NUMBER",
             r"(?<![\w+])(?:\+|\b00)\d{1,3}(?:[ .\-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?!\w)",
             0.75,
-            validator=_phone_ok(8, 15),
+            validator=phone_ok(8, 15),
         ),
         P(
             "phone_parens",
             "PHONE_NUMBER",
             r"(?<![\w(])\(\d{2,5}\)[ .\-]?\d{2,4}(?:[ .\-]?\d{2,4}){1,3}(?!\w)",
             0.7,
-            validator=_phone_ok(6, 15),
+            validator=phone_ok(6, 15),
         ),
         P(
             "phone_groups",
             "PHONE_NUMBER",
             r"(?<![\w.\-/+,])\d{2,5}(?:[ .\-]\d{2,4}){2,4}(?!\w|[.\-/,]\d)",
             0.45,
-            validator=_phone_ok(7, 15),
+            validator=phone_ok(7, 15),
         ),
         P("phone_short", "PHONE_NUMBER", r"(?<![\w.\-/+,])\d{3}[ \-]\d{4}(?!\w|[ .\-/,]\d)", 0.4),
         # --- DATETIME
@@ -370,7 +299,7 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             "DATE_TIME",
             r"(?<![\d/.\-])\d{1,2}([./-])\d{1,2}\1(?:\d{4}|\d{2})(?![\d/]|[.\-]\d)",
             0.7,
-            validator=_numeric_date_ok,
+            validator=numeric_date_ok,
         ),
         P("year_range", "DATE_TIME", rf"(?<![\w.,/§£$€]){YEAR}\s*(?:-|–|—|to)\s*{YEAR}", 0.6),
         P("year", "DATE_TIME", rf"(?<![\w.,/§£$€]){YEAR}s?(?![\w/]|[.,]\d)", 0.5),

@@ -1,4 +1,4 @@
-"""One resumable-job loop (dpinfer.pipelines.jobs.run_resumable) for every corpus job, through the CLI on the tiny
+"""One resumable-job loop (dpinfer.jobs.run_resumable) for every corpus job, through the CLI on the tiny
 model: the same SIGKILL / resume / torn-line / deleted-line cases for ``sanitize --corpus``, ``rag ask
 --questions``, ``protect-prompt --prompts`` and ``synth --out``; what a resumed job knows about OUT (ids from another
 input, a text released under another id, the summary counting every record of OUT); ``rag ask --questions``
@@ -19,7 +19,7 @@ import pytest
 
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.cli import main
-from dpinfer.pipelines.jobs import TORN_ERROR, parse_prefix, settle_torn
+from dpinfer.jobs import TORN_ERROR, parse_prefix, settle_torn
 
 RAG_DIR = Path(__file__).parents[1] / "rag"
 SRC = Path(__file__).parents[3] / "src"
@@ -92,7 +92,7 @@ JOBS = {
 
 KILLER = """
 import importlib.util, os, signal, sys
-import dpinfer.pipelines.corpus as corpus, dpinfer.pipelines.jobs as jobs, dpinfer.pipelines.synth_job as synth_job
+import dpinfer.jobs.corpus as corpus, dpinfer.io as jobs, dpinfer.pipelines.synth_job as synth_job
 real, count = jobs.write_line, [0]
 def killing(fd, line):
     real(fd, line)

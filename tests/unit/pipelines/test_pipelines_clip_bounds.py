@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from dpinfer import clip_bounds as cb
 from dpinfer.errors import ConfigurationError, CorruptCacheError
-from dpinfer.pipelines import clip_bounds as cb
 
 
 @pytest.fixture(autouse=True)

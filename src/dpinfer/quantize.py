@@ -1,0 +1,234 @@
+"""Dynamic int8 decoding on CPU (``load_model(..., quantize="int8")``): every ``nn.Linear`` of the decoder gets an
+int8 twin (weights per output channel, each input row quantised with its own scale) that the decode steps call,
+sibling projections fused into one kernel call; prompt processing keeps the float32 layers.
+
+Each input row is quantised with its own scale (:func:`_int8_call`): a row's output reads only that row, never a
+statistic of the batch (rule 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+from dpinfer.errors import ConfigurationError
+
+QUANTIZE_CHOICES = ("int8",)
+"""Accepted ``quantize`` values (None: no quantisation)."""
+
+
+def check_quantize(quantize: str | None, device: Any, dtype: Any) -> None:
+    import torch
+
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_CHOICES:
+        raise ConfigurationError(f"unknown quantize {quantize!r}; accepted values: {', '.join(QUANTIZE_CHOICES)} "
+                                 "(or None for no quantisation)")
+    if device.type != "cpu":
+        raise ConfigurationError(f"quantize={quantize!r} is CPU-only (PyTorch dynamic int8 kernels); on {device.type} "
+                                 "leave quantize unset and use the default bfloat16/float16 weights")
+    if dtype != torch.float32:
+        raise ConfigurationError(f"quantize={quantize!r} needs float32 weights, got dtype {dtype}")
+
+
+#: sibling projections that read the same input tensor (Llama-type attention and gated MLP): their int8 decode twins
+#: are fused into one kernel call per group (:class:`_FusedInt8`)
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class _FusedInt8:
+    """One dynamic int8 linear for sibling projections that read the same input (q/k/v, gate/up).
+
+    The int8 call quantises each input row with its own scale (:func:`_int8_call`) and the weights per output channel,
+    so one call on the concatenated weights gives every sibling exactly the output of its own call (same row scales,
+    same per-channel weight scales, exact int32 accumulation): fewer, larger kernel calls per decode step. The first
+    sibling called with an input computes all outputs; the others take their slice if they are called with the SAME
+    tensor object (identity, not equality), otherwise they recompute. Not a module: the siblings keep their own
+    float32 layers.
+    """
+
+    def __init__(self, qlinear: Any, sizes: list[int], bias: Any = None) -> None:
+        self.int8_call = _int8_call(qlinear, bias)
+        self.sizes = sizes
+        self._last: tuple[Any, tuple[Any, ...]] | None = None
+
+    def output(self, index: int, x: Any) -> Any:
+        last = self._last  # one read: safe if two threads share the model
+        if last is None or last[0] is not x:
+            last = (x, tuple(self.int8_call(x).split(self.sizes, dim=-1)))
+            self._last = last
+        return last[1][index]
+
+
+def _int8_call(qlinear: Any, bias: Any = None) -> Any:
+    """``x ↦ W x + b`` on the int8 weights of ``qlinear`` with ONE ACTIVATION SCALE PER ROW: row ``i`` of the output
+    depends on row ``i`` of ``x`` only, bit for bit, whatever the other rows hold and however many there are.
+
+    PyTorch's dynamic int8 kernel (fbgemm/onednn ``quantized::linear_dynamic``) picks one uint8 scale and zero point
+    per call from the min and max of the WHOLE input (and 0), so a batched call would let one row's values move every
+    other row's rounding (a public row's logits would depend on the private rows stepped with it). Here each row is
+    mapped onto ``[0, 1]`` by its own range, ``x = lo + d · u`` (``u = (x − lo) / d`` is exactly 0 at the row's
+    minimum and exactly 1 at its maximum), and ``qlinear`` carries two extra zero weight columns, fed with ``1`` and
+    ``0`` (range pins, for rows that are constant): the kernel's range is ``[0, 1]`` in every call, so its scale
+    (1/127 with ``reduce_range``) and zero point (0) are constants and every row uses all 128 codes. The output row
+    is ``d · (Wq u) + lo · (Wq 1)`` with the row sums of the int8 weights ``Wq`` (the weights' rounding then applies
+    to ``x`` itself, not to the offset), plus the bias (kept out of ``qlinear``). One kernel call for all rows (the
+    weights are read once), called directly: the same op and arguments as the module's ``forward``
+    (``reduce_range=True``) without its per-call Python checks.
+    """
+    import torch
+
+    op = torch.ops.quantized.linear_dynamic.default
+    if qlinear._packed_params.dtype != torch.qint8 or (qlinear.version or 0) < 4:
+        raise ConfigurationError("int8 quantisation needs torch's qint8 dynamic Linear (module version ≥ 4)")
+    packed = qlinear._packed_params._packed_params
+    row_sums = qlinear.weight().dequantize()[:, :-2].double().sum(1).float()
+    pins: dict[tuple[Any, ...], Any] = {}  # (shape, dtype) -> the (..., 2) block of [1, 0] pins
+
+    def call(x: Any) -> Any:
+        lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+        d = hi.sub_(lo).clamp_min_(1e-30)  # a constant row: u = 0
+        key = (x.shape[:-1], x.dtype)
+        pin = pins.get(key)
+        if pin is None:
+            pin = pins.setdefault(key, torch.tensor([1.0, 0.0], dtype=x.dtype).expand(*x.shape[:-1], 2))
+        y = op(torch.cat([x.sub(lo).div_(d), pin], dim=-1), packed, True).mul_(d).addcmul_(lo, row_sums)
+        return y if bias is None else y.add_(bias)
+
+    return call
+
+
+def _pinned_linear(linear: Any) -> Any:
+    """A bias-free float ``nn.Linear`` with the weights of ``linear`` and two extra zero input columns (the range pins
+    of :func:`_int8_call`), to be quantised."""
+    import torch
+
+    w = linear.weight
+    pinned = torch.nn.Linear(w.shape[1] + 2, w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        pinned.weight.zero_()
+        pinned.weight[:, : w.shape[1]].copy_(w)
+    return pinned
+
+
+@functools.cache
+def _decode_int8_linear_cls() -> type:
+    import torch
+
+    class DecodeInt8Linear(torch.nn.Module):
+        """An ``nn.Linear`` with a dynamic int8 twin: one-position inputs (decode steps, shape ``(..., 1, in)``)
+        use the int8 kernel, longer inputs (prompt processing) the float32 layer.
+
+        The int8 call quantises each row with its own scale (:func:`_int8_call`: rows never share a quantisation
+        scale, so stepping a public row with private rows cannot move its output). Within one row, SmolLM2 (like
+        most LLMs) has a few activation channels hundreds of times larger than the rest at some prompt positions,
+        which would wipe out the resolution of every other token of a prompt chunk quantised with one scale: prompt
+        processing stays float32. ``int8_linear`` is the quantised layer with two extra zero input columns (the
+        range pins of :func:`_int8_call`) and no bias. Siblings that read the same input share one fused int8 call
+        (``fused``, :class:`_FusedInt8`); then ``int8_linear`` is None.
+        """
+
+        def __init__(self, linear: Any, qlinear: Any = None) -> None:
+            super().__init__()
+            self.float_linear = linear
+            self.set_int8(qlinear)
+            self.__dict__["fused"] = None  # (group, index); kept out of the module tree (shared by siblings)
+
+        def set_int8(self, qlinear: Any) -> None:
+            self.int8_linear = qlinear
+            lin = self.float_linear
+            self.__dict__["int8_call"] = (None if qlinear is None  # the kernel, not a module
+                                          else _int8_call(qlinear, None if lin.bias is None else lin.bias.detach()))
+
+        @property
+        def weight(self) -> Any:  # what callers of get_output_embeddings().weight expect
+            return self.float_linear.weight
+
+        @property
+        def in_features(self) -> int:
+            return int(self.float_linear.in_features)
+
+        @property
+        def out_features(self) -> int:
+            return int(self.float_linear.out_features)
+
+        def forward(self, x: Any) -> Any:
+            if x.dim() < 3 or x.shape[-2] == 1:
+                fused = self.__dict__["fused"]
+                if fused is not None:
+                    return fused[0].output(fused[1], x)
+                return self.__dict__["int8_call"](x)
+            return self.float_linear(x)
+
+    return DecodeInt8Linear
+
+
+def _fuse_siblings(model: Any, quantize_one: Any) -> int:
+    """Fuse the int8 decode twins of sibling projections (:data:`FUSED_SIBLINGS`) that share an input; returns the
+    number of fused groups."""
+    import torch
+
+    cls = _decode_int8_linear_cls()
+    groups = 0
+    for parent in model.modules():
+        for names in FUSED_SIBLINGS:
+            mods = [getattr(parent, n, None) for n in names]
+            if not all(type(m) is cls for m in mods):
+                continue
+            lins = [m.float_linear for m in mods]
+            has_bias = {lin.bias is not None for lin in lins}
+            if len({lin.in_features for lin in lins}) != 1 or len(has_bias) != 1:
+                continue
+            big = torch.nn.Linear(lins[0].in_features, sum(lin.out_features for lin in lins), bias=has_bias.pop(),
+                                  device=lins[0].weight.device, dtype=lins[0].weight.dtype)
+            with torch.no_grad():
+                big.weight.copy_(torch.cat([lin.weight for lin in lins]))
+                if big.bias is not None:
+                    big.bias.copy_(torch.cat([lin.bias for lin in lins]))
+            group = _FusedInt8(quantize_one(big), [lin.out_features for lin in lins],
+                               None if big.bias is None else big.bias.detach())
+            for i, m in enumerate(mods):
+                m.set_int8(None)
+                m.__dict__["fused"] = (group, i)
+            groups += 1
+    return groups
+
+
+def quantize_int8(model: Any, *, fuse: bool = True) -> int:
+    """Give every ``nn.Linear`` of ``model`` (lm_head included) a dynamic int8 twin used for decode steps, in place.
+
+    Weights: int8 per output channel (symmetric); activations: uint8 with one scale PER ROW, computed on the fly
+    (PyTorch's fbgemm/onednn dynamic kernel, each row normalised by its own absolute maximum: see
+    :func:`_int8_call`), so every row's output depends on that row only, bit for bit. Inputs with more than one
+    position per row (prompt processing) keep the float32 layer, so the KV cache of the prompt is exactly the float32
+    one. With ``fuse`` (default), sibling projections that read the same input (q/k/v, gate/up) share one int8 call
+    with the same result (:class:`_FusedInt8`). Returns the number of layers.
+    """
+    import torch
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+    from torch.ao.quantization import per_channel_dynamic_qconfig
+
+    cls = _decode_int8_linear_cls()
+
+    def quantize_one(linear: Any) -> Any:
+        pinned = _pinned_linear(linear)  # the bias stays out: added in float32 after the row's rescaling
+        pinned.qconfig = per_channel_dynamic_qconfig
+        return DynamicInt8Linear.from_float(pinned)
+
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) is torch.nn.Linear]
+    with warnings.catch_warnings():
+        # torch.ao.quantization is deprecated in favour of torchao (not a dependency); it still works in torch 2.x
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel",
+                                category=UserWarning)
+        for parent, name, child in targets:
+            setattr(parent, name, cls(child))
+        if fuse:
+            _fuse_siblings(model, quantize_one)
+        for module in model.modules():  # every layer not fused is quantised on its own (each layer once)
+            if type(module) is cls and module.fused is None:
+                module.set_int8(quantize_one(module.float_linear))
+    return len(targets)
