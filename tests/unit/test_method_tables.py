@@ -29,6 +29,9 @@ def test_a_table_lists_the_default_then_mechanisms_then_baselines() -> None:
         t.register(Method("s", "sanitize"))
     with pytest.raises(FrozenInstanceError):
         t.get("m1").name = "y"  # type: ignore[misc]
+    with t.registered(Method("toy", "rag", summary="a toy")):
+        assert "toy" in t and t.names()[-2:] == ["toy", "b"]
+    assert "toy" not in t
 
 
 def test_build_is_resolved_lazily_from_module_callable() -> None:

@@ -219,12 +219,12 @@ def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: st
 def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[str, Any]) -> Any:
     """The per-record charge hook of ``sanitize --corpus`` on ``--ledger`` (None without a ledger): each record
     charges its document's unit (a keyed hash of its text, or ``--unit NAME`` for every record) once; a resumed job
-    takes over the pending charge its killed run left (:class:`~dpinfer.pipelines.budget.LedgerCharges`)."""
+    takes over the pending charge its killed run left (:class:`~dpinfer.accounting.spend.LedgerCharges`)."""
     import os
 
     from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
+    from dpinfer.accounting.spend import LedgerCharges, open_ledger
     from dpinfer.configs.sanitize import SanitizeConfig
-    from dpinfer.pipelines.budget import LedgerCharges, open_ledger
     from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
 
     ledger = open_ledger(ledger_path(args))

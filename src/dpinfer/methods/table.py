@@ -15,6 +15,7 @@ protects, the kind of guarantee, a one-line summary, and its builder, ``build(co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from collections.abc import Callable, Iterable, Iterator
@@ -121,6 +122,15 @@ class MethodTable:
     def unregister(self, name: str) -> None:
         """Remove ``name`` (tests that add a toy method take it out again)."""
         self._entries.pop(name, None)
+
+    @contextlib.contextmanager
+    def registered(self, entry: Method) -> Iterator[Method]:
+        """``entry`` in the table for the length of a ``with`` block (a test's toy method), removed on any exit."""
+        self.register(entry)
+        try:
+            yield entry
+        finally:
+            self.unregister(entry.name)
 
     @property
     def default(self) -> str:
