@@ -156,7 +156,7 @@ class Runtime:
         if self._embedder is None:
             with self._build_lock:
                 if self._embedder is None:
-                    from dpinfer.eval.embeddings import Embedder, load_embedder, shared_embedder  # numpy, on first use
+                    from dpinfer.eval.embeddings import load_embedder, shared_embedder  # numpy, on first use
 
                     arg = self._embedder_arg
                     # an object with encode(texts) is an encoder as it is (e.g. a test's stand-in); a str or path
