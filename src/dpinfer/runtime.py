@@ -29,10 +29,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from dpinfer import taggers
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError
 from dpinfer.models import LM, default_lm, load_model, model_name
-from dpinfer.taggers import Tagger, get_tagger
+from dpinfer.taggers import Tagger
 
 if TYPE_CHECKING:
     from dpinfer.engine import Engine
@@ -141,13 +142,13 @@ class Runtime:
         kept; with options (e.g. ``label_map=``, ``spans=``) a new one is built each call."""
         key = self._tagger_default if name is None else name
         if options:
-            return get_tagger(key, **options)
+            return taggers.get_tagger(key, **options)
         tagger = self._taggers.get(key)
         if tagger is None:
             with self._build_lock:
                 tagger = self._taggers.get(key)
                 if tagger is None:
-                    tagger = self._taggers[key] = get_tagger(key)
+                    tagger = self._taggers[key] = taggers.get_tagger(key)  # the registry's, looked up now
         return tagger
 
     @property

@@ -20,10 +20,12 @@ from typing import Any
 from dpinfer.checks import int_at_least
 from dpinfer.cli.budget import ledger_path
 from dpinfer.cli.output import console, print_json
+from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, LedgerError
 from dpinfer.jobs import check_corpus_paths, id_key, per_record_budget, read_corpus, run_corpus_job
 from dpinfer.pipelines.corpus import release_record
+from dpinfer.pipelines.corpus_ray import check_ray, sanitize_corpus_ray
 from dpinfer.runtime import Runtime
 from dpinfer.taggers.base import TAB_LABELS, Span
 
@@ -159,8 +161,6 @@ def run_sanitize_corpus(args: argparse.Namespace, options: dict[str, Any]) -> in
     summary as JSON with ``--json``)."""
     check_corpus_paths(args.corpus, args.out)
     if args.backend == "ray":
-        from dpinfer.pipelines.corpus_ray import check_ray
-
         check_ray()
     records = read_corpus(args.corpus, id_field=args.id_field, text_field=args.text_field,
                           spans_field=args.spans_field)
@@ -224,8 +224,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
 
     from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
     from dpinfer.accounting.spend import LedgerCharges, open_ledger
-    from dpinfer.configs.sanitize import SanitizeConfig
-    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups
+    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups  # torch: imported when a ledger is used
 
     ledger = open_ledger(ledger_path(args))
     if ledger is None:
@@ -251,13 +250,11 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
     prices each record when it is planned)."""
     tagger = args.tagger
     if args.backend == "ray":
-        from dpinfer.pipelines.corpus_ray import sanitize_corpus_ray
-
         yield from sanitize_corpus_ray(todo, model=args.model, device=args.device, quantize=args.quantize,
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
                                        batch_size=args.ray_batch_size, actors=args.ray_actors)
         return
-    from dpinfer.pipelines.sanitize import sanitize_many
+    from dpinfer.pipelines.sanitize import sanitize_many  # torch: imported when the job runs
 
     # one runtime for the run; the tagger (when a record has no spans) is built first, before the model loads: a
     # tagger that cannot be built stops the run here instead of failing every record

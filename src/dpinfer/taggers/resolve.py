@@ -11,11 +11,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpinfer import taggers
 from dpinfer.checks import is_number
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.taggers.base import TAB_LABELS, Span, Tagger, merge_overlaps, validate_spans
-from dpinfer.taggers.registry import get_tagger
 from dpinfer.taggers.spans import ResolvedSpans, fill_uncovered, load_spans
 
 
@@ -49,7 +49,7 @@ def resolve_span_source(
 
     def build_tagger() -> Tagger:
         kw = {"label_map": label_map} if label_map else {}
-        return tagger if isinstance(tagger, Tagger) else get_tagger(tagger, **kw)
+        return tagger if isinstance(tagger, Tagger) else taggers.get_tagger(tagger, **kw)  # looked up when built
 
     if spans is not None:
         if isinstance(spans, Sequence) and not isinstance(spans, str) and all(isinstance(s, Span) for s in spans):
