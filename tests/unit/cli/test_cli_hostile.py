@@ -339,12 +339,12 @@ def test_synth_output_file_holds_no_timing_and_no_leftovers(corpus, tmp_path, ti
 
 
 def test_a_missing_tagger_back_end_is_refused_before_the_model(doc, no_model, capsys, monkeypatch):
-    import dpinfer.taggers
+    import dpinfer.taggers.resolve
     from dpinfer.errors import MissingDependencyError
 
     def missing(name: str, **kwargs: object) -> None:
         raise MissingDependencyError(f'the {name} tagger needs: pip install "dpinfer[pii]"')
 
-    monkeypatch.setattr(dpinfer.taggers, "get_tagger", missing)
+    monkeypatch.setattr(dpinfer.taggers.resolve, "get_tagger", missing)
     assert "pip install" in _one_line_error(capsys, main(["sanitize", str(doc[0]), "--tagger", "presidio"]))
     assert no_model == []
