@@ -35,7 +35,9 @@ _LAZY = {
     "PrivateRAG": "dpinfer.pipelines.rag",
     "RagAnswer": "dpinfer.pipelines.rag",
     "protect_prompt": "dpinfer.pipelines.protect_prompt",
+    "protect_prompts": "dpinfer.pipelines.protect_prompt",
     "ProtectedPrompt": "dpinfer.pipelines.protect_prompt",
+    "ProtectConfig": "dpinfer.configs.protect",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]
