@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -21,7 +22,7 @@ from dpinfer.cli.output import (
     show,
     write_failure,
 )
-from dpinfer.configs.sanitize import ACCOUNTINGS, ADJACENCIES, SanitizeConfig
+from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import InvalidInputError
 
@@ -49,14 +50,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         formatter_class=LazyHelpFormatter)
     sz.add_argument("file", nargs="?", default=None,
                     help="the document (UTF-8 text), or '-' for standard input (or --corpus IN.jsonl)")
-    sz.add_argument("--epsilon", type=float, default=None,
-                    help=f"target ε per group (default {show(SANITIZE.epsilon)}: a per-group bound "
-                         f"e^{show(SANITIZE.epsilon)} on the odds; see below and docs/threat-model.md)")
     sz.add_argument("--group-epsilon", action="append", metavar="NAME=E",
                     help="ε for one group or label, e.g. --group-epsilon PERSON=10 (repeatable)")
     sz.add_argument("--group", action="append", metavar="NAME=L1,L2",
                     help="merge labels into one group, e.g. --group ID=PERSON,CODE (repeatable)")
-    sz.add_argument("--delta", type=float, default=SANITIZE.delta, help=f"δ (default {show(SANITIZE.delta)})")
     sz.add_argument("--spans", default=None, help="JSON spans file (list of {start, end, label} or TAB "
                                                   "entity_mentions) for THIS document (its text/span_text must "
                                                   "match); overlapping spans are merged. Entity types the file "
@@ -69,31 +66,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="print what the guarantee means in full under its one-sentence summary")
     sz.add_argument("--tagger", default=SANITIZE.tagger, help=f"presidio | regex (default {SANITIZE.tagger})")
     add_method_argument(sz, "sanitize")
-    sz.add_argument("--max-new-tokens", type=int, default=None,
-                    help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
-                         f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
-                         "length is private under theirs)")
-    sz.add_argument("--max-input-tokens", type=int, default=SANITIZE.whole_document_max_input_tokens,
-                    help="dp-decoding and dp-prompt: a public cap on the document; a longer one is cut to its first "
-                         "N tokens, silently (the length is private under their adjacency). Default: all that the "
-                         "context window leaves after the instruction and T_max")
-    sz.add_argument("--alpha", type=float, default=SANITIZE.alpha,
-                    help=f"Rényi order of DP-Fusion's bound (default {show(SANITIZE.alpha)})")
-    sz.add_argument("--temperature", type=float, default=None,
-                    help=f"sampling temperature (default {show(SANITIZE.temperature)})")
-    sz.add_argument("--top-k", type=int, default=None,
-                    help=f"public top-k support (default {show(SANITIZE.top_k)}; 0 = full vocabulary)")
-    sz.add_argument("--no-repeat-ngram", type=int, default=None,
-                    help=f"ban repeating any n-gram of the rewrite (public transform; default "
-                         f"{show(SANITIZE.no_repeat_ngram)}; 0 = off)")
-    sz.add_argument("--accounting", default=SANITIZE.accounting, choices=ACCOUNTINGS,
-                    help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
-    sz.add_argument("--adjacency", default=SANITIZE.adjacency, choices=ADJACENCIES,
-                    help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans replaced by "
-                         "placeholders) or replace-one (a group's values swapped for any others; bound enforced at "
-                         "order 2α, more noise for the same ε)")
-    sz.add_argument("--allow-untagged", action="store_true",
-                    help="rewrite even if no span is given or found (refused by default: nothing would be protected)")
+    add_config_options(sz)
     sz.add_argument("--debug-stats", action="store_true",
                     help="add the DATA-DEPENDENT per-step λ/divergences, spans and timing to --json (they reveal the "
                          "private content: never release them)")
@@ -113,6 +86,28 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
     add_corpus_arguments(sz)
     sz.set_defaults(func=run)
+
+
+CLI_UNSET = ("epsilon", "temperature", "top_k", "no_repeat_ngram")
+"""Config fields whose option defaults to None on the command line (absent: the config's default; 0 = None for
+``--top-k`` and ``--no-repeat-ngram``: :func:`config_of`)."""
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per :class:`~dpinfer.configs.sanitize.SanitizeConfig` field declared with a help text (its help,
+    its default shown, its choices)."""
+    for f in dataclasses.fields(SanitizeConfig):
+        meta = f.metadata
+        if not meta.get("cli"):
+            continue
+        shown = show(f.default) if isinstance(f.default, (int, float)) or f.default is None else f.default
+        flag, text = "--" + f.name.replace("_", "-"), meta["help"].format(default=shown)
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true", help=text)
+            continue
+        extra = {"choices": meta["choices"]} if meta.get("choices") else {}
+        parser.add_argument(flag, type=meta.get("type") or type(f.default), help=text, **extra,
+                            default=None if f.name in CLI_UNSET else f.default)
 
 
 def parse_group_epsilon(items: Sequence[str] | None) -> dict[str, float] | None:

@@ -40,7 +40,7 @@ from dpinfer.checks import (
     one_of,
     positive_number,
 )
-from dpinfer.configs.base import Config
+from dpinfer.configs.base import Config, option
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, InvalidInputError
 
@@ -74,7 +74,8 @@ def _copied_map(value: object, what: str) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class SanitizeConfig(Config):
     """Every setting of :func:`dpinfer.sanitize` except the document, its spans and the runtime (model, engine); the
-    fields are its keyword arguments of the same names. ``cli=True`` (not a field) makes messages name CLI options.
+    fields are its keyword arguments of the same names. ``cli=True`` (not a field) makes messages name CLI options;
+    the fields declared with a help text are the options of ``dpinfer sanitize`` (:mod:`dpinfer.cli.sanitize`).
 
     Attributes:
         method: ``dp-fusion`` | ``original`` | ``ner-scrub`` | ``dp-decoding`` | ``dp-prompt``
@@ -128,28 +129,45 @@ class SanitizeConfig(Config):
     and ``group_epsilon`` for the groups that matter most; the worst group's ε is the headline.
     """
 
-    method: str = SANITIZE.method
-    epsilon: float = SANITIZE.epsilon
-    group_epsilon: Mapping[str, float] | None = None
-    delta: float = SANITIZE.delta
-    tagger: Any = SANITIZE.tagger
-    groups: Mapping[str, Sequence[str]] | None = None
-    instruction: str | None = None
-    max_new_tokens: int | None = None
-    alpha: float = SANITIZE.alpha
-    temperature: float = SANITIZE.temperature
-    top_k: int | None = SANITIZE.top_k
-    seed: int | None = None
-    accounting: str = SANITIZE.accounting
-    adjacency: str = SANITIZE.adjacency
-    label_map: Mapping[str, str | None] | None = None
-    min_new_tokens: int = 0
-    no_repeat_ngram: int | None = SANITIZE.no_repeat_ngram
-    max_input_tokens: int | None = SANITIZE.whole_document_max_input_tokens
-    min_p: float | None = SANITIZE.min_p
-    allow_untagged: bool = False
-    tag_uncovered: bool = False
-    debug: bool = False
+    method: str = option(SANITIZE.method, cli=False)
+    epsilon: float = option(SANITIZE.epsilon, type=float,
+                            help="target ε per group (default {default}: a per-group bound e^{default} on the odds; "
+                                 "see below and docs/threat-model.md)")
+    group_epsilon: Mapping[str, float] | None = option(None, cli=False)
+    delta: float = option(SANITIZE.delta, help="δ (default {default})")
+    tagger: Any = SANITIZE.tagger  # a name or a Tagger (--tagger is the command's own option)
+    groups: Mapping[str, Sequence[str]] | None = option(None, cli=False)
+    instruction: str | None = option(None, cli=False)
+    max_new_tokens: int | None = option(
+        None, type=int, help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
+                             f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
+                             "length is private under theirs)")
+    alpha: float = option(SANITIZE.alpha, help="Rényi order of DP-Fusion's bound (default {default})")
+    temperature: float = option(SANITIZE.temperature, help="sampling temperature (default {default})")
+    top_k: int | None = option(SANITIZE.top_k, type=int,
+                               help="public top-k support (default {default}; 0 = full vocabulary)")
+    seed: int | None = option(None, cli=False)
+    accounting: str = option(SANITIZE.accounting, choices=ACCOUNTINGS,
+                             help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
+    adjacency: str = option(SANITIZE.adjacency, choices=ADJACENCIES,
+                            help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans "
+                                 "replaced by placeholders) or replace-one (a group's values swapped for any others; "
+                                 "bound enforced at order 2α, more noise for the same ε)")
+    label_map: Mapping[str, str | None] | None = option(None, cli=False)
+    min_new_tokens: int = option(0, cli=False)
+    no_repeat_ngram: int | None = option(SANITIZE.no_repeat_ngram, type=int,
+                                         help="ban repeating any n-gram of the rewrite (public transform; default "
+                                              "{default}; 0 = off)")
+    max_input_tokens: int | None = option(
+        SANITIZE.whole_document_max_input_tokens, type=int,
+        help="dp-decoding and dp-prompt: a public cap on the document; a longer one is cut to its first N tokens, "
+             "silently (the length is private under their adjacency). Default: all that the context window leaves "
+             "after the instruction and T_max")
+    min_p: float | None = option(SANITIZE.min_p, cli=False)
+    allow_untagged: bool = option(False, help="rewrite even if no span is given or found (refused by default: "
+                                              "nothing would be protected)")
+    tag_uncovered: bool = option(False, cli=False)
+    debug: bool = option(False, cli=False)
     cli: InitVar[bool] = False
 
     def __post_init__(self, cli: bool) -> None:
