@@ -22,7 +22,7 @@ One run, one table. Every row decodes with the SAME model; per task:
   no-privacy method of its own): MAUVE to held-out reviews and the on-topic share (MiniLM cosine ≥ 0.30 to the
   nearest held-out review).
 
-``--settings previous,current`` runs sanitize and rag under the defaults before the quality work (no min-p support,
+``--settings previous,current`` runs sanitize and rag under the previous defaults (no min-p support,
 a document-following T_max without cap; RAG's plain completion prompt) and under the current ones, in the same run;
 sanitize's privacy checks (``dpinfer audit dp-fusion`` with the sanitisation support, and the LOSS attack of ``dpinfer
 bench sanitize`` on ``--loss-docs`` TAB documents) are printed for both in the same table. ``--max-new-tokens``
@@ -72,8 +72,8 @@ class QualityBenchConfig(Config):
     """Settings of ``dpinfer bench quality`` (one field per option, its ``--help`` with it), checked when built."""
 
     tasks: tuple[str, ...] = option(TASKS, type=str, help=f"comma-separated subset of {','.join(TASKS)}")
-    settings: tuple[str, ...] = option(SETTINGS, type=str, help="previous (the defaults before the quality work), "
-                                                                "current, or both (default)")
+    settings: tuple[str, ...] = option(SETTINGS, type=str, help="previous (no min-p support, no T_max cap, PAD's "
+                                                                "completion prompt), current, or both (default)")
     runs: int = option(20, help="sanitize releases per row (seeds 0..N-1)")
     baseline_runs: int | None = option(None, type=int, help="releases of the ceiling and floor rows (original, "
                                                             "ner-scrub; default: --runs)")
