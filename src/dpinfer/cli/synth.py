@@ -28,9 +28,9 @@ from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
+from dpinfer.jobs.synth import SynthesisOutput, partition_path
 from dpinfer.methods.synthesize import TABLE, check
 from dpinfer.pipelines.jobs import ReleaseDigests, check_rerelease, run_resumable
-from dpinfer.pipelines.synth_job import SynthesisOutput, partition_path
 from dpinfer.references import load_references
 
 if TYPE_CHECKING:

@@ -62,7 +62,7 @@ class Charge(Protocol):
 
 class JobOutput(Protocol):
     """The file side of a job (:class:`~dpinfer.jobs.corpus.CorpusOutput`,
-    :class:`~dpinfer.pipelines.synth_job.SynthesisOutput`)."""
+    :class:`~dpinfer.jobs.synth.SynthesisOutput`)."""
 
     done: dict[Any, dict[str, Any]]
     settled_torn: dict[str, Any] | None
