@@ -60,6 +60,8 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     import httpx
     import uvicorn
 
+    progress = progress or (lambda stage: None)
+
     from dpinfer.bench.sanitize import load_tab
     from dpinfer.checks import positive_int
     from dpinfer.models import load_model
@@ -94,9 +96,9 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
         except httpx.HTTPError:
             time.sleep(0.1)
 
-    def request(i: int) -> tuple[float, int]:
+    def request(i: int, tokens: int = t_max) -> tuple[float, int]:
         d = docs[i % len(docs)]
-        body = {"text": d.text, "spans": [s.to_dict() for s in d.spans], "max_new_tokens": t_max,
+        body = {"text": d.text, "spans": [s.to_dict() for s in d.spans], "max_new_tokens": tokens,
                 "unit": f"bench-{i % len(docs)}"}
         t0 = time.perf_counter()
         r = httpx.post(url + "/v1/sanitize", json=body, timeout=3600)
@@ -110,13 +112,19 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
         return time.perf_counter() - t0, [g[0] for g in got], sum(g[1] for g in got)
 
     try:
-        request(0)  # warm-up (first forward passes, tokenizer, ledger)
+        progress("warm-up")
+        request(0, min(t_max, 4))  # warm-up (first forward passes, tokenizer, ledger), a few tokens
         t0 = time.perf_counter()
-        seq = [request(i) for i in range(n)]
+        seq = []
+        for i in range(n):
+            progress(f"one after another: {i + 1}/{n}")
+            seq.append(request(i))
         seq_total = time.perf_counter() - t0
+        progress(f"{n} at once")
         conc_total, conc_lat, conc_tokens = at_once(n)
         rows = []
         for k in levels:
+            progress(f"{k} clients")
             if k == 1:
                 total, lat, tokens = seq_total, [x[0] for x in seq], sum(x[1] for x in seq)
             elif k == n:

@@ -195,7 +195,8 @@ class Service:
             plan = plan_sanitize(text, lm=self.lm, method=method, epsilon=epsilon, group_epsilon=group_eps,
                                  spans=spans, tagger=self.core.tagger if spans is None else None, groups=groups,
                                  top_k=top_k, allow_untagged=allow_untagged, checked=True,
-                                 min_new_tokens=self.min_new_tokens, **opts)
+                                 min_new_tokens=min(self.min_new_tokens, opts["max_new_tokens"] or
+                                                    self.min_new_tokens), **opts)
         return plan, name, key
 
     def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
