@@ -27,8 +27,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
-
 from dpinfer.checks import check_delta, check_order, non_negative_number, positive_int
 from dpinfer.errors import ConfigurationError
 
@@ -83,6 +81,8 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
     finite_orders, finite_rdp, pure = _split(orders, rdp)
     epsilon, best = math.inf, math.inf
     if finite_orders:
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # heavy (1.8 s): imported when used
+
         epsilon, best = compute_epsilon(finite_orders, finite_rdp, delta)
     if pure < epsilon:
         return pure, math.inf
@@ -104,6 +104,8 @@ def delta_from_rdp(orders: Sequence[float], rdp: Sequence[float], epsilon: float
         return 0.0, math.inf
     delta, best = 1.0, math.inf
     if finite_orders:
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_delta  # heavy (1.8 s): imported when used
+
         delta, best = compute_delta(finite_orders, finite_rdp, epsilon)
     if pure <= epsilon:
         return 0.0, math.inf

@@ -293,6 +293,14 @@ class EngineBenchConfig(Config):
     shape: str | None = option(None, type=str, choices=sorted(SHAPES),
                                help="random-weight model of this shape (no download) instead of --model")
 
+    def __post_init__(self) -> None:
+        if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
+            raise ConfigurationError("--k takes whole numbers of contexts >= 1, e.g. --k 1 2 5")
+        for name in ("new_tokens", "prompt_tokens", "repeats", "jobs", "max_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be a whole number >= 1")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, nargs="+", default=argparse.SUPPRESS, dest="ks",

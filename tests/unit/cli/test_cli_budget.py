@@ -119,7 +119,7 @@ def test_synth_charges_the_corpus_once_per_run_and_a_resumed_run_not_again(tiny_
            "4", "--seed", "0", "--model", str(tiny_model_dir), "--ledger", path, "--unit", "reviews"]
     import errno
 
-    from dpinfer.pipelines.synth_job import SynthesisOutput
+    from dpinfer.jobs.synth import SynthesisOutput
 
     out = tmp_path / "o.jsonl"
     with monkeypatch.context() as patch:  # the disk fills after one text: the run stops, its text released

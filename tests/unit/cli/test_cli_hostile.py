@@ -207,7 +207,7 @@ def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path,
     """Texts are on disk as they finish: a full disk stops the run, says how many texts are safe and that rerunning
     resumes; the torn line it may leave holds part of a text (after its batch index): the rerun keeps it as released
     (an error record saying it was torn) and does not generate that batch again."""
-    import dpinfer.pipelines.synth_job as files
+    import dpinfer.jobs.synth as files
 
     real_write = files.write_line
     calls = [0]
@@ -339,12 +339,12 @@ def test_synth_output_file_holds_no_timing_and_no_leftovers(corpus, tmp_path, ti
 
 
 def test_a_missing_tagger_back_end_is_refused_before_the_model(doc, no_model, capsys, monkeypatch):
-    import dpinfer.taggers.resolve
+    import dpinfer.taggers
     from dpinfer.errors import MissingDependencyError
 
     def missing(name: str, **kwargs: object) -> None:
         raise MissingDependencyError(f'the {name} tagger needs: pip install "dpinfer[pii]"')
 
-    monkeypatch.setattr(dpinfer.taggers.resolve, "get_tagger", missing)
+    monkeypatch.setattr(dpinfer.taggers, "get_tagger", missing)
     assert "pip install" in _one_line_error(capsys, main(["sanitize", str(doc[0]), "--tagger", "presidio"]))
     assert no_model == []

@@ -149,7 +149,7 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, appended: int) -> None:
     """The next run's appends fail with 'disk full' once ``appended`` texts are written."""
     import errno
 
-    from dpinfer.pipelines.synth_job import SynthesisOutput
+    from dpinfer.jobs.synth import SynthesisOutput
 
     real = SynthesisOutput.append
     count = [0]
@@ -261,7 +261,7 @@ def test_cli_synth_resume_after_sigkill(uninterrupted, tiny_model_dir: Path, tmp
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
                                                         os.environ.get("PYTHONPATH", "")])}
     # the process SIGKILLs itself right after its second text is written: a deterministic "kill mid-run"
-    code = ("import os, signal, sys\nimport dpinfer.pipelines.synth_job as j\nappend = j.SynthesisOutput.append\n"
+    code = ("import os, signal, sys\nimport dpinfer.jobs.synth as j\nappend = j.SynthesisOutput.append\n"
             "count = [0]\ndef killing_append(self, record):\n    append(self, record)\n    count[0] += 1\n"
             "    if count[0] == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
             "j.SynthesisOutput.append = killing_append\nfrom dpinfer.cli import main\nsys.exit(main(sys.argv[1:]))\n")

@@ -92,7 +92,7 @@ JOBS = {
 
 KILLER = """
 import importlib.util, os, signal, sys
-import dpinfer.jobs.corpus as corpus, dpinfer.io as jobs, dpinfer.pipelines.synth_job as synth_job
+import dpinfer.jobs.corpus as corpus, dpinfer.io as jobs, dpinfer.jobs.synth as synth_job
 real, count = jobs.write_line, [0]
 def killing(fd, line):
     real(fd, line)
