@@ -13,7 +13,8 @@ if [[ "${1:-}" == "--extended" ]]; then
   start=$SECONDS
   set +e
   DPINFER_PROPERTY_CASES="${DPINFER_PROPERTY_CASES:-10000}" .venv/bin/python -m pytest -q -p no:cacheprovider \
-      -m extended -n auto --dist worksteal --hypothesis-seed=0 --durations=20 tests/unit/mechanisms/test_contract.py "$@"
+      -m extended -n auto --dist worksteal --hypothesis-seed=0 --durations=20 tests/unit/mechanisms/test_contract.py \
+      tests/unit/mechanisms/test_dp_fusion.py::test_mollify_property_bound_maximality_and_group_guarantee "$@"
   rc=$?
   echo "test.sh: extended run took $((SECONDS - start)) s"
   exit $rc
