@@ -113,7 +113,7 @@ def test_mollify_property_bound_maximality_and_group_guarantee():
                 f"V={v} m={m} α={alpha} b={b.tolist()} λ={lam.tolist()} D={d.tolist()} D(λ+tol)={d_up.tolist()} "
                 f"released={released.tolist()} per-step={per_step.tolist()}"
             )
-    assert pairs >= 10_000
+    assert pairs >= MOLLIFY_PAIRS
     assert not failures, f"{len(failures)} failing cases, first: {failures[:3]}"
 
 
