@@ -32,10 +32,10 @@ import torch
 
 from dpinfer.engine.cache import resolve_compile
 from dpinfer.engine.dynamic import DynamicRunner
-from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent, Vocabulary
+from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent, Vocabulary, checked_copies
 from dpinfer.engine.runner import SlotRunner
 from dpinfer.engine.scheduler import Scheduler, check_max_rows, public_width
-from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism
 from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.transforms import LogitsProcessor
@@ -250,15 +250,7 @@ class Engine:
         """
         check_max_rows(max_rows)
         compiled = None if compile is None else resolve_compile(compile, self.lm.device)
-        copies = []
-        for i, job in enumerate(jobs):
-            copy = job.fresh()
-            try:
-                copy.check(self.lm.context_window)
-            except (ConfigurationError, InvalidInputError) as err:
-                raise type(err)(f"job {i}: {err}") from None
-            copy.rows = []  # checked again by submit
-            copies.append(copy)
+        copies = checked_copies(jobs, self.lm.context_window)
         saved = self.scheduler.max_rows, getattr(self.runner, "compile", None)
         if max_rows is not None:
             self.scheduler.max_rows = max_rows

@@ -242,3 +242,18 @@ class Job:
             prefill_seconds=self.prefill_seconds, decode_seconds=time.perf_counter() - self.started,
         )
         return self.output
+
+
+def checked_copies(jobs: Sequence[Job], context_window: int | None) -> list[Job]:
+    """Fresh copies of ``jobs``, each checked against ``context_window`` before any runs (a refusal names the job's
+    index, never its content); their rows are cleared, to be checked again by ``submit``."""
+    copies = []
+    for i, job in enumerate(jobs):
+        copy = job.fresh()
+        try:
+            copy.check(context_window)
+        except (ConfigurationError, InvalidInputError) as err:
+            raise type(err)(f"job {i}: {err}") from None
+        copy.rows = []
+        copies.append(copy)
+    return copies

@@ -27,7 +27,8 @@ from concurrent.futures import Future, as_completed
 from typing import Any
 
 from dpinfer.engine import Engine, EngineOutput, Job, JobStatus, StepEvent
-from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
+from dpinfer.engine.job import checked_copies
+from dpinfer.errors import DPInferError
 from dpinfer.serve.metrics import Metrics
 
 _DONE = object()
@@ -262,15 +263,7 @@ class SharedEngine:
         fresh copy, ``(index, output)`` as each finishes), in the shared batch; the engine's pool settings
         (``max_rows``, ``compile``) are the server's."""
         del max_rows, compile
-        copies = []
-        for i, job in enumerate(jobs):
-            copy = job.fresh()
-            try:
-                copy.check(self.lm.context_window)
-            except (ConfigurationError, InvalidInputError) as err:
-                raise type(err)(f"job {i}: {err}") from None
-            copy.rows = []  # checked again by submit
-            copies.append(copy)
+        copies = checked_copies(jobs, self.lm.context_window)
         if not slots:
             for i, copy in enumerate(copies):
                 yield i, self.batcher.run(copy)
