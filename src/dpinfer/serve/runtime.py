@@ -207,7 +207,7 @@ class Service:
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
         res = self._charged(key, plan.guarantee, "document", work)
-        return {**res.to_dict(), "unit": name, "budget": self.budgets.state(key)}
+        return {**res.release(), "unit": name, "budget": self.budgets.state(key)}
 
     def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str, Any]:
         """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
@@ -223,7 +223,7 @@ class Service:
         for piece in self._streamed(ticket, charge):
             yield {"delta": piece}
         res = finish_sanitize(plan, ticket.result(), seconds=time.perf_counter() - t0)
-        yield {"done": True, **res.to_dict(), "unit": name, "budget": self.budgets.state(key)}
+        yield {"done": True, **res.release(), "unit": name, "budget": self.budgets.state(key)}
 
     # ---------------------------------------------------------------- rag
     def rag(self, principal: Principal, store: str, *, create: bool = False) -> tuple[PrivateRAG, threading.Lock]:
@@ -278,10 +278,7 @@ class Service:
     def _answer(self, rag: PrivateRAG, plan: Any, out: EngineOutput, store: str, name: str, key: str
                 ) -> dict[str, Any]:
         answer = rag.finish_ask(plan, out)
-        release = answer.to_dict()
-        for k in ("seconds", "generation_seconds"):
-            release.pop(k, None)  # timing is not part of a release
-        return {**release, "store": store, "unit": name, "budget": self.budgets.state(key)}
+        return {**answer.release(), "store": store, "unit": name, "budget": self.budgets.state(key)}
 
     def rag_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         rag, plan, name, key = self._plan_ask(principal, store, body)
@@ -345,10 +342,7 @@ class Service:
         res = self._charged(key, cost, "prompt-source", work)
         if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
             log.warning("prompt protection's guarantee differs from the reserved cost")
-        release = res.to_dict()
-        for k in ("seconds", "stage_seconds"):
-            release.pop(k, None)  # timing is not part of a release
-        return {**release, "unit": name, "budget": self.budgets.state(key)}
+        return {**res.release(), "unit": name, "budget": self.budgets.state(key)}
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:
