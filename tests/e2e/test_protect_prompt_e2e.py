@@ -8,7 +8,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_shipped_clip_bounds_reproduce_on_the_embedded_model(embedded_lm) -> None:
-    from dpinfer.pipelines.clip_bounds import measure_clip_bounds, packaged_bounds
+    from dpinfer.clip_bounds import measure_clip_bounds, packaged_bounds
 
     shipped = packaged_bounds()[embedded_lm.name]
     measured = measure_clip_bounds(embedded_lm)

@@ -69,7 +69,6 @@ def test_decode_text_refuses_without_the_content() -> None:
 
 def test_the_old_import_paths_still_work() -> None:
     from dpinfer import io, validation
-    from dpinfer.pipelines import jobs
 
-    assert validation.atomic_write_text is io.atomic_write_text and jobs.append_line is io.append_line
+    assert validation.atomic_write_text is io.atomic_write_text
     assert os.path.basename(io.__file__) == "io.py"

@@ -46,7 +46,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 """(file, module) pairs allowed to break the rule. None: DP-Prompt's public clip calibration, the last one, moved to
-:mod:`dpinfer.pipelines.clip_bounds` (issue 13)."""
+:mod:`dpinfer.clip_bounds` (issue 13)."""
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:

@@ -103,7 +103,7 @@ def check_clip_bounds(clip_min: object, clip_max: object) -> tuple[float, float]
     if not lo < hi:
         raise ConfigurationError(
             f"the clip bounds need b_min < b_max, got clip_min={lo!r}, clip_max={hi!r}; derive them from public data "
-            "with dpinfer.pipelines.clip_bounds.clip_bounds(lm), never from the private prompt"
+            "with dpinfer.clip_bounds.clip_bounds(lm), never from the private prompt"
         )
     return lo, hi
 

@@ -134,12 +134,12 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
                 seed: int, answerers: list[Any], progress: Progress = quiet, suppress: str | None = None,
                 n_exemplars: int | None = None) -> dict[str, Any]:
+    from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import Engine
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import SeededRandom
     from dpinfer.pipelines import protect_prompt as pp
-    from dpinfer.pipelines.clip_bounds import clip_bounds
 
     bounds = clip_bounds(lm)
     lo, hi = bounds.bounds
@@ -311,9 +311,9 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     """Seconds of one DP-Prompt release and one whole DP-GTR release of ``question`` (alternated, ``repeats`` pairs,
     seed ``seed + r`` for pair r), with the DP-GTR release's per-stage split; the best (smallest) of each."""
     from dpinfer.bench import machine_load
+    from dpinfer.clip_bounds import clip_bounds
     from dpinfer.eval.embeddings import shared_embedder
     from dpinfer.pipelines import protect_prompt as pp
-    from dpinfer.pipelines.clip_bounds import clip_bounds
 
     t0 = time.perf_counter()
     clip_bounds(lm)

@@ -30,8 +30,8 @@ def ledger_path(args: argparse.Namespace) -> str | None:
 
 def cli_spend(args: argparse.Namespace, *, scope: str, default_unit: Callable[[Any], str] | None = None,
               what: str = "this release") -> Any:
-    """The release's :class:`~dpinfer.pipelines.budget.Spend` from ``--ledger``/``--unit`` (None without a ledger)."""
-    from dpinfer.pipelines.budget import start_spend
+    """The release's :class:`~dpinfer.accounting.spend.Spend` from ``--ledger``/``--unit`` (None without a ledger)."""
+    from dpinfer.accounting.spend import start_spend
 
     return start_spend(ledger_path(args), getattr(args, "unit", None), scope=scope, default_unit=default_unit,
                        what=what)

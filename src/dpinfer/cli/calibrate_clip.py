@@ -24,12 +24,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpinfer.pipelines.clip_bounds import _check_settings
+    from dpinfer.clip_bounds import _check_settings
 
     _check_settings(args.n_texts, args.max_new_tokens, args.sigmas)
 
+    from dpinfer.clip_bounds import calibrate_and_store, packaged_bounds
     from dpinfer.models import load_model
-    from dpinfer.pipelines.clip_bounds import calibrate_and_store, packaged_bounds
 
     lm = load_model(args.model, device=args.device)
     record, path = calibrate_and_store(lm, n_texts=args.n_texts, max_new_tokens=args.max_new_tokens,

@@ -105,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
         if ledger_path(args) is not None:  # every prompt charged to the prompt source, at a cost known in advance
             import os
 
+            from dpinfer.accounting.spend import LedgerCharges, open_ledger, pure_steps_estimate
             from dpinfer.errors import LedgerError
-            from dpinfer.pipelines.budget import LedgerCharges, open_ledger, pure_steps_estimate
 
             if config.epsilon is None or args.unit is None:
                 raise LedgerError("--prompts with a ledger needs --unit (the prompt source) and --epsilon (each "
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_prompts(args, config.api(), charge)
     prompt = _read_prompt(args)
 
+    from dpinfer.accounting.spend import pure_steps_estimate
     from dpinfer.models import load_model
-    from dpinfer.pipelines.budget import pure_steps_estimate
     from dpinfer.pipelines.protect_prompt import guarantee_lines, protect_prompt
 
     spend = cli_spend(args, scope="prompt-source", what="protect-prompt")
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
     """``--prompts``: the options, paths and the file itself, before the model loads; the records."""
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
+    from dpinfer.jobs.corpus import check_corpus_paths, read_corpus
 
     if args.prompts is None:
         option = "--out" if args.out is not None else "--allow-rerelease"
@@ -176,10 +176,10 @@ def _check_prompts_args(args: argparse.Namespace) -> list[Any]:
 def _run_prompts(args: argparse.Namespace, config: Any, charge: Any = None) -> int:
     """``dpinfer protect-prompt --prompts P --out OUT``: the prompts not yet in OUT, :data:`CHUNK` at a time through
     :func:`~dpinfer.pipelines.protect_prompt.protect_prompts` (they share the engine's steps), each release appended
-    as its chunk finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`); a summary line with the budget per
+    as its chunk finishes (:func:`~dpinfer.jobs.corpus.run_corpus_job`); a summary line with the budget per
     prompt."""
     from dpinfer.cli.corpus_job import print_job_summary, record_progress, warn
-    from dpinfer.pipelines.corpus import per_record_budget, run_corpus_job
+    from dpinfer.jobs.corpus import per_record_budget, run_corpus_job
 
     records = _check_prompts_args(args)
     run = run_corpus_job(records, args.out, lambda todo: _protect_each(args, config, list(todo)),
@@ -187,7 +187,7 @@ def _run_prompts(args: argparse.Namespace, config: Any, charge: Any = None) -> i
                          allow_rerelease=args.allow_rerelease, charge=charge,
                          progress=lambda total: record_progress("protect-prompt --prompts", total), warn=warn)
     if charge is not None:  # charges a killed run left pending: its released lines committed, its errors dropped
-        from dpinfer.pipelines.corpus import id_key
+        from dpinfer.jobs.corpus import id_key
 
         charge.reconcile([str(id_key(r["id"])) for r in run.held if "error" not in r],
                          [str(id_key(r["id"])) for r in run.held if "error" in r])

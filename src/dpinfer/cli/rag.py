@@ -238,7 +238,7 @@ def run_info(args: argparse.Namespace) -> int:
 def _check_questions_args(args: argparse.Namespace) -> None:
     """``--questions``: the options and paths, and the file itself, before anything loads."""
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.corpus import check_corpus_paths, read_corpus
+    from dpinfer.jobs.corpus import check_corpus_paths, read_corpus
 
     if args.question is not None:
         raise InvalidInputError("give a QUESTION or --questions Q.jsonl, not both")
@@ -295,10 +295,10 @@ def answers_budget(records: Any) -> str:
 
 def _run_ask_questions(args: argparse.Namespace, config: Any) -> int:
     """``dpinfer rag ask STORE --questions Q --out OUT``: the questions not yet in OUT, one ``ask_many`` call
-    (one ``Engine.run_jobs``), each answer appended as it finishes (:func:`~dpinfer.pipelines.corpus.run_corpus_job`);
+    (one ``Engine.run_jobs``), each answer appended as it finishes (:func:`~dpinfer.jobs.corpus.run_corpus_job`);
     a summary with the budget of every answer in OUT composed."""
     from dpinfer.cli.corpus_job import print_job_summary, record_progress, warn
-    from dpinfer.pipelines.corpus import run_corpus_job
+    from dpinfer.jobs.corpus import run_corpus_job
 
     records = args.question_records
     run = run_corpus_job(records, args.out, lambda todo: _answers(args, config, list(todo)),

@@ -28,9 +28,9 @@ from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
+from dpinfer.jobs import ReleaseDigests, check_rerelease, run_resumable
 from dpinfer.jobs.synth import SynthesisOutput, partition_path
 from dpinfer.methods.synthesize import TABLE, check
-from dpinfer.pipelines.jobs import ReleaseDigests, check_rerelease, run_resumable
 from dpinfer.references import load_references
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, Any], out: SynthesisOutput) -> int:
-    """The batches not yet in ``--out``, through the corpus jobs' loop (:func:`~dpinfer.pipelines.jobs.run_resumable`:
+    """The batches not yet in ``--out``, through the corpus jobs' loop (:func:`~dpinfer.jobs.run_resumable`:
     the lock, the read-back, the torn-line rule, one durable line per text); the checks of ``OUT`` come before the
     model loads."""
     import time

@@ -22,7 +22,7 @@ Top-k or top-p truncation would make the support depend on the private logits (a
 for one prompt and not for another: ε = ∞); the authors' code left transformers' default ``top_k = 50`` on. This
 implementation never truncates and rejects ``top_k`` / ``top_p``.
 
-The clip bounds must not be computed from the private data. :func:`dpinfer.pipelines.clip_bounds.clip_bounds` gives
+The clip bounds must not be computed from the private data. :func:`dpinfer.clip_bounds.clip_bounds` gives
 them as in DP-GTR (Appendix A.2): ``(μ, μ + 4σ)`` of all logits the model produces while paraphrasing a public corpus,
 measured once per model and stored (``dpinfer calibrate-clip``; the embedded model's ship with the package). This
 module never runs a model.
@@ -111,7 +111,7 @@ class DPPrompt(Mechanism):
 
     Args:
         clip_min, clip_max: ``b_min < b_max``, from PUBLIC data only
-            (:func:`dpinfer.pipelines.clip_bounds.clip_bounds`).
+            (:func:`dpinfer.clip_bounds.clip_bounds`).
         temperature: τ > 0.
         mode: ``"independent"`` (default): each row is one rewrite of the private prompt and gets its own token;
             ``"joint"``: read row ``row`` and emit one token for every row.

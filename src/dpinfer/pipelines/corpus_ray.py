@@ -1,6 +1,6 @@
 """Corpus jobs on Ray Data: ``dpinfer sanitize --corpus IN --out OUT --backend ray [--ray-address ADDR]``.
 
-The driver reads the corpus and the output (:mod:`dpinfer.pipelines.corpus`: the same refusals and resume rules as
+The driver reads the corpus and the output (:mod:`dpinfer.jobs.corpus`: the same refusals and resume rules as
 the local backend), and sends the records still to do through ``ray.data.from_items(...).map_batches`` over
 :class:`SanitizeActor`, a stateful actor class: each actor loads the model ONCE and runs
 :func:`~dpinfer.pipelines.sanitize.sanitize_many` (one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call)
@@ -70,7 +70,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> Any:
 class SanitizeActor:
     """The stateful engine actor of :func:`sanitize_corpus_ray`: loads the model once (``__init__``), then sanitises
     one batch of records per call (``{"key", "text", "spans"}`` columns, spans as JSON text or ``""``) and returns
-    ``{"key", "line"}``: each record's output line (:func:`~dpinfer.pipelines.corpus.release_record`)."""
+    ``{"key", "line"}``: each record's output line (:func:`~dpinfer.pipelines.sanitize_many.release_record`)."""
 
     def __init__(self, model: str | None, device: str | None, quantize: str | None, tagger: str | None,
                  seed: int | None, options: Mapping[str, Any]) -> None:
@@ -87,8 +87,9 @@ class SanitizeActor:
         self.options = dict(options)
 
     def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, list[str]]:
-        from dpinfer.pipelines.corpus import encode_record, id_key, release_record
-        from dpinfer.pipelines.sanitize import Record, sanitize_many
+        from dpinfer.io import encode_record
+        from dpinfer.jobs.corpus import id_key
+        from dpinfer.pipelines.sanitize_many import Record, release_record, sanitize_many
 
         records = [Record(json.loads(str(k)), str(t), None if not s else json.loads(str(s)))
                    for k, t, s in zip(batch["key"], batch["text"], batch["spans"], strict=True)]

@@ -4,9 +4,9 @@ A user wants to send a question to a remote LLM without revealing its exact word
 locally with local differential privacy and hands back the protected prompt (docs/prompt-protection.md).
 
 **Stage 1** (the only stage that reads the prompt, run here): ``n`` paraphrases of the chat-templated prompt
-(:data:`~dpinfer.pipelines.clip_bounds.PARAPHRASE_INSTRUCTION`, the instruction the clip bounds were measured with)
+(:data:`~dpinfer.clip_bounds.PARAPHRASE_INSTRUCTION`, the instruction the clip bounds were measured with)
 decoded in ONE batch on the engine's independent mode with :class:`~dpinfer.mechanisms.dp_prompt.DPPrompt`: logits
-clipped to the model's public bounds (:func:`~dpinfer.pipelines.clip_bounds.clip_bounds`), a token drawn from the full
+clipped to the model's public bounds (:func:`~dpinfer.clip_bounds.clip_bounds`), a token drawn from the full
 vocabulary at temperature τ (no top-k or top-p: the mechanism refuses them), at most ``T_max = max_new_tokens`` tokens
 each, a number fixed before the prompt is read. Per token ``ε_tok = 2(b_max − b_min)/τ`` against any two prompts;
 the ``n`` rewrites compose to ``n·T_max`` tokens, converted to (ε, δ) by the accountant. That is the headline
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.spend import charged, current_spend, pure_steps_estimate
+from dpinfer.clip_bounds import PARAPHRASE_INSTRUCTION
 from dpinfer.configs.protect import KEYWORD_METHODS, SUPPRESS_METHODS, ProtectConfig
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, DPInferError
@@ -56,8 +58,6 @@ from dpinfer.methods.prompt_stage3 import (
     stage3_select,
     strip_echoes,
 )
-from dpinfer.pipelines.budget import charged, current_spend, pure_steps_estimate
-from dpinfer.pipelines.clip_bounds import PARAPHRASE_INSTRUCTION
 from dpinfer.release import DIAGNOSTICS_WARNING
 
 if TYPE_CHECKING:
@@ -273,9 +273,9 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
              seeds: Sequence[int | None], *, pooled: bool, laps: _Laps, spend: Any = None) -> list[ProtectedPrompt]:
     """Stage 1 of every prompt (one engine run), then the method on the rewrites; prompts already checked. ``spend``:
     a ledger charge settled at the exact cost before any token."""
+    from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import EngineJob
     from dpinfer.mechanisms.randomness import random_source
-    from dpinfer.pipelines.clip_bounds import clip_bounds
 
     model = rt.lm
     n, t_max = method.rewrites, config.max_new_tokens
@@ -337,7 +337,7 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
             ``max_input_tokens`` tokens before stage 1, silently)) are applied to it.
         lm / runtime: the model (default: the embedded SmolLM2-135M-Instruct) or a :class:`~dpinfer.runtime.Runtime`
             (its model, engine and embedder); the clip bounds come from
-            :func:`~dpinfer.pipelines.clip_bounds.clip_bounds` (shipped, stored, or measured once on public text).
+            :func:`~dpinfer.clip_bounds.clip_bounds` (shipped, stored, or measured once on public text).
         seed: tests and benchmarks only (the guarantee then holds only while the seed is secret; never stored).
         embedder: the sentence encoder of stage 3's consensus pick (default: the runtime's, the offline
             all-MiniLM-L6-v2 loaded once per process).
@@ -345,7 +345,7 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
             ``ranking``, ``stage2`` (keywords), ``stage3``, ``embedding``, ``total``; also in
             :meth:`ProtectedPrompt.diagnostics`). Never part of the release.
         ledger / unit: a :class:`~dpinfer.Ledger` (or its path) this release is charged to, and the prompt source on
-            it (:mod:`dpinfer.pipelines.budget`): reserved before the model loads when ``epsilon`` is given, else
+            it (:mod:`dpinfer.accounting.spend`): reserved before the model loads when ``epsilon`` is given, else
             priced once the clip bounds are known, always before any token.
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,

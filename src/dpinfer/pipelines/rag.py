@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 from dpinfer.accounting import Adjacency, Guarantee, PrivacyAccountant, Zcdp
 from dpinfer.accounting.calibration import zcdp_rho
 from dpinfer.accounting.ledger import Ledger
+from dpinfer.accounting.spend import Spend, start_spend
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
 from dpinfer.defaults import RAG
 from dpinfer.engine import Engine, EngineJob
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.methods.rag import TABLE
-from dpinfer.pipelines.budget import Spend, start_spend
 from dpinfer.pipelines.sanitize import record_error, record_seed
 from dpinfer.rag.answer import AskPlan, RagAnswer
 from dpinfer.rag.answering import SUMMARY_TOKENS, AnswerMethod
@@ -137,7 +137,7 @@ class PrivateRAG:
         max_doc_tokens: each retrieved document is cut to this many tokens (a public bound on the private row's
             length, so the public row's padding never depends on it).
         template: the prompts (:class:`RagTemplate`).
-        ledger: the privacy-budget ledger every answer is charged to (:mod:`dpinfer.pipelines.budget`; the unit is
+        ledger: the privacy-budget ledger every answer is charged to (:mod:`dpinfer.accounting.spend`; the unit is
             the store: the answers compose). ``"store"`` (default): the store's own, ``budget.db`` in its folder,
             created at the first answer with a budget of ε = ``RAG.store_epsilon`` (δ = ``RAG.delta``) for the unit
             ``"store"``, so the store's budget holds across processes (``dpinfer budget show --ledger

@@ -39,8 +39,8 @@ from dpinfer.accounting.sanitize_text import (  # noqa: F401  (re-exported: the 
     guarantee_statement,
     not_protected,
 )
+from dpinfer.accounting.spend import start_spend
 from dpinfer.configs.sanitize import SanitizeConfig
-from dpinfer.pipelines.budget import start_spend
 from dpinfer.pipelines.sanitize_contexts import (  # noqa: F401  (re-exported)
     BASELINE_MAX_NEW_TOKENS,
     DEFAULT_INSTRUCTION,
@@ -92,7 +92,7 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
         progress: called as ``progress(0, T_max)`` once planned, then ``progress(tokens_done, T_max)`` after every
             generated token.
         ledger: a :class:`~dpinfer.Ledger` (or its path) that this rewrite is charged to, per privacy group, before
-            the model loads (:mod:`dpinfer.pipelines.budget`; refused with
+            the model loads (:mod:`dpinfer.accounting.spend`; refused with
             :class:`~dpinfer.errors.BudgetExceededError` when the unit cannot afford it); None: no ledger.
         unit: the document's unit on the ledger (default: a keyed hash of the text, ``ledger.unit_for_text``).
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.configs.sanitize import SanitizeConfig
-from dpinfer.errors import DPInferError, InvalidInputError
+from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
 from dpinfer.jobs.corpus import Record
 from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.sanitize_result import SanitizeResult
@@ -87,7 +87,7 @@ def sanitize_many(
     be planned (empty text, bad spans, nothing tagged, too long for the context window...) is yielded with its
     one-line ``error`` and the others go on. ``on_planned(record_id, guarantee)`` is called once a record is planned,
     before any of its tokens (a ledger prices its charge there:
-    :class:`~dpinfer.pipelines.budget.LedgerCharges`); what it raises is the record's error.
+    :class:`~dpinfer.accounting.spend.LedgerCharges`); what it raises is the record's error.
     """
     cfg = SanitizeConfig.build(config, **options)
     check_sanitize_config(cfg, check_tagger=isinstance(cfg.tagger, str))
@@ -128,3 +128,14 @@ def sanitize_many(
         rid, done = pending.pop(index)  # the finished job's contexts are freed with it
         yield RecordOutcome(rid, result=finish_sanitize(done, output,
                                                         seconds=output.prefill_seconds + output.decode_seconds))
+
+
+def release_record(outcome: RecordOutcome) -> dict[str, Any]:
+    """The output line of one :class:`RecordOutcome` of a corpus: ``{"id", "error"}``, or the id and the result's
+    ``release()`` (no spans, no input text, no seed); a result with debug statistics is refused."""
+    if outcome.error is not None or outcome.result is None:
+        return {"id": outcome.id, "error": outcome.error or "no result"}
+    res = outcome.result
+    if getattr(res, "debug", False):
+        raise ConfigurationError("a corpus record never carries debug statistics; run without debug")
+    return {"id": outcome.id, **res.release()}

@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.spend import NO_PRIVACY, single_order_estimate
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.engine import Job
 from dpinfer.errors import ContextTooLongError
 from dpinfer.methods import sanitize as methods
 from dpinfer.methods.sanitize import BuildArgs
-from dpinfer.pipelines.budget import NO_PRIVACY, single_order_estimate
 from dpinfer.pipelines.sanitize_contexts import (
     BASELINE_MAX_NEW_TOKENS,
     DEFAULT_INSTRUCTION,
@@ -98,8 +98,8 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
     reservation). The model is the runtime's (``runtime``, else one on ``lm``, else the default runtime), loaded only
     once every check passed. Raises what :func:`sanitize` raises, before any token is generated.
     """
+    from dpinfer.clip_bounds import clip_bounds
     from dpinfer.mechanisms.transforms import MinP, NoRepeatNGram
-    from dpinfer.pipelines.clip_bounds import clip_bounds
 
     cfg = SanitizeConfig.build(config, **options)
     check_text(text, "the document")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.spend import charged, current_spend
 from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig, template_sha256
 from dpinfer.engine import EngineJob
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -44,7 +45,6 @@ from dpinfer.methods.synthesize import (
     public_pad_width,
     reads_references,
 )
-from dpinfer.pipelines.budget import charged, current_spend
 from dpinfer.references import Reference, as_references, load_references, partition, partition_sha256
 from dpinfer.release import with_warning
 from dpinfer.runtime import resolve_runtime
@@ -319,7 +319,7 @@ def synthesize(references: Sequence[Reference | str], config: SynthConfig | None
             again, not in the result (rerunning a batch would release its references twice).
         on_text: called with each text as soon as its batch finishes (in the order they finish).
         ledger: a :class:`~dpinfer.Ledger` (or its path) this run is charged to, once, at its guarantee, before the
-            model loads (:mod:`dpinfer.pipelines.budget`); a resumed run (``skip_batches`` not empty) is not charged
+            model loads (:mod:`dpinfer.accounting.spend`); a resumed run (``skip_batches`` not empty) is not charged
             again. ``unit``: the corpus's unit on the ledger (required with a ledger).
 
     Returns:

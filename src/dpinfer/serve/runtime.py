@@ -25,12 +25,12 @@ from typing import Any
 
 from dpinfer.accounting import Guarantee
 from dpinfer.checks import check_delta, non_negative_number
+from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.generation import TextStreamer
 from dpinfer.mechanisms.sampler import Sampler
-from dpinfer.pipelines.clip_bounds import clip_bounds
 from dpinfer.pipelines.protect_prompt import ADJACENCY, check_protect_params, protect_prompt, stage1_mechanism
 from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
 from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize

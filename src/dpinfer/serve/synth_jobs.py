@@ -8,7 +8,7 @@ Each job lives in ``STATE/jobs/ID/`` (``STATE``: the folder of the server's ledg
   one-line error; rewritten atomically at each change; never any text.
 - ``request.json``: the request (the private references and the parameters), kept only while the job has not ended,
   so that a restarted server can plan it again; deleted when it ends.
-- ``out.jsonl``: the output, written by the corpus jobs' loop (:func:`~dpinfer.pipelines.jobs.run_resumable` with
+- ``out.jsonl``: the output, written by the corpus jobs' loop (:func:`~dpinfer.jobs.run_resumable` with
   :class:`~dpinfer.jobs.synth.SynthesisOutput`, as ``dpinfer synth --out`` writes it): the header (guarantee,
   settings, counts), then each text as its batch finishes, one durable line each (a torn last line is settled by the
   same rule as the command's); its private partition sidecar exists while the job is unfinished.
@@ -34,8 +34,8 @@ from typing import Any
 
 from dpinfer.errors import DPInferError
 from dpinfer.io import atomic_write_text
+from dpinfer.jobs import run_resumable
 from dpinfer.jobs.synth import SynthesisOutput
-from dpinfer.pipelines.jobs import run_resumable
 from dpinfer.pipelines.synthesize import synthesize_iter
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import Forbidden, NotFound, Principal

@@ -185,7 +185,7 @@ def test_a_resumed_sanitize_corpus_charges_each_record_once_after_a_kill(tiny_mo
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "src"),
                                                         os.environ.get("PYTHONPATH", "")])}
     # killed right after its second record's line is written, before that record's charge is committed
-    code = ("import os, signal, sys\nimport dpinfer.pipelines.corpus as c\nappend = c.CorpusOutput.append\n"
+    code = ("import os, signal, sys\nimport dpinfer.jobs.corpus as c\nappend = c.CorpusOutput.append\n"
             "count = [0]\ndef killing_append(self, record):\n    append(self, record)\n    count[0] += 1\n"
             "    if count[0] == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
             "c.CorpusOutput.append = killing_append\nfrom dpinfer.cli import main\nsys.exit(main(sys.argv[1:]))\n")

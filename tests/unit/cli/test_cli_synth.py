@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpinfer.cli import main as cli_main
-from dpinfer.pipelines.jobs import TORN_ERROR
+from dpinfer.jobs import TORN_ERROR
 from dpinfer.pipelines.synthesize import PromptTemplate
 
 REVIEWS = [

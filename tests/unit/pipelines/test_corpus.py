@@ -17,7 +17,7 @@ import pytest
 
 from dpinfer.cli import main
 from dpinfer.errors import InvalidInputError
-from dpinfer.pipelines.corpus import CorpusOutput, read_corpus
+from dpinfer.jobs.corpus import CorpusOutput, read_corpus
 from dpinfer.pipelines.sanitize import Record, record_seed, sanitize, sanitize_many
 from dpinfer.taggers import Span
 
@@ -230,7 +230,7 @@ def test_cli_corpus_resume_after_sigkill(tiny_model_dir, tmp_path):
                                                         os.environ.get("PYTHONPATH", "")])}
     # the same arguments; the process SIGKILLs itself right after its second record is written: a deterministic
     # "kill mid-run" (the batching engine finishes the documents together, so a timed kill may land after the last)
-    code = ("import os, signal, sys\nimport dpinfer.pipelines.corpus as c\nappend = c.CorpusOutput.append\n"
+    code = ("import os, signal, sys\nimport dpinfer.jobs.corpus as c\nappend = c.CorpusOutput.append\n"
             "count = [0]\ndef killing_append(self, record):\n    append(self, record)\n    count[0] += 1\n"
             "    if count[0] == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
             "c.CorpusOutput.append = killing_append\nfrom dpinfer.cli import main\nsys.exit(main(sys.argv[1:]))\n")
@@ -295,7 +295,7 @@ def test_cli_corpus_refuses_a_second_run_on_the_same_output(tiny_model_dir, tmp_
     """Two runs on one OUT would both release the records still missing: the second is refused while the first holds
     the lock, before its model loads, and runs once the lock is released."""
     import dpinfer.models
-    from dpinfer.pipelines.corpus import OutputLock
+    from dpinfer.jobs.corpus import OutputLock
 
     corpus = _write_corpus(tmp_path / "in.jsonl", n=1)
     out = tmp_path / "out.jsonl"

@@ -294,7 +294,7 @@ class Ledger:
 
 def test_the_charge_hook_commits_releases_cancels_errors_and_never_charges_a_finished_record_twice(tmp_path):
     from dpinfer.errors import InfeasibleBudgetError
-    from dpinfer.pipelines.corpus import run_corpus_job
+    from dpinfer.jobs.corpus import run_corpus_job
     from dpinfer.pipelines.sanitize import Record
 
     records = [Record(f"r{i}", f"text {i}") for i in range(4)]

@@ -91,7 +91,7 @@ def test_protect_prompt_and_synthesize_charge_their_units(tiny_lm, tmp_path: Pat
 
 def test_ledger_charges_hook_reserves_prices_commits_and_takes_over_after_a_kill(tmp_path: Path) -> None:
     from dpinfer.accounting import Zcdp
-    from dpinfer.pipelines.budget import LedgerCharges
+    from dpinfer.accounting.spend import LedgerCharges
 
     ledger = Ledger.init(tmp_path / "b.db", epsilon=100.0)
     bound = Cost.of(Zcdp(1.0))

@@ -254,7 +254,7 @@ def test_a_long_prompt_is_cut_to_the_public_cap_and_nothing_says_so(tiny_lm) -> 
     assert pp.truncate_tokens(tiny_lm, long, 40) == long[: len(pp.truncate_tokens(tiny_lm, long, 40))]  # a prefix
     kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=2, n_keywords=2, max_new_tokens=4, max_input_tokens=40,
                   seed=0)
-    from dpinfer.pipelines.clip_bounds import clip_bounds
+    from dpinfer.clip_bounds import clip_bounds
 
     clip_bounds(tiny_lm)  # measured once (clip_source "measured"), read back by both runs below ("cache")
     a, b = pp.protect_prompt(long, **kwargs), pp.protect_prompt(short, **kwargs)
@@ -444,7 +444,7 @@ def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeyp
 
     prompts = ["Where is the kettle?", SECRET, "   ", "What do people use to cut paper?"]
     kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=3, n_keywords=2, max_new_tokens=5, n_exemplars=1)
-    from dpinfer.pipelines.clip_bounds import clip_bounds
+    from dpinfer.clip_bounds import clip_bounds
 
     clip_bounds(tiny_lm)  # measured once (an engine run of its own) before counting
     calls: list[int] = []
