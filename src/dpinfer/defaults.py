@@ -50,6 +50,11 @@ class SanitizeDefaults:
     """Support rule computed from the PUBLIC context only: keep the tokens at least 10% as likely as the public
     context's most likely one (after temperature), so that a flat first step cannot sample a token the public
     context finds unlikely (docs/quality.md). A public function: the guarantee is unchanged."""
+    opening_tokens: int | None = 16
+    """A public opening: the rewrite starts with the document's first tokens as the PUBLIC context shows them, up to
+    the first placeholder and at most this many (untagged text is public under replace-by-null), so that the small
+    model continues the document instead of commenting on it (docs/quality.md). Only for the methods that protect
+    spans (and ``original``); never for dp-decoding and dp-prompt, whose adjacency makes every token private."""
     max_new_tokens_cap: int | None = 256
     """Cap on DP-Fusion's document-following default T_max (a constant: public). Longer documents get a rewrite of
     their first part; pass ``--max-new-tokens`` for more (every token is charged)."""

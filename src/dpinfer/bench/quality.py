@@ -56,6 +56,7 @@ from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
     run_sanitize,
     run_synth,
     sanitize_options,
+    summarise_row,
     word_count,
 )
 from dpinfer.checks import int_at_least
@@ -74,7 +75,8 @@ class QualityBenchConfig(Config):
     tasks: tuple[str, ...] = option(TASKS, type=str, help=f"comma-separated subset of {','.join(TASKS)}")
     settings: tuple[str, ...] = option(SETTINGS, type=str, help="previous (no min-p support, no T_max cap, PAD's "
                                                                 "completion prompt), current, or both (default)")
-    runs: int = option(20, help="sanitize releases per row (seeds 0..N-1)")
+    runs: int = option(20, help="sanitize releases per row (seeds S..S+N-1, S = --seed; 0: only the privacy "
+                                "checks)")
     baseline_runs: int | None = option(None, type=int, help="releases of the ceiling and floor rows (original, "
                                                             "ner-scrub; default: --runs)")
     document: str = option(MAIN_JOB, help="the sanitize document (default: the README's main job)")
@@ -91,6 +93,10 @@ class QualityBenchConfig(Config):
     audit_trials: int = option(20000, help="audit trials per input (0: skip)")
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
+    merge: tuple[str, ...] = option((), type=str, help="comma-separated bench_quality.json files of one bench split "
+                                                       "across processes (e.g. --settings previous and --settings "
+                                                       "current, or --seed 0 and --seed 10): one table of their rows; "
+                                                       "runs no model")
     out: str | None = option(None, type=str, help="folder for bench_quality.json and bench_quality.md")
 
     def __post_init__(self) -> None:
@@ -104,7 +110,10 @@ class QualityBenchConfig(Config):
                      "synth_tokens", "baseline_runs", "loss_docs", "audit_trials"):
             if getattr(self, name) is not None:
                 int_at_least(getattr(self, name), "--" + name.replace("_", "-"),
-                             0 if name in ("loss_docs", "audit_trials") else 1)
+                             0 if name in ("loss_docs", "audit_trials", "runs", "baseline_runs") else 1)
+        for path in self.merge:
+            if not Path(path).is_file():
+                raise ConfigurationError(f"--merge: no such file: {path} (give the bench_quality.json of each run)")
         if self.questions > self.docs:
             raise ConfigurationError("--questions cannot exceed --docs (the questions are held-in: stored dialogues)")
 
@@ -115,8 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> QualityBenchConfig:
     """The config of parsed ``dpinfer bench quality`` options (checked when built, before any model loads)."""
-    lists = {name: tuple(parse_list(getattr(args, name), str, "--" + name)) for name in ("tasks", "settings")
-             if name in args}
+    lists = {name: tuple(parse_list(getattr(args, name), str, "--" + name)) for name in ("tasks", "settings", "merge")
+             if name in args and getattr(args, name) not in (None, ())}
     return QualityBenchConfig.from_args(args, **lists)
 
 
@@ -136,6 +145,12 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
 
+    if config.merge:
+        res = merge_results([Path(p) for p in config.merge])
+        if config.out:
+            write_json(Path(config.out) / "bench_quality.json", res)
+            write_text(Path(config.out) / "bench_quality.md", res["markdown"] + "\n")
+        return res
     prog = _Progress(progress)
     lm = resolve_lm(config.model)
     emb = load_embedder()
@@ -172,6 +187,59 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
     return res
 
 
+def _unplain(value: Any) -> Any:
+    """The inverse of :func:`dpinfer._json.plain` for the bench's JSON ("inf", "-inf", "nan" back to floats)."""
+    if isinstance(value, dict):
+        return {k: _unplain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unplain(v) for v in value]
+    return float(value) if value in ("inf", "-inf", "nan") else value
+
+
+def merge_results(paths: list[Path]) -> dict[str, Any]:
+    """One result of several runs of the same bench (split across processes by ``--settings`` or ``--seed``): the
+    sanitize rows of the same setting, method and decoding are pooled (their releases together, the figures
+    recomputed); a seed measured twice in one row is refused. The privacy checks and the other tasks are kept as
+    each run measured them."""
+    import json
+
+    parts = [_unplain(json.loads(p.read_text(encoding="utf-8"))) for p in paths]
+    models = {p.get("model") for p in parts}
+    if len(models) != 1:
+        raise ConfigurationError(f"--merge: the runs used different models ({', '.join(sorted(map(str, models)))})")
+    res: dict[str, Any] = {"model": parts[0]["model"], "merged": [str(p) for p in paths],
+                           "seconds": max(float(p.get("seconds", 0.0)) for p in parts)}
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    checks: list[dict[str, Any]] = []
+    for part in parts:
+        s = part.get("sanitize")
+        if not s or "rows" not in s:
+            continue
+        if "sanitize" not in res:
+            res["sanitize"] = {k: v for k, v in s.items() if k not in ("rows", "checks")}
+        for r in s["rows"]:
+            key = (r["setting"], r["method"], r["T_max"], r.get("min_p"), r.get("opening"))
+            if key not in rows:
+                rows[key] = {**r, "releases": []}
+            seen = {x["seed"] for x in rows[key]["releases"]}
+            if seen & {x["seed"] for x in r["releases"]}:
+                raise ConfigurationError(f"--merge: {r['setting']} {r['method']} has the same seed in two runs "
+                                         "(give each run its own --seed)")
+            rows[key]["releases"] += r["releases"]
+        checks += [c for c in s.get("checks") or [] if c.get("audit") or c.get("loss")]  # measured checks only
+    if "sanitize" in res:
+        order = {"previous": 0, "current": 1}
+        res["sanitize"]["rows"] = [summarise_row({**r, "releases": sorted(r["releases"], key=lambda x: x["seed"])})
+                                   for r in sorted(rows.values(), key=lambda r: order.get(r["setting"], 2))]
+        res["sanitize"]["checks"] = sorted(checks, key=lambda c: order.get(c["setting"], 2))
+    for task in ("rag", "protect", "synth"):
+        found = [p[task] for p in parts if task in p]
+        if found:
+            res[task] = next((f for f in found if "skipped" not in f), found[0])
+    res["markdown"] = markdown(res)
+    return res
+
+
 def _pct(d: dict[str, Any] | None) -> str:
     if not d:
         return "–"
@@ -194,7 +262,8 @@ def _eps(x: Any) -> str:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    out = [f"Model: {res['model']}; total {res['seconds']:.0f} s."]
+    out = [f"Model: {res['model']}; total {res['seconds']:.0f} s" + (
+        f" (the longest of {len(res['merged'])} runs side by side)." if res.get("merged") else ".")]
     s = res.get("sanitize")
     if s:
         out.append("")
@@ -205,12 +274,13 @@ def markdown(res: dict[str, Any]) -> str:
                        f"spans in {s['groups']} groups; derailed = < {MIN_WORDS} words, English function-word share "
                        f"< {ENGLISH_THRESHOLD} or MiniLM cosine < {TOPIC_THRESHOLD} to the NER-scrubbed document)")
             out.append("")
-            out.append("| setting | method | ε | T_max | min-p | derailed (95% CI) | English share | cosine | PPL | "
-                       "4-gram loops | tokens | s / release |")
-            out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            out.append("| setting | method | ε | T_max | min-p | opening | derailed (95% CI) | English share | "
+                       "cosine | PPL | 4-gram loops | tokens | s / release |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in s["rows"]:
                 out.append(f"| {r['setting']} | {r['method']} | {_eps(r.get('epsilon'))} | {r['T_max']} | "
-                           f"{r['min_p'] or '–'} | {_pct(r['derailed'])} | {_f(r['english'])} | "
+                           f"{r['min_p'] or '–'} | {r.get('opening') or '–'} | {_pct(r['derailed'])} | "
+                           f"{_f(r['english'])} | "
                            f"{_f(r['similarity'])} | {_f(r['ppl'], 1)} | {_f(r['loops'])} | {_f(r['tokens'], 0)} | "
                            f"{_f(r['seconds'], 1)} |")
             if s.get("checks"):
@@ -231,7 +301,8 @@ def markdown(res: dict[str, Any]) -> str:
                     else:
                         lt = "–"
                     sup = f"top-k {SANITIZE.top_k}, τ {SANITIZE.temperature}" + (
-                        f", min-p {c['min_p']}" if c["min_p"] else "")
+                        f", min-p {c['min_p']}" if c["min_p"] else "") + (
+                        f", opening ≤ {c['opening']} tokens (LOSS only)" if c.get("opening") else "")
                     out.append(f"| {c['setting']} | {sup} | {audit} | {lt} |")
     r = res.get("rag")
     if r:

@@ -55,10 +55,10 @@ def word_count(text: str) -> int:
 
 # ------------------------------------------------------------------------------------------------ settings
 def sanitize_options(setting: str) -> dict[str, Any]:
-    """The sanitize keyword arguments of a setting (``previous``: no min-p support, T_max without cap)."""
+    """The sanitize settings of a setting (``previous``: no min-p support, T_max without cap, no public opening)."""
     if setting == "previous":
-        return {"min_p": None, "cap": None}
-    return {"min_p": SANITIZE.min_p, "cap": SANITIZE.max_new_tokens_cap}
+        return {"min_p": None, "cap": None, "opening": None}
+    return {"min_p": SANITIZE.min_p, "cap": SANITIZE.max_new_tokens_cap, "opening": SANITIZE.opening_tokens}
 
 
 def rag_template(setting: str) -> Any:
@@ -73,6 +73,18 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ sanitize
+def summarise_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its summary figures computed from its ``releases`` (derailed share, means, median PPL)."""
+    rel = row["releases"]
+    row.update({
+        "derailed": share(sum(x["derailed"] for x in rel), len(rel)),
+        "english": _mean([x["english"] for x in rel]), "similarity": _mean([x["similarity"] for x in rel]),
+        "ppl": statistics.median(x["ppl"] for x in rel), "loops": _mean([x["loops"] for x in rel]),
+        "tokens": _mean([x["tokens"] for x in rel]), "seconds": _mean([x["seconds"] for x in rel]),
+    })
+    return row
+
+
 def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dict[str, Any]:
     from dpinfer.eval.metrics import perplexity, repeated_ngram_share
     from dpinfer.paths import repo_root
@@ -110,12 +122,14 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -
             if setting == "previous" and method != "dp-fusion" and "current" in cfg.settings:
                 continue  # the baselines' decoding changed only by min-p: measured under the current setting
             row: dict[str, Any] = {"task": "sanitize", "setting": setting, "method": method, "T_max": t_max,
-                                   "min_p": opts["min_p"], "releases": []}
+                                   "min_p": opts["min_p"], "opening": opts["opening"], "releases": []}
             n_runs = cfg.runs if method == "dp-fusion" or cfg.baseline_runs is None else cfg.baseline_runs
+            if n_runs == 0:
+                continue
             for r in range(n_runs):
                 progress(f"sanitize {setting} {method} {r + 1}/{n_runs}")
                 res = sanitize(text, lm=lm, method=method, spans=spans, max_new_tokens=t_max, seed=cfg.seed + r,
-                               min_p=opts["min_p"])
+                               min_p=opts["min_p"], opening_tokens=opts["opening"])
                 sim = float(emb.encode([res.text if res.text.strip() else "."])[0] @ ref)
                 eng = english_share(res.text)
                 words = word_count(res.text)
@@ -124,17 +138,10 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -
                     "english": eng, "similarity": sim, "words": words,
                     "derailed": words < MIN_WORDS or eng < ENGLISH_THRESHOLD or sim < TOPIC_THRESHOLD,
                     "ppl": perplexity(lm, original_ctx, res.token_ids),
-                    "loops": repeated_ngram_share(res.token_ids, 4), "start": res.text[:80],
+                    "loops": repeated_ngram_share(res.token_ids, 4), "text": res.text,
                 })
                 row["epsilon"] = res.guarantee.epsilon
-            rel = row["releases"]
-            row.update({
-                "derailed": share(sum(x["derailed"] for x in rel), len(rel)),
-                "english": _mean([x["english"] for x in rel]), "similarity": _mean([x["similarity"] for x in rel]),
-                "ppl": statistics.median(x["ppl"] for x in rel), "loops": _mean([x["loops"] for x in rel]),
-                "tokens": _mean([x["tokens"] for x in rel]), "seconds": _mean([x["seconds"] for x in rel]),
-            })
-            rows.append(row)
+            rows.append(summarise_row(row))
     return {"rows": rows, "document_tokens": prep.document_tokens, "spans": len(spans),
             "groups": len(prep.group_names)}
 
@@ -150,7 +157,7 @@ def run_privacy_checks(lm: Any, cfg: Any, progress: Callable[[str], None]) -> li
     out = []
     for setting in cfg.settings:
         opts = sanitize_options(setting)
-        row: dict[str, Any] = {"setting": setting, "min_p": opts["min_p"]}
+        row: dict[str, Any] = {"setting": setting, "min_p": opts["min_p"], "opening": opts["opening"]}
         if cfg.audit_trials:
             progress(f"audit dp-fusion ({setting} support)")
             sc = scenario("dp-fusion")
@@ -182,7 +189,7 @@ def _loss(lm: Any, cfg: Any, opts: dict[str, Any], progress: Callable[[str], Non
     t_max = cfg.max_new_tokens or 64
     res = run_quality(lm, docs, pool, epsilons=(SANITIZE.epsilon,), methods=("dp-fusion",), max_new_tokens=t_max,
                       seed=cfg.seed, progress=lambda s: progress(f"LOSS ({setting}) {s}"),
-                      decoding={"min_p": opts["min_p"]})
+                      decoding={"min_p": opts["min_p"], "opening_tokens": opts["opening"]})
     r = res["rows"][0]
     return {"asr": r.get("asr"), "asr_ci95": r.get("asr_ci95"), "games": r.get("games"), "docs": len(docs),
             "T_max": t_max, "chance": 0.2}

@@ -111,6 +111,9 @@ class SanitizeConfig(Config):
         min_p: keep only tokens at least ``min_p`` times as likely as the most likely one, measured on the PUBLIC
             context (DP-Fusion's support, like top-k: the guarantee is unchanged); the baselines apply it to the row
             they decode. None disables it.
+        opening_tokens: a public opening: the rewrite starts with the document's first tokens as the PUBLIC context
+            shows them (untagged text, public under replace-by-null), up to the first placeholder and at most this
+            many; the methods that protect the whole document never use one. None or 0 disables it.
         allow_untagged: rewrite even when no span was given or found (the methods that protect spans refuse by
             default: with nothing tagged nothing is protected).
         tag_uncovered: with spans given, fail closed on partial spans: the tagger tags the document for the entity
@@ -164,6 +167,7 @@ class SanitizeConfig(Config):
              "silently (the length is private under their adjacency). Default: all that the context window leaves "
              "after the instruction and T_max")
     min_p: float | None = option(SANITIZE.min_p, cli=False)
+    opening_tokens: int | None = option(SANITIZE.opening_tokens, cli=False)
     allow_untagged: bool = option(False, help="rewrite even if no span is given or found (refused by default: "
                                               "nothing would be protected)")
     tag_uncovered: bool = option(False, cli=False)
@@ -205,6 +209,8 @@ class SanitizeConfig(Config):
                                                  " (a public cap on the document's tokens)"))
         put("min_p", SANITIZE.min_p if self.min_p == _DEFAULT
             else None if self.min_p is None else check_probability(self.min_p, n("min_p"), low_open=True))
+        if self.opening_tokens is not None:
+            put("opening_tokens", int_at_least(self.opening_tokens, n("opening_tokens"), 0) or None)
         for flag in ("allow_untagged", "tag_uncovered", "debug"):
             put(flag, bool(getattr(self, flag)))
 

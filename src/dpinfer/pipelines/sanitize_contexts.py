@@ -52,6 +52,34 @@ class PreparedContexts:
     group_names: list[str]
     document_tokens: int
     private_tokens: dict[str, int]
+    document_start: int = 0
+    """Index of the document's first token in every context (the template before it is public)."""
+    placeholder: int = -1
+    """The placeholder token's id."""
+
+    def opening(self, max_tokens: int | None) -> list[int]:
+        """The PUBLIC opening (:func:`public_opening`) of these contexts, at most ``max_tokens`` (None or 0: none)."""
+        if not max_tokens:
+            return []
+        return public_opening(self.public, self.document_start, self.document_tokens, self.placeholder, max_tokens)
+
+
+def public_opening(public: Sequence[int], start: int, document_tokens: int, placeholder: int,
+                   max_tokens: int) -> list[int]:
+    """The document's first tokens as the PUBLIC context shows them: from ``start``, up to (not including) the first
+    placeholder, at most ``max_tokens``. It reads the public context only (rule: public rows never depend on private
+    ones); under replace-by-null the untagged text, the placeholders' positions and the length are public, so every
+    neighbouring document has the same opening and forcing it costs no privacy.
+
+    >>> public_opening([9, 9, 5, 6, 7, 0, 8], 2, 5, 0, 16), public_opening([9, 9, 5, 6, 7, 0, 8], 2, 5, 0, 2)
+    ([5, 6, 7], [5, 6])
+    """
+    out: list[int] = []
+    for tok in public[start: start + min(int(max_tokens), int(document_tokens))]:
+        if tok == placeholder:
+            break
+        out.append(int(tok))
+    return out
 
 
 def build_prompt(lm: LM, document: str, instruction: str) -> tuple[str, int]:
@@ -117,9 +145,11 @@ def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mappi
         others = token_mask & ~(1 << gi)
         private.append(np.where(others != 0, ph, ids).tolist())
         counts[name] = int(((token_mask >> gi) & 1).sum())
-    doc_tokens = int(((offsets[:, 0] >= offset) & (offsets[:, 0] < offset + len(document))).sum())
+    in_doc = (offsets[:, 0] >= offset) & (offsets[:, 0] < offset + len(document))
+    doc_tokens = int(in_doc.sum())
+    start = int(np.argmax(in_doc)) if doc_tokens else len(ids)  # a function of the template's length: public
     return PreparedContexts(public=public.tolist(), private=private, original=ids.tolist(), group_names=names,
-                            document_tokens=doc_tokens, private_tokens=counts)
+                            document_tokens=doc_tokens, private_tokens=counts, document_start=start, placeholder=ph)
 
 
 def _check_spans_covered(char_mask: np.ndarray, token_mask: np.ndarray, offsets: np.ndarray) -> None:

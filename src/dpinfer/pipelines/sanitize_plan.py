@@ -86,6 +86,8 @@ class SanitizePlan:
     prompt_tokens: int
     settings: dict[str, Any]
     debug: bool = False
+    opening: list[int] = dataclasses.field(default_factory=list)
+    """The public opening the rewrite starts with (forced, identical in every row; part of the released text)."""
 
 
 def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtime | None = None,
@@ -126,13 +128,15 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
         cap = whole_document_cap(model, instruction, max_new_tokens=t_max, max_input_tokens=cfg.max_input_tokens)
         text, used_spans = cut_document(model, text, used_spans, cap, instruction)
     prep = prepare_contexts(model, text, used_spans, group_map, instruction)
+    # the public opening: read from the PUBLIC context only; never for whole-document methods (every token private)
+    opening = [] if whole_document else prep.opening(cfg.opening_tokens)
     if cfg.max_new_tokens is not None:
         t_max, t_max_from = cfg.max_new_tokens, "max_new_tokens"
     elif whole_document:
         t_max_from = "fixed default"
     else:  # the length is public under DP-Fusion's adjacency
         t_max, t_max_from = default_max_new_tokens(prep.document_tokens), "document length"
-    if len(prep.original) + t_max > model.context_window:
+    if len(prep.original) + len(opening) + t_max > model.context_window:
         raise ContextTooLongError(
             f"the prompt ({len(prep.original)} tokens) plus max_new_tokens={t_max} exceeds the model's context window "
             f"({model.context_window}); split the document into parts and sanitise each (each part's guarantee "
@@ -142,7 +146,8 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
                                 "alpha": cfg.alpha, "delta": cfg.delta,
                                 "instruction": "default" if instruction == DEFAULT_INSTRUCTION else "custom",
                                 "model": model.name,  # never the seed (it would let anyone replay the noise)
-                                "max_new_tokens_from": t_max_from, "span_source": resolved.to_dict()}
+                                "max_new_tokens_from": t_max_from, "span_source": resolved.to_dict(),
+                                "opening_tokens": cfg.opening_tokens if not whole_document else None}
     if whole_document:
         settings["max_input_tokens"] = cap
     if entry.contexts == "fusion":
@@ -157,22 +162,25 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
     guarantee = methods.guarantee(entry, mech, group_map, cfg, t_max)
     if cfg.seed is not None:
         guarantee = dataclasses.replace(guarantee, seeded=True)
-    job = Job(contexts=methods.rows(entry, prep.public, prep.private, prep.original), mechanism=mech,
+    contexts = methods.rows(entry, prep.public + opening, [p + opening for p in prep.private],
+                            prep.original + opening)
+    job = Job(contexts=contexts, mechanism=mech,
               max_new_tokens=t_max, min_new_tokens=min(cfg.min_new_tokens, t_max), seed=cfg.seed,
               processors=processors)
     return SanitizePlan(job=job, lm=model, method=cfg.method, spans=used_spans, groups=group_map,
                         guarantee=guarantee, prompt_tokens=len(prep.original),
-                        settings=settings, debug=cfg.debug)
+                        settings=settings, debug=cfg.debug, opening=opening)
 
 
 def finish_sanitize(plan: SanitizePlan, output: EngineOutput, *, seconds: float = 0.0) -> SanitizeResult:
     """The :class:`SanitizeResult` of a planned document (:func:`plan_sanitize`) from its engine output."""
-    ids = output.sequences[0]
+    ids = list(plan.opening) + list(output.sequences[0])
     stats = plan.job.mechanism.diagnostics(output.steps) if plan.debug else {}  # data-dependent: diagnostics only
     return SanitizeResult(
-        text=plan.lm.decode(ids).strip(), guarantee=plan.guarantee, token_ids=list(ids),
+        text=plan.lm.decode(ids).strip(), guarantee=plan.guarantee, token_ids=ids,
         spans=plan.spans, groups=plan.groups, method=plan.method, finish_reason=output.finish_reasons[0],
-        prompt_tokens=plan.prompt_tokens, generated_tokens=len(ids), max_new_tokens=plan.job.max_new_tokens,
+        prompt_tokens=plan.prompt_tokens, generated_tokens=len(ids) - len(plan.opening),
+        max_new_tokens=plan.job.max_new_tokens,
         seconds=seconds, settings=plan.settings, data_dependent=stats, debug=plan.debug,
     )
 

@@ -42,7 +42,7 @@ def test_config_checks_before_any_model() -> None:
 
 def test_settings_differ_only_in_the_changed_defaults() -> None:
     prev, cur = quality.sanitize_options("previous"), quality.sanitize_options("current")
-    assert prev == {"min_p": None, "cap": None} and cur["min_p"] and cur["cap"]
+    assert prev == {"min_p": None, "cap": None, "opening": None} and cur["min_p"] and cur["cap"] and cur["opening"]
     assert not quality.rag_template("previous").chat and quality.rag_template("current").chat
 
 
@@ -84,7 +84,37 @@ def test_markdown_puts_each_method_beside_its_ceiling_and_the_checks_in_the_same
                     "loss": {"skipped": "TAB data not found"}}]},
         "rag": {"skipped": "evaluation data not found"}}
     md = quality.markdown(res)
-    assert "| previous | dp-fusion | 40 | 24 | – | 2/6 (33%" in md
+    assert "| previous | dp-fusion | 40 | 24 | – | – | 2/6 (33%" in md
     assert "| current | original | ∞ (no privacy) |" in md
     assert "0.500 / 4.000 (2000)" in md and "skipped (TAB data not found)" in md
     assert "rag: skipped (evaluation data not found)" in md
+
+
+def test_merge_pools_split_runs_into_one_table_and_refuses_a_seed_measured_twice(tmp_path) -> None:
+    import json
+
+    def release(seed: int, derailed: bool) -> dict[str, object]:
+        return {"seed": seed, "tokens": 10, "seconds": 1.0, "english": 0.4, "similarity": 0.2 if derailed else 0.6,
+                "words": 9, "derailed": derailed, "ppl": 3.0, "loops": 0.0, "text": "x"}
+
+    def part(name: str, setting: str, seeds: range, checks: list[dict[str, object]]) -> str:
+        row = {"task": "sanitize", "setting": setting, "method": "dp-fusion", "T_max": 256, "min_p": None,
+               "opening": None, "epsilon": 40.0, "releases": [release(s, s == 3) for s in seeds]}
+        res = {"model": "m", "seconds": 5.0, "sanitize": {"rows": [quality.summarise_row(row)], "document_tokens": 7,
+                                                          "spans": 2, "groups": 1, "checks": checks}}
+        (tmp_path / name).write_text(json.dumps(res), encoding="utf-8")
+        return str(tmp_path / name)
+
+    audit = {"setting": "current", "min_p": 0.1, "audit": {"claimed_epsilon": 4.0, "epsilon_lb": 0.5,
+                                                           "trials": 100, "exceeds": False}}
+    a = part("a.json", "current", range(0, 5), [{"setting": "current", "min_p": 0.1}])  # nothing measured: dropped
+    b = part("b.json", "current", range(5, 10), [audit])
+    cfg = quality.config_from_args(_args(merge=f"{a},{b}", out=str(tmp_path / "out")))
+    res = quality.run(cfg)
+    (row,) = res["sanitize"]["rows"]
+    assert [x["seed"] for x in row["releases"]] == list(range(10)) and row["derailed"]["count"] == 1
+    assert row["derailed"]["n"] == 10 and res["sanitize"]["checks"] == [audit]
+    assert "1/10 (10%" in res["markdown"] and "the longest of 2 runs" in res["markdown"]
+    assert (tmp_path / "out" / "bench_quality.md").is_file()
+    with pytest.raises(ConfigurationError, match="same seed"):
+        quality.merge_results([tmp_path / "a.json", tmp_path / "a.json"])
