@@ -115,6 +115,9 @@ def guarantee_details(result: Any) -> str | None:
         if "replace-one" in (g.adjacency or ""):
             scope += ", compared with any other values in the same spans"
         found = f" The spans were found by {_span_words(result)[0]}."
+        if (getattr(result, "settings", None) or {}).get("opening_tokens"):
+            found += (" The rewrite starts with the document's opening as the public context shows it (its first "
+                      "tokens up to the first tagged span, copied: untagged text is public).")
     else:
         scope, found = "the document", ""
     return (f"Whatever else anyone knows, this rewrite changes the odds of any conclusion about {scope} by a factor "

@@ -156,8 +156,13 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
     emb = load_embedder()
     res: dict[str, Any] = {"model": lm.name, "settings": plain(config.to_kwargs())}
     t0 = time.perf_counter()
+    def checkpoint(partial: dict[str, Any]) -> None:  # every release: a run stopped early keeps what it measured
+        if config.out:
+            write_json(Path(config.out) / "bench_quality.json",
+                       {**res, "sanitize": partial, "seconds": time.perf_counter() - t0, "partial": True})
+
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "sanitize": lambda: run_sanitize(lm, emb, config, prog),
+        "sanitize": lambda: run_sanitize(lm, emb, config, prog, checkpoint),
         "rag": lambda: run_rag(lm, emb, config, prog),
         "protect": lambda: run_protect(lm, config, prog),
         "synth": lambda: run_synth(lm, emb, config, prog),

@@ -85,7 +85,10 @@ def summarise_row(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dict[str, Any]:
+def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
+                 checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The sanitize rows; ``checkpoint(partial)`` is called after every release with the rows so far (the row in
+    progress summarised over its releases so far), so that a long run that is stopped keeps what it measured."""
     from dpinfer.eval.metrics import perplexity, repeated_ngram_share
     from dpinfer.paths import repo_root
     from dpinfer.pipelines.sanitize import (
@@ -112,7 +115,8 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -
     ref = emb.encode([scrubbed])[0]
     prep = prepare_contexts(lm, text, spans, resolve_groups(spans, None), DEFAULT_INSTRUCTION)
     original_ctx = lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0])
-    rows = []
+    rows: list[dict[str, Any]] = []
+    about = {"document_tokens": prep.document_tokens, "spans": len(spans), "groups": len(prep.group_names)}
     for setting in cfg.settings:
         opts = sanitize_options(setting)
         t_max = default_max_new_tokens(prep.document_tokens, cap=opts["cap"])
@@ -141,9 +145,10 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -
                     "loops": repeated_ngram_share(res.token_ids, 4), "text": res.text,
                 })
                 row["epsilon"] = res.guarantee.epsilon
+                if checkpoint is not None:
+                    checkpoint({**about, "rows": [*rows, summarise_row(dict(row))]})
             rows.append(summarise_row(row))
-    return {"rows": rows, "document_tokens": prep.document_tokens, "spans": len(spans),
-            "groups": len(prep.group_names)}
+    return {**about, "rows": rows}
 
 
 def run_privacy_checks(lm: Any, cfg: Any, progress: Callable[[str], None]) -> list[dict[str, Any]]:

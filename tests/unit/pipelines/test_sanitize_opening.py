@@ -40,6 +40,8 @@ def test_dp_fusion_release_starts_with_the_opening_and_epsilon_does_not_move(tin
     assert len(with_op.token_ids) == len(op) + with_op.generated_tokens
     assert with_op.settings["opening_tokens"] == 16 and without.settings["opening_tokens"] is None
     assert with_op.guarantee.epsilon == without.guarantee.epsilon  # the opening is public: ε is unchanged
+    assert "starts with the document's opening" in with_op.release()["guarantee"]["details"]
+    assert "opening" not in without.release()["guarantee"]["details"]
 
 
 @pytest.mark.parametrize("method", ["dp-prompt", "dp-decoding"])

@@ -11,6 +11,7 @@ import pytest
 
 from dpinfer.cli import main
 from dpinfer.configs.sanitize import SanitizeConfig
+from dpinfer.defaults import SANITIZE
 from dpinfer.methods import method_names, methods_help
 from dpinfer.methods.sanitize import TABLE, BuildArgs
 from dpinfer.methods.table import Method
@@ -46,8 +47,8 @@ def test_a_toy_method_runs_through_the_pipeline(toy: str, tiny_lm) -> None:
         "sanitize")
     check_sanitize_params(method=toy, epsilon=2.0)  # accepted by the checks
     plan = plan_sanitize(DOC, lm=tiny_lm, method=toy, epsilon=4.0, spans=SPANS, max_new_tokens=6, seed=0)
-    public = prepare_contexts(tiny_lm, DOC, SPANS, resolve_groups(SPANS, None), DEFAULT_INSTRUCTION).public
-    assert plan.job.contexts == [public]  # the table's contexts: the public row alone
+    prep = prepare_contexts(tiny_lm, DOC, SPANS, resolve_groups(SPANS, None), DEFAULT_INSTRUCTION)
+    assert plan.job.contexts == [prep.public + prep.opening(SANITIZE.opening_tokens)]  # the public row (+ its opening)
     res = sanitize(DOC, lm=tiny_lm, method=toy, epsilon=4.0, spans=SPANS, max_new_tokens=6, seed=0)
     assert res.method == toy and 1 <= res.generated_tokens <= 6 == res.max_new_tokens
     assert res.settings["toy_temperature"] == pytest.approx(1.25)  # its builder ran, with the config's ε
