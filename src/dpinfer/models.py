@@ -246,28 +246,61 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _eos_ids(tokenizer: Any, generation_eos: Any) -> frozenset[int]:
+    """End-of-sequence ids: the generation config's (an int or a list) and the tokenizer's."""
+    eos: set[int] = set()
+    for source in (generation_eos, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            eos.add(source)
+        elif source:
+            eos.update(int(x) for x in source)
+    return frozenset(eos)
+
+
+def _read_tokenizer(path: Path, *, fast_tokenizer: bool = False) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    # AutoTokenizer spends ~1 s resolving classes; for dpinfer's own converted cache the class is known.
+    tok_cls = PreTrainedTokenizerFast if fast_tokenizer else AutoTokenizer
+    return tok_cls.from_pretrained(path, local_files_only=True)
+
+
 def _load_hf_dir(path: Path, name: str, device: Any, dtype: Any, *, fast_tokenizer: bool = False) -> LM:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
-    # AutoTokenizer spends ~1 s resolving classes; for dpinfer's own converted cache the class is known.
-    tok_cls = PreTrainedTokenizerFast if fast_tokenizer else AutoTokenizer
-    tokenizer = tok_cls.from_pretrained(path, local_files_only=True)
+    tokenizer = _read_tokenizer(path, fast_tokenizer=fast_tokenizer)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     model.to(device)
     model.eval()
     if getattr(model.config, "quantization_config", None) is not None:
         log.warning("model %s is quantised; dpinfer computes divergences in float64 from its logits", name)
-    eos: set[int] = set()
-    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
-        if isinstance(source, int):
-            eos.add(source)
-        elif source:
-            eos.update(int(x) for x in source)
     return LM(model=model, tokenizer=tokenizer, name=name, source=path, load_seconds=time.perf_counter() - t0,
-              eos_token_ids=frozenset(eos))
+              eos_token_ids=_eos_ids(tokenizer, model.generation_config.eos_token_id))
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None) -> tuple[Any, frozenset[int]]:
+    """The tokenizer and end-of-sequence ids of the model :func:`load_model` would load, without reading its
+    weights (what a random-weight model of another shape needs to tokenise prompts; the folder may hold the
+    tokenizer and config files alone).
+
+    Raises:
+        ModelNotFoundError, CorruptCacheError: as :func:`load_model`.
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    path, fast = _model_folder(name_or_path)
+    try:
+        tokenizer = _read_tokenizer(path, fast_tokenizer=fast)
+        if (path / "generation_config.json").is_file():
+            generation_eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+        else:
+            generation_eos = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "eos_token_id", None)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelNotFoundError(f"no tokenizer could be read from {path} ({type(exc).__name__})") from None
+    return tokenizer, _eos_ids(tokenizer, generation_eos)
 
 
 def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: str | None = None,
@@ -331,8 +364,9 @@ def model_name(name_or_path: str | os.PathLike[str] | None) -> str:
     return str(Path(name_or_path).expanduser())
 
 
-def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
-    name = model_name(name_or_path)
+def _model_folder(name_or_path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
+    """The Hugging Face folder a model name resolves to (the embedded model and a ``.gguf`` file: their converted
+    copy in the cache, converted now if it is not there yet), and whether it is dpinfer's own conversion."""
     if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
         gguf = embedded_gguf_path()
     else:
@@ -340,7 +374,7 @@ def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
         if path.is_dir():
             if not (path / "config.json").is_file():
                 raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-            return _load_hf_dir(path, name, dev, dt)
+            return path, False
         if path.is_file() and path.suffix == ".gguf":
             gguf = path
         else:
@@ -353,11 +387,19 @@ def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
         if target.exists():
             raise CorruptCacheError(f"the model cache {target} is incomplete; delete that folder and retry")
         _convert_gguf(gguf, target)
+    return target, True
+
+
+def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
+    name = model_name(name_or_path)
+    path, converted = _model_folder(name_or_path)
+    if not converted:
+        return _load_hf_dir(path, name, dev, dt)
     try:
-        lm = _load_hf_dir(target, name, dev, dt, fast_tokenizer=True)
+        lm = _load_hf_dir(path, name, dev, dt, fast_tokenizer=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise CorruptCacheError(
-            f"the cached model in {target} cannot be loaded ({type(exc).__name__}); delete that folder and retry"
+            f"the cached model in {path} cannot be loaded ({type(exc).__name__}); delete that folder and retry"
         ) from exc
     return lm
 

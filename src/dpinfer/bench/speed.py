@@ -63,14 +63,17 @@ SHAPES: dict[str, dict[str, Any]] = {
 """Model shapes for ``--shape`` (a random-weight model of that architecture)."""
 
 
-def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tokenizer_lm: Any = None) -> Any:
+def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tokenizer_lm: Any = None,
+                tokenizer: str | None = None) -> Any:
     """A random-weight model of a :data:`SHAPES` shape on ``device`` (built there, no download), wrapped as an
-    :class:`~dpinfer.models.LM` with the embedded model's tokenizer (its ids are valid for every shape here)."""
+    :class:`~dpinfer.models.LM` with the tokenizer of ``tokenizer_lm`` (a loaded LM) or of the model ``tokenizer``
+    names (default: the embedded model's; only its tokenizer files are read). Its ids must fit the shape's
+    vocabulary (the embedded tokenizer's fit every shape here)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import LM, _pick_device, _pick_dtype, load_model
+    from dpinfer.models import LM, _pick_device, _pick_dtype, load_tokenizer
 
     if shape not in SHAPES:
         raise ConfigurationError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
@@ -79,17 +82,24 @@ def shape_model(shape: str, *, device: str | None = None, dtype: Any = None, tok
     fields = dict(SHAPES[shape])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_sliding_window = False
-    tok = tokenizer_lm if tokenizer_lm is not None else load_model(device="cpu")
-    config.eos_token_id = sorted(tok.eos_token_ids)[0]
+    if tokenizer_lm is not None:
+        tok, eos = tokenizer_lm.tokenizer, tokenizer_lm.eos_token_ids
+    else:
+        tok, eos = load_tokenizer(tokenizer)
+    if len(tok) > config.vocab_size:
+        raise ConfigurationError(f"the tokenizer has {len(tok)} tokens, more than the {shape} shape's vocabulary "
+                                 f"({config.vocab_size}): use the embedded model's tokenizer (no --model)")
+    config.eos_token_id = sorted(eos)[0]
     t0 = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(config, dtype=dt, attn_implementation="sdpa")
     model.eval()
     model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    return LM(model=model, tokenizer=tok.tokenizer, name=f"random {shape}", source=Path("."),
-              load_seconds=time.perf_counter() - t0, eos_token_ids=tok.eos_token_ids)
+    lm = LM(model=model, tokenizer=tok, name=f"random {shape}", source=Path("."),
+            load_seconds=time.perf_counter() - t0, eos_token_ids=eos)
+    model.generation_config.pad_token_id = lm.pad_token_id
+    return lm
 
 
 def add_speed_arguments(p: argparse.ArgumentParser, runs: str | None) -> None:
@@ -99,15 +109,18 @@ def add_speed_arguments(p: argparse.ArgumentParser, runs: str | None) -> None:
     at = f"{runs}: " if runs else ""
     p.add_argument("--device", default=None, help=f"{at}cpu, cuda or cuda:N (default: CUDA when available)")
     p.add_argument("--dtype", default=None, help=f"{at}float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
-    p.add_argument("--shape", default=None, help=f"{at}a random-weight model of this shape instead of --model "
-                                                 f"({', '.join(SHAPES)}; nothing downloaded; speed only)")
+    p.add_argument("--shape", default=None, help=f"{at}a random-weight model of this shape instead of --model's "
+                                                 f"weights ({', '.join(SHAPES)}; nothing downloaded; speed only); "
+                                                 "prompts are tokenised with --model's tokenizer (default: the "
+                                                 "embedded model's; a folder with only the tokenizer files will do)")
 
 
 def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: str) -> None:
     """Refuse (before any model loads) speed options outside a speed run, an unknown shape, a shape with
-    ``--model``/``--quantize``, and an unknown device or dtype (or a missing GPU)."""
+    ``--quantize``, and an unknown device or dtype (or a missing GPU). With ``--shape``, ``--model`` names the
+    tokenizer only."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import _pick_device, _pick_dtype
+    from dpinfer.models import EMBEDDED_NAME, _pick_device, _pick_dtype, model_name
 
     device, dtype, shape = (getattr(args, n, None) for n in ("device", "dtype", "shape"))  # options not given: absent
     given = [f"--{n}" for n, v in (("device", device), ("dtype", dtype), ("shape", shape)) if v is not None]
@@ -118,19 +131,24 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
     if shape is not None:
         if shape not in SHAPES:
             raise ConfigurationError(f"unknown --shape {shape!r}; choose one of {', '.join(SHAPES)}")
-        if getattr(args, "model", None) is not None or getattr(args, "quantize", None) is not None:
-            raise ConfigurationError("--shape builds its own random-weight model: drop --model / --quantize")
+        if getattr(args, "quantize", None) is not None:
+            raise ConfigurationError("--shape builds its own random-weight model: drop --quantize")
+        model = getattr(args, "model", None)
+        if model is not None and model_name(model) != EMBEDDED_NAME and not (
+                Path(model).expanduser().is_dir() and (Path(model).expanduser() / "config.json").is_file()):
+            raise ConfigurationError(f"with --shape, --model names the tokenizer: {model} is not a model folder "
+                                     "(give a folder with config.json and the tokenizer files, or drop --model)")
     _pick_dtype(dtype, _pick_device(device))  # an unknown device, dtype or missing GPU fails here
 
 
 def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,
                 quantize: str | None = None) -> Any:
-    """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given, else
-    :func:`~dpinfer.models.load_model`."""
+    """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given (with ``model``'s
+    tokenizer), else :func:`~dpinfer.models.load_model`."""
     from dpinfer.models import load_model
 
     if shape is not None:
-        return shape_model(shape, device=device, dtype=dtype)
+        return shape_model(shape, device=device, dtype=dtype, tokenizer=model)
     return load_model(model, device=device, dtype=dtype, quantize=quantize)
 
 

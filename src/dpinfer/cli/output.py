@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -145,16 +146,20 @@ def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[
 
 def progress_runner(label: str) -> tuple[Any, Callable[[str], None]]:
     """A transient spinner (a context manager) on a terminal's standard error and ``update(what)`` to describe the
-    current stage (benchmarks)."""
+    current stage (benchmarks). When standard error is not a terminal (a log file), each stage is one line with the
+    seconds since the start instead, so a log of a run that was stopped still shows how far it got and when."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     err = console(stderr=True)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                     transient=True, disable=not err.is_terminal)
     task = prog.add_task(label)
+    start = time.perf_counter()
 
     def update(what: str) -> None:
         prog.update(task, description=f"{label}: {what}")
+        if not err.is_terminal:
+            print(f"{label}: {what} ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
 
     return prog, update
 

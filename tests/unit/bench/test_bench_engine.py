@@ -20,7 +20,8 @@ def test_jobs_options_are_checked_before_any_model():
     assert (config.new_tokens, config.prompt_tokens) == (64, 300)  # the --jobs defaults
     assert parse() == bench.EngineBenchConfig()
     for bad, match in ((["--compile"], "--jobs"), (["--max-rows", "4"], "--jobs"),
-                       (["--shape", "qwen2.5-7b", "--model", "x"], "drop --model"), (["--dtype", "int3"], "dtype")):
+                       (["--shape", "qwen2.5-7b", "--model", "x"], "names the tokenizer"),
+                       (["--dtype", "int3"], "dtype")):
         with pytest.raises(ConfigurationError, match=match):
             parse(*bad)
     with pytest.raises(SystemExit):  # argparse refuses an unknown shape
@@ -57,3 +58,21 @@ def test_a_shape_model_is_built_from_its_config(tiny_lm, monkeypatch):
     assert {r["config"] for r in res["rows"]} == {"hf generate (1 prompt)", "one by one K=1", "run_jobs K=1 eager"}
     with pytest.raises(ConfigurationError, match="unknown shape"):
         bench.shape_model("gpt-17", tokenizer_lm=tiny_lm)
+
+
+def test_a_shape_model_takes_the_tokenizer_of_a_folder_without_weights(tiny_lm, tmp_path, monkeypatch):
+    """``--model FOLDER --shape S``: only the folder's tokenizer and config files are read (no weights)."""
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    tiny_lm.model.config.save_pretrained(tmp_path)
+    assert not list(tmp_path.glob("*.safetensors"))
+    monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(
+        model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=tiny_lm.vocab_size, tie_word_embeddings=True,
+        max_position_embeddings=256, rope_theta=10000.0))
+    lm = bench.speed_model(str(tmp_path), device="cpu", dtype="float32", shape="tiny-llama")
+    assert lm.name == "random tiny-llama" and lm.model.config.num_hidden_layers == 1
+    assert lm.encode("The applicant was born in 1970.") == tiny_lm.encode("The applicant was born in 1970.")
+    assert lm.eos_token_ids and lm.eos_token_ids <= tiny_lm.eos_token_ids | {tiny_lm.tokenizer.eos_token_id}
+    monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(bench.SHAPES["tiny-llama"], vocab_size=8))
+    with pytest.raises(ConfigurationError, match="more than the tiny-llama shape's vocabulary"):
+        bench.speed_model(str(tmp_path), device="cpu", dtype="float32", shape="tiny-llama")

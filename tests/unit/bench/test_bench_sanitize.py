@@ -129,8 +129,8 @@ def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monke
 @pytest.mark.parametrize("argv, message", [
     (["--shape", "qwen2.5-7b"], "apply to the speed runs"),
     (["--perf", "--shape", "nope"], "unknown --shape"),
-    (["--perf", "--shape", "qwen2.5-7b", "--model", "m"], "drop --model"),
-    (["--perf", "--shape", "qwen2.5-7b", "--quantize", "int8"], "drop --model / --quantize"),
+    (["--perf", "--shape", "qwen2.5-7b", "--model", "m"], "names the tokenizer"),
+    (["--perf", "--shape", "qwen2.5-7b", "--quantize", "int8"], "drop --quantize"),
     (["--corpus", "2", "--dtype", "float77"], "dtype"),
 ])
 def test_speed_options_are_checked_before_any_model_loads(argv, message, capsys):

@@ -42,7 +42,7 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (["--corpus-docs", "0"], "--corpus-docs must be an integer ≥ 1"),
     (["--repeats", "0"], "--repeats must be an integer ≥ 1"),
     (["--shape", "gpt-17"], "unknown --shape"),
-    (["--shape", "qwen2.5-7b", "--model", "m"], "drop --model"),
+    (["--shape", "qwen2.5-7b", "--model", "m"], "names the tokenizer"),
     (["--dtype", "float77"], "unknown dtype"),
     (["--device", "tpu:9"], "unknown device"),
 ])
