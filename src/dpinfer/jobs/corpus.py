@@ -63,7 +63,7 @@ from dpinfer.checks import format_up
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import append_line, check_output_path, encode_record, input_file, read_output_lines, write_line
 from dpinfer.jobs.files import OutputLock, ReleaseDigests, check_rerelease
-from dpinfer.jobs.resumable import Charge, JobRun, release_order, run_resumable, settle_torn
+from dpinfer.jobs.resumable import Charge, JobRun, parse_line, release_order, run_resumable, settle_tail
 
 
 @dataclass(frozen=True)
@@ -197,10 +197,7 @@ class CorpusOutput:
             return 0
         tail = read_output_lines(p)
         for n, raw in tail.lines:
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                obj = None
+            obj = parse_line(raw)
             if not isinstance(obj, dict) or not _valid_id(obj.get("id")):
                 raise InvalidInputError(f"--out {p} line {n} is not a dpinfer corpus record (a JSON object with an "
                                         "id); give a new path or the output of an earlier run of this job")
@@ -209,15 +206,8 @@ class CorpusOutput:
                 raise InvalidInputError(f"--out {p} line {n} repeats an id of an earlier line; it is not the output "
                                         "of one corpus job")
             self.done[key] = obj
-        settled = settle_torn(tail.torn, "id", "guarantee") if tail.torn else None
-        if settled is not None and (not _valid_id(settled["id"]) or id_key(settled["id"]) in self.done):
-            settled = None
-        cut = tail.cut(p, "a dpinfer corpus record")
-        if settled is None:
-            self.truncated_bytes = cut
-        else:
-            self.append(settled)
-            self.settled_torn = settled
+        settle_tail(self, tail, "id", "guarantee", what="a dpinfer corpus record",
+                    fresh=lambda rid: _valid_id(rid) and id_key(rid) not in self.done)
         return len(self.done)
 
     def append(self, record: Mapping[str, Any]) -> None:

@@ -37,6 +37,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from dpinfer.io import OutputLines
+
 T = TypeVar("T")
 
 TORN_ERROR = ("torn: an interrupted run wrote part of this record; that part counts as released, so the record is not "
@@ -184,6 +186,31 @@ def settle_torn(torn: bytes, key_field: str, released_after: str) -> dict[str, A
     if "guarantee" in fields:
         record["guarantee"] = fields["guarantee"]
     return record
+
+
+def parse_line(raw: bytes) -> Any:
+    """A complete line of ``OUT`` as JSON; None when it is not (bad UTF-8, bad JSON, nested too deep)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def settle_tail(out: Any, tail: OutputLines, key_field: str, released_after: str, *,
+                fresh: Callable[[Any], bool], what: str) -> None:
+    """Settle the torn last line of ``out``'s file, once its complete lines are in ``out.done``: replaced by the error
+    record of :func:`settle_torn` (appended, and kept in ``out.settled_torn``) when its key is complete and
+    ``fresh(key)`` (a valid key not in ``out.done``), else cut off (``out.truncated_bytes``). ``what`` names a line
+    of the job in the refusal of a tail that cannot be one (:meth:`~dpinfer.io.OutputLines.cut`)."""
+    settled = settle_torn(tail.torn, key_field, released_after) if tail.torn else None
+    if settled is not None and not fresh(settled[key_field]):
+        settled = None
+    cut = tail.cut(out.path, what)
+    if settled is None:
+        out.truncated_bytes = cut
+    else:
+        out.append(settled)
+        out.settled_torn = settled
 
 
 def run_resumable(out: JobOutput, items: Sequence[T], generate: Callable[[Iterator[T]], Iterable[Mapping[str, Any]]],

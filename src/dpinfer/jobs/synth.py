@@ -35,7 +35,7 @@ from typing import Any
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import append_line, atomic_write_text, encode_record, read_output_lines, write_line
 from dpinfer.jobs.files import OutputLock
-from dpinfer.jobs.resumable import release_order, settle_torn
+from dpinfer.jobs.resumable import parse_line, release_order, settle_tail
 
 PARTITION_SUFFIX = ".partition"
 """The private sidecar of an unfinished ``OUT``: ``OUT.jsonl.partition``."""
@@ -159,10 +159,7 @@ class SynthesisOutput:
         tail = read_output_lines(p)
         seen: dict[int, int] = {}
         for k, (n, raw) in enumerate(tail.lines):
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                obj = None
+            obj = parse_line(raw)
             if k == 0:
                 head = obj.get("dpinfer") if isinstance(obj, dict) else None
                 if n != 1 or not isinstance(head, dict) or head.get("kind") != "synthesis":
@@ -180,16 +177,9 @@ class SynthesisOutput:
                                         "released once; it is not the output of one synth job")
             seen[batch] = n
             self.done[batch] = obj
-        settled = settle_torn(tail.torn, "batch", "batch") if tail.torn and self.header is not None else None
-        batch = settled.get("batch") if settled is not None else None
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0 or batch in self.done:
-            settled = None
-        cut = tail.cut(p, "a dpinfer synth line")
-        if settled is None:
-            self.truncated_bytes = cut
-        else:
-            self.append(settled)
-            self.settled_torn = settled
+        settle_tail(self, tail, "batch", "batch", what="a dpinfer synth line",
+                    fresh=lambda b: (self.header is not None and isinstance(b, int) and not isinstance(b, bool)
+                                     and b >= 0 and b not in self.done))
         return len(self.done)
 
     def check(self, header: Mapping[str, Any], partition_sha256: str) -> None:
