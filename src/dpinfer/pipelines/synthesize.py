@@ -46,7 +46,7 @@ from dpinfer.methods.synthesize import (
     reads_references,
 )
 from dpinfer.references import Reference, as_references, load_references, partition, partition_sha256
-from dpinfer.release import with_warning
+from dpinfer.release import check_release, with_warning
 from dpinfer.runtime import resolve_runtime
 
 if TYPE_CHECKING:
@@ -74,9 +74,10 @@ class SyntheticText:
     data_dependent: Mapping[str, Any] = field(default_factory=dict)
 
     def release(self) -> dict[str, Any]:
-        """The public record: the text, the batch's public labels and index, its length and why it ended."""
-        return {"text": self.text, "labels": dict(self.labels), "batch": self.batch, "tokens": self.tokens,
-                "finish_reason": self.finish_reason}
+        """The public record: the text, the batch's public labels and index, its length and why it ended
+        (:func:`~dpinfer.release.check_release`: no forbidden key)."""
+        return check_release({"text": self.text, "labels": dict(self.labels), "batch": self.batch,
+                              "tokens": self.tokens, "finish_reason": self.finish_reason})
 
     def diagnostics(self) -> dict[str, Any]:
         """DATA-DEPENDENT figures of this text (from :meth:`dpinfer.mechanisms.base.Mechanism.diagnostics`)."""
@@ -115,15 +116,18 @@ class SynthesisResult:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def header(self) -> dict[str, Any]:
-        """The record written first in an output file: guarantee, settings and counts (no private text, no timing)."""
-        return {"dpinfer": {"kind": "synthesis", "method": self.method, "guarantee": self.guarantee.to_dict(),
-                            "settings": self.settings, "references_used": self.references_used,
-                            "references_left_out": self.references_left_out, "texts": len(self.texts),
-                            "lm_calls_per_token": self.lm_calls_per_token}}
+        """The record written first in an output file: guarantee, settings and counts (no private text, no timing;
+        :func:`~dpinfer.release.check_release`)."""
+        return {"dpinfer": check_release({
+            "kind": "synthesis", "method": self.method, "guarantee": self.guarantee.to_dict(),
+            "settings": self.settings, "references_used": self.references_used,
+            "references_left_out": self.references_left_out, "texts": len(self.texts),
+            "lm_calls_per_token": self.lm_calls_per_token})}
 
     def release(self) -> dict[str, Any]:
-        """The header's fields and the texts' :meth:`SyntheticText.release`."""
-        return {**self.header()["dpinfer"], "texts": [t.release() for t in self.texts]}
+        """The header's fields and the texts' :meth:`SyntheticText.release`, checked
+        (:func:`~dpinfer.release.check_release`: a forbidden key is refused, never published)."""
+        return check_release({**self.header()["dpinfer"], "texts": [t.release() for t in self.texts]})
 
     def diagnostics(self) -> dict[str, Any]:
         """Timing (it depends on the references' lengths) and each text's data-dependent figures, with a warning."""

@@ -126,6 +126,21 @@ def test_synthesize_runs_every_method(tiny_lm, method: str, tmp_path: Path) -> N
     assert all("text" in x and "data_dependent" not in x and "private_tokens" not in x for x in lines[1:])
 
 
+def test_a_synthesis_release_refuses_a_forbidden_key() -> None:
+    from dpinfer.accounting import Guarantee
+    from dpinfer.pipelines.synthesize import SynthesisResult, SyntheticText
+    from dpinfer.release import ReleaseError
+
+    text = SyntheticText("a text", {"cat": "x"}, 0, 2, "eos", data_dependent={"spent": 1.0})
+    res = SynthesisResult([text], Guarantee.no_privacy("public"), "public", {"batch_size": 2}, 0, 0, 0.5, 1)
+    assert check_release(res.release())["texts"] == [text.release()]
+    res.settings = {"batch_size": 2, "seed": 7}  # a seed never sits next to a release
+    with pytest.raises(ReleaseError, match=r"settings\.seed"):
+        res.release()
+    with pytest.raises(ReleaseError, match=r"settings\.seed"):
+        res.jsonl_lines()
+
+
 def test_synthesize_is_reproducible_with_a_seed(tiny_lm) -> None:
     kw = {"lm": tiny_lm, "epsilon": 5.0, "batch_size": 2, "max_new_tokens": 8, "prompt_template": TEMPLATE,
           "seed": 4}
