@@ -23,11 +23,18 @@ One run, one table. Every row decodes with the SAME model; per task:
   nearest held-out review).
 
 ``--settings previous,current`` runs sanitize and rag under the previous defaults (no min-p support,
-a document-following T_max without cap; RAG's plain completion prompt) and under the current ones, in the same run;
+a document-following T_max without cap, no public opening; RAG's plain completion prompt) and under the current
+ones, in the same run;
 sanitize's privacy checks (``dpinfer audit dp-fusion`` with the sanitisation support, and the LOSS attack of ``dpinfer
 bench sanitize`` on ``--loss-docs`` TAB documents) are printed for both in the same table. ``--max-new-tokens``
 caps every sanitize row's T_max (a measurement shortcut on slow machines; it is printed). Intervals: Wilson 95% for
 shares (:func:`~dpinfer.eval.metrics.wilson_interval`). Data that is absent skips its task with the reason.
+
+A long bench can be split across processes (``--settings previous`` and ``--settings current``; ``--seed 0 --runs 10``
+and ``--seed 10 --runs 10``; ``--runs 0 --baseline-runs 10`` for the ceiling and floor alone; ``--runs 0`` for
+the privacy checks alone, ``--audit-trials 0 --loss-docs 0`` in the others), each with its own ``--out``, and printed
+as one table with ``--merge A/bench_quality.json,B/bench_quality.json``. The sanitize rows are written after every
+release.
 """
 
 from __future__ import annotations
@@ -73,8 +80,9 @@ class QualityBenchConfig(Config):
     """Settings of ``dpinfer bench quality`` (one field per option, its ``--help`` with it), checked when built."""
 
     tasks: tuple[str, ...] = option(TASKS, type=str, help=f"comma-separated subset of {','.join(TASKS)}")
-    settings: tuple[str, ...] = option(SETTINGS, type=str, help="previous (no min-p support, no T_max cap, PAD's "
-                                                                "completion prompt), current, or both (default)")
+    settings: tuple[str, ...] = option(SETTINGS, type=str, help="previous (no min-p support, no T_max cap, no "
+                                                                "public opening, PAD's completion prompt), current, "
+                                                                "or both (default)")
     runs: int = option(20, help="sanitize releases per row (seeds S..S+N-1, S = --seed; 0: only the privacy "
                                 "checks)")
     baseline_runs: int | None = option(None, type=int, help="releases of the ceiling and floor rows (original, "
@@ -231,18 +239,32 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
                 raise ConfigurationError(f"--merge: {r['setting']} {r['method']} has the same seed in two runs "
                                          "(give each run its own --seed)")
             rows[key]["releases"] += r["releases"]
-        checks += [c for c in s.get("checks") or [] if c.get("audit") or c.get("loss")]  # measured checks only
+        checks += [c for c in s.get("checks") or [] if c.get("audit") or c.get("loss")]
     if "sanitize" in res:
         order = {"previous": 0, "current": 1}
         res["sanitize"]["rows"] = [summarise_row({**r, "releases": sorted(r["releases"], key=lambda x: x["seed"])})
                                    for r in sorted(rows.values(), key=lambda r: order.get(r["setting"], 2))]
-        res["sanitize"]["checks"] = sorted(checks, key=lambda c: order.get(c["setting"], 2))
+        res["sanitize"]["checks"] = sorted(_merge_checks(checks), key=lambda c: order.get(c["setting"], 2))
     for task in ("rag", "protect", "synth"):
         found = [p[task] for p in parts if task in p]
         if found:
             res[task] = next((f for f in found if "skipped" not in f), found[0])
     res["markdown"] = markdown(res)
     return res
+
+
+def _merge_checks(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One privacy-check row per setting: its audit and its LOSS attack from whichever run measured them (a run
+    that skipped one, e.g. ``--audit-trials 0``, gives way to a run that measured it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in checks:
+        row = out.setdefault(c["setting"], {"setting": c["setting"], "min_p": c.get("min_p"),
+                                            "opening": c.get("opening")})
+        for key in ("audit", "loss"):
+            value = c.get(key)
+            if value and (key not in row or ("skipped" in row[key] and "skipped" not in value)):
+                row[key] = value
+    return list(out.values())
 
 
 def _pct(d: dict[str, Any] | None) -> str:

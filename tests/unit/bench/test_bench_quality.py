@@ -107,13 +107,17 @@ def test_merge_pools_split_runs_into_one_table_and_refuses_a_seed_measured_twice
 
     audit = {"setting": "current", "min_p": 0.1, "audit": {"claimed_epsilon": 4.0, "epsilon_lb": 0.5,
                                                            "trials": 100, "exceeds": False}}
-    a = part("a.json", "current", range(0, 5), [{"setting": "current", "min_p": 0.1}])  # nothing measured: dropped
-    b = part("b.json", "current", range(5, 10), [audit])
+    loss = {"setting": "current", "min_p": 0.1, "audit": None, "loss": {"asr": 0.2, "asr_ci95": [0.1, 0.3], "games": 10,
+                                                                  "docs": 3, "T_max": 64}}
+    a = part("a.json", "current", range(0, 5), [{"setting": "current", "min_p": 0.1}, loss])
+    b = part("b.json", "current", range(5, 10), [{**audit, "loss": {"skipped": "no TAB data"}}])
     cfg = quality.config_from_args(_args(merge=f"{a},{b}", out=str(tmp_path / "out")))
     res = quality.run(cfg)
     (row,) = res["sanitize"]["rows"]
     assert [x["seed"] for x in row["releases"]] == list(range(10)) and row["derailed"]["count"] == 1
-    assert row["derailed"]["n"] == 10 and res["sanitize"]["checks"] == [audit]
+    # one check row per setting: the audit of one run, the LOSS attack of the other
+    assert row["derailed"]["n"] == 10 and res["sanitize"]["checks"] == [{**audit, "opening": None,
+                                                                          "loss": loss["loss"]}]
     assert "1/10 (10%" in res["markdown"] and "the longest of 2 runs" in res["markdown"]
     assert (tmp_path / "out" / "bench_quality.md").is_file()
     with pytest.raises(ConfigurationError, match="same seed"):
