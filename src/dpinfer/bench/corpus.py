@@ -20,12 +20,10 @@ code.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dpinfer.bench.harness import Progress, quiet
+from dpinfer.bench.harness import Progress, Timings, md_table, quiet, rounds
 
 
 def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: int, seed: int, repeats: int = 1,
@@ -44,24 +42,19 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
         opts["groups"] = groups
     progress("warm-up")
     sanitize(docs[0].text, lm=lm, spans=docs[0].spans, seed=seed, epsilon=epsilon, max_new_tokens=4)
-    times: dict[str, list[float]] = {"one by one": [], "corpus (sanitize_many)": []} if one_by_one else {
-        "corpus (sanitize_many)": []}
+    timings = Timings()
     single: dict[str, list[int]] = {}
     many: dict[str, list[int]] = {}
     generated: dict[str, int] = {}  # decoded tokens per document (a forced public opening is released, not decoded)
     errors: list[str] = []
-    def run_one_by_one(r: int) -> None:
-        progress(f"round {r + 1}/{repeats}: one by one")
-        t0 = time.perf_counter()
+
+    def run_one_by_one() -> None:
         for d in docs:
             res = sanitize(d.text, lm=lm, spans=d.spans, seed=record_seed(seed, d.doc_id), **opts)
             single[d.doc_id] = res.token_ids
             generated[d.doc_id] = res.generated_tokens
-        times["one by one"].append(time.perf_counter() - t0)
 
-    def corpus(r: int) -> None:
-        progress(f"round {r + 1}/{repeats}: corpus")
-        t0 = time.perf_counter()
+    def corpus() -> None:
         records = [Record(d.doc_id, d.text, d.spans) for d in docs]
         for outcome in sanitize_many(records, lm=lm, seed=seed, engine=engine, **opts):
             if outcome.result is None:
@@ -69,24 +62,25 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
             else:
                 many[str(outcome.id)] = outcome.result.token_ids
                 generated[str(outcome.id)] = outcome.result.generated_tokens
-        times["corpus (sanitize_many)"].append(time.perf_counter() - t0)
 
-    for r in range(repeats):  # the order alternates between rounds (ABBA...), so a drifting machine load cancels out
-        for path in ((run_one_by_one, corpus) if r % 2 == 0 else (corpus, run_one_by_one)):
-            if one_by_one or path is corpus:
-                path(r)
+    paths = [("one by one", run_one_by_one)] if one_by_one else []
+    for r, order in rounds(repeats, [*paths, ("corpus (sanitize_many)", corpus)]):
+        for name, path in order:
+            progress(f"round {r + 1}/{repeats}: {name.split(' (')[0]}")
+            timings.time(name, path)
     tokens = sum(generated.values())
-    base = statistics.median(times["one by one"]) if one_by_one else None
     rows = []
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        rows.append({"path": name, "seconds": round(t, 2), "released_tokens_per_s": round(tokens / t, 2),
-                     "speed_vs_one_by_one": None if base is None else round(base / t, 3)})
+    for name in timings.runs:
+        t = timings.median(name)
+        rows.append({"path": name, "seconds": round(t, 2), "seconds_range": timings.spread(name, 2),
+                     "released_tokens_per_s": round(tokens / t, 2),
+                     "speed_vs_one_by_one": round(timings.ratio("one by one", name), 3) if one_by_one else None})
     return {"settings": {"model": lm.name, "docs": len(docs), "doc_ids": [d.doc_id for d in docs],
                          "max_new_tokens": max_new_tokens, "epsilon": epsilon, "repeats": repeats, "seed": seed,
                          "released_tokens": tokens,
                          "groups_per_doc": [len(resolve_groups(d.spans, groups)) for d in docs]},
-            "rows": rows, "same_tokens": single == many if one_by_one else None, "errors": errors, "runs": times}
+            "rows": rows, "same_tokens": single == many if one_by_one else None, "errors": errors,
+            "runs": timings.runs}
 
 
 def format_corpus(res: dict[str, Any]) -> str:
@@ -94,10 +88,10 @@ def format_corpus(res: dict[str, Any]) -> str:
     lines = [f"Corpus throughput: {s['model']}, {s['docs']} TAB-ECHR documents, DP-Fusion ε = {s['epsilon']:g} per "
              f"group ({_span(s['groups_per_doc'])} groups), {s['max_new_tokens']} new tokens "
              f"each (EOS masked), median of {s['repeats']} round(s), measured in this run", "",
-             "| path | seconds | released tokens/s | speed vs one by one |", "|---|---:|---:|---:|"]
-    for r in res["rows"]:
-        speed = "" if r["speed_vs_one_by_one"] is None else f"{r['speed_vs_one_by_one']:.2f}×"
-        lines.append(f"| {r['path']} | {r['seconds']:.2f} | {r['released_tokens_per_s']:.2f} | {speed} |")
+             *md_table(["path", "seconds", "released tokens/s", "speed vs one by one"], "lrrr",
+                       ([r["path"], f"{r['seconds']:.2f}", f"{r['released_tokens_per_s']:.2f}",
+                         "" if r["speed_vs_one_by_one"] is None else f"{r['speed_vs_one_by_one']:.2f}×"]
+                        for r in res["rows"]))]
     if res["same_tokens"] is not None:
         lines.append("")
         lines.append("same released tokens on both paths: " + ("yes" if res["same_tokens"] else "NO (batched "

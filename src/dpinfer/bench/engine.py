@@ -25,13 +25,11 @@ from its config on the device, nothing downloaded) with the embedded model's tok
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpinfer.bench.harness import Progress, quiet
+from dpinfer.bench.harness import Progress, Timings, md_table, quiet, rounds
 from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's names before the split)
     DEFAULT_DOC,
     INSTRUCTION,
@@ -63,26 +61,24 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
             configs.append((f"engine K={k} unshared", k, False))
     # warm-up (thread pools, allocator) so the first timed run is not penalised
     time_engine(lm, ids[:64], 1, 4, True)
-    times: dict[str, list[float]] = {c[0]: [] for c in configs}
-    prefill: dict[str, list[float]] = {c[0]: [] for c in configs}
-    for _ in range(repeats):
-        for label, k, shared in configs:
+    timings, prefill = Timings(), Timings()
+    for _, order in rounds(repeats, configs):
+        for label, k, shared in order:
             progress(label)
             if label == "hf generate":
-                times[label].append(time_hf(lm, ids, new_tokens))
+                timings.add(label, time_hf(lm, ids, new_tokens))
             else:
                 dt, pf = time_engine(lm, ids, k, new_tokens, shared)
-                times[label].append(dt)
-                prefill[label].append(pf)
-    base = statistics.median(times["hf generate"])
+                timings.add(label, dt)
+                prefill.add(label, pf)
     rows = []
     for label, k, shared in configs:
-        t = statistics.median(times[label])
+        t = timings.median(label)
         rows.append({
             "config": label, "contexts": k, "prefix_sharing": shared if label != "hf generate" else None,
-            "seconds": round(t, 3), "prefill_seconds": round(statistics.median(prefill[label]), 3)
-            if prefill[label] else None,
-            "tokens_per_s": round(new_tokens / t, 2), "ratio_vs_hf": round(base / t, 3),
+            "seconds": round(t, 3), "seconds_range": timings.spread(label),
+            "prefill_seconds": round(prefill.median(label), 3) if label in prefill.runs else None,
+            "tokens_per_s": round(new_tokens / t, 2), "ratio_vs_hf": round(timings.ratio("hf generate", label), 3),
         })
     import torch
 
@@ -123,17 +119,12 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
 
     engine = Engine(lm)
     time_engine(lm, prompts[0][:64], 1, 4, True)  # warm-up
-    times: dict[str, list[float]] = {}
+    timings = Timings(sync=lambda: sync(lm))
     extra: dict[str, dict[str, Any]] = {}
 
     def timed(label: str, fn: Callable[[], Any]) -> Any:
         progress(label)
-        sync(lm)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(lm)
-        times.setdefault(label, []).append(time.perf_counter() - t0)
-        return out
+        return timings.time(label, fn)
 
     def through_slots(k: int, compiled: bool) -> dict[int, Any]:
         return dict(engine.run_jobs(jobs(k), compile=compiled, max_rows=max_rows))
@@ -170,14 +161,15 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
                 same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
                 extra[f"run_jobs K={k} compiled"] = {"contexts": k, "same_tokens_as_one_by_one": f"{same}/{n_jobs}"}
     rows = []
-    for label, ts in times.items():
-        t = statistics.median(ts)
+    for label in timings.runs:
+        t = timings.median(label)
         hf = label.startswith("hf ")
         k = extra.get(label, {}).get("contexts", 1 if hf else int(label.split("K=")[1].split()[0]))
         tokens = new_tokens if hf else total
-        base = statistics.median(times[f"one by one K={k}"]) if not hf else None
-        rows.append({"config": label, "contexts": k, "seconds": round(t, 3), "tokens_per_s": round(tokens / t, 2),
-                     "ratio_vs_one_by_one": None if base is None or "first call" in label else round(base / t, 3),
+        base = None if hf or "first call" in label else timings.ratio(f"one by one K={k}", label)
+        rows.append({"config": label, "contexts": k, "seconds": round(t, 3), "seconds_range": timings.spread(label),
+                     "tokens_per_s": round(tokens / t, 2),
+                     "ratio_vs_one_by_one": None if base is None else round(base, 3),
                      **{x: y for x, y in extra.get(label, {}).items() if x not in ("contexts", "first_call")}})
     from dpinfer.engine import DEFAULT_MAX_ROWS
 
@@ -213,22 +205,14 @@ def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dic
             cache.write(slot, kv, fill)
         ids = torch.randint(0, lm.vocab_size, (slots, 1), generator=gen).to(lm.device)
         eager, compiled = DecodeStep(lm, cache, False), DecodeStep(lm, cache, True)
-        sync(lm)
-        t0 = time.perf_counter()
-        compiled(ids)
-        sync(lm)
-        compile_s = time.perf_counter() - t0
+        timings = Timings(sync=lambda: sync(lm))
+        timings.time("first compiled call", lambda: compiled(ids))
         eager(ids)
-        times: dict[str, list[float]] = {"eager": [], "compiled": []}
-        for _ in range(reps):
-            for name, fn in (("eager", eager), ("compiled", compiled)):
-                sync(lm)
-                t0 = time.perf_counter()
-                fn(ids)
-                sync(lm)
-                times[name].append(time.perf_counter() - t0)
-    return {"eager_ms": 1000 * statistics.median(times["eager"]),
-            "compiled_ms": 1000 * statistics.median(times["compiled"]), "compile_seconds": compile_s}
+        for _, order in rounds(reps, [("eager", eager), ("compiled", compiled)]):
+            for name, fn in order:
+                timings.time(name, lambda fn=fn: fn(ids))
+    return {"eager_ms": 1000 * timings.median("eager"), "compiled_ms": 1000 * timings.median("compiled"),
+            "compile_seconds": timings.median("first compiled call")}
 
 
 def format_jobs_markdown(res: dict[str, Any]) -> str:
@@ -239,13 +223,11 @@ def format_jobs_markdown(res: dict[str, Any]) -> str:
         f"prompts of {min(lengths)}-{max(lengths)} tokens, {s['new_tokens']} new tokens per job, max_rows "
         f"{s['max_rows']}, median of {s['repeats']} run(s); tokens/s = released tokens (HF rows: one prompt)",
         "",
-        "| config | K | seconds | tokens/s | ratio vs one by one | same tokens |",
-        "|---|---:|---:|---:|---:|---:|",
+        *md_table(["config", "K", "seconds", "tokens/s", "ratio vs one by one", "same tokens"], "lrrrrr",
+                  ([r["config"], r["contexts"], f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.2f}",
+                    "" if r["ratio_vs_one_by_one"] is None else f"{r['ratio_vs_one_by_one']:.2f}",
+                    r.get("same_tokens_as_one_by_one", "")] for r in res["rows"])),
     ]
-    for r in res["rows"]:
-        ratio = "" if r["ratio_vs_one_by_one"] is None else f"{r['ratio_vs_one_by_one']:.2f}"
-        lines.append(f"| {r['config']} | {r['contexts']} | {r['seconds']:.2f} | {r['tokens_per_s']:.2f} | {ratio} "
-                     f"| {r.get('same_tokens_as_one_by_one', '')} |")
     ab = res.get("decode_step")
     if ab:
         lines += ["", f"Decode step alone (interleaved): eager {ab['eager_ms']:.1f} ms, compiled "
@@ -262,13 +244,11 @@ def format_markdown(res: dict[str, Any]) -> str:
         f"Engine throughput: {s['model']} on {s['device']} ({s['dtype']}, {s['torch_threads']} threads), "
         f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens, median of {s['repeats']} run(s)",
         "",
-        "| config | K | seconds | prefill s | tokens/s | ratio vs HF |",
-        "|---|---:|---:|---:|---:|---:|",
+        *md_table(["config", "K", "seconds", "prefill s", "tokens/s", "ratio vs HF"], "lrrrrr",
+                  ([r["config"], r["contexts"], f"{r['seconds']:.2f}",
+                    "" if r["prefill_seconds"] is None else f"{r['prefill_seconds']:.2f}", f"{r['tokens_per_s']:.2f}",
+                    f"{r['ratio_vs_hf']:.2f}"] for r in res["rows"])),
     ]
-    for r in res["rows"]:
-        pf = "" if r["prefill_seconds"] is None else f"{r['prefill_seconds']:.2f}"
-        lines.append(f"| {r['config']} | {r['contexts']} | {r['seconds']:.2f} | {pf} | {r['tokens_per_s']:.2f} "
-                     f"| {r['ratio_vs_hf']:.2f} |")
     return "\n".join(lines)
 
 

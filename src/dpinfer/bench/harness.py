@@ -1,5 +1,5 @@
 """The benchmark harness: one protocol every benchmark follows, the manifest ``dpinfer bench`` is built from, and the
-helpers every benchmark shares (atomic files, option lists).
+helpers every benchmark shares (atomic files, option lists, Markdown tables, interleaved timings).
 
 A benchmark is a module that implements :class:`Bench`: ``add_arguments(parser)`` adds its options,
 ``config_from_args(args)`` turns them into its frozen config (checking them before any model or data loads),
@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-from collections.abc import Callable, Sequence
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
@@ -142,3 +144,72 @@ def check_choices(values: Sequence[str], choices: Sequence[str], option: str) ->
     for v in values:
         if v not in choices:
             raise ConfigurationError(f"{option}: unknown {v!r}; choose from {', '.join(choices)}")
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+def md_table(header: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a Markdown table: ``header``, its separator (``align``: a letter a column, ``l`` left or ``r``
+    right), then a line a row (each cell as ``str``).
+
+    >>> md_table(["config", "seconds"], "lr", [["a", 1.5], ["b", ""]])
+    ['| config | seconds |', '|---|---:|', '| a | 1.5 |', '| b |  |']
+    """
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs one of l/r per column ({len(header)}), got {align!r}")
+    return [f"| {' | '.join(header)} |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|",
+            *(f"| {' | '.join(str(c) for c in row)} |" for row in rows)]
+
+
+# ---------------------------------------------------------------------------------------------------- timings
+def rounds(repeats: int, items: Sequence[T]) -> Iterator[tuple[int, Sequence[T]]]:
+    """``(round, items)`` for each of ``repeats`` rounds, the order alternating (ABBA...), so that a drifting machine
+    load hits every item alike.
+
+    >>> [list(order) for _, order in rounds(3, "ab")]
+    [['a', 'b'], ['b', 'a'], ['a', 'b']]
+    """
+    for r in range(repeats):
+        yield r, items if r % 2 == 0 else items[::-1]
+
+
+class Timings:
+    """Seconds per label over the rounds of one run: every figure (median, spread, ratio) comes from the runs
+    recorded here, baselines included.
+
+    >>> t = Timings()
+    >>> for label, seconds in (("a", 2.0), ("a", 4.0), ("a", 3.0), ("b", 1.5)):
+    ...     _ = t.add(label, seconds)
+    >>> t.median("a"), t.spread("a"), t.ratio("a", "b")
+    (3.0, [2.0, 4.0], 2.0)
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.runs: dict[str, list[float]] = {}
+        self.sync = sync
+        """Called before and after each timed call (``torch.cuda.synchronize`` for a CUDA model)."""
+
+    def add(self, label: str, seconds: float) -> float:
+        self.runs.setdefault(label, []).append(seconds)
+        return seconds
+
+    def time(self, label: str, fn: Callable[[], T]) -> T:
+        """``fn()``, its wall-clock seconds recorded under ``label``."""
+        if self.sync is not None:
+            self.sync()
+        t0 = time.perf_counter()
+        out = fn()
+        if self.sync is not None:
+            self.sync()
+        self.add(label, time.perf_counter() - t0)
+        return out
+
+    def median(self, label: str) -> float:
+        return statistics.median(self.runs[label])
+
+    def spread(self, label: str, digits: int = 3) -> list[float]:
+        """``[fastest, slowest]`` run of ``label``."""
+        return [round(min(self.runs[label]), digits), round(max(self.runs[label]), digits)]
+
+    def ratio(self, base: str, label: str) -> float:
+        """How many times faster ``label`` is than ``base`` (median seconds of ``base`` / those of ``label``)."""
+        return self.median(base) / self.median(label)

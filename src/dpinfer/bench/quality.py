@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.harness import parse_list, write_json, write_text
+from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
 from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
     ENGLISH_THRESHOLD,
     MAIN_JOB,
@@ -291,90 +291,64 @@ def _eps(x: Any) -> str:
 def markdown(res: dict[str, Any]) -> str:
     out = [f"Model: {res['model']}; total {res['seconds']:.0f} s" + (
         f" (the longest of {len(res['merged'])} runs side by side)." if res.get("merged") else ".")]
-    s = res.get("sanitize")
-    if s:
-        out.append("")
-        if "skipped" in s:
-            out.append(f"sanitize: skipped ({s['skipped']})")
-        else:
-            out.append(f"**sanitize** (README main job: {s['document_tokens']} document tokens, {s['spans']} tagged "
-                       f"spans in {s['groups']} groups; derailed = < {MIN_WORDS} words, English function-word share "
-                       f"< {ENGLISH_THRESHOLD} or MiniLM cosine < {TOPIC_THRESHOLD} to the NER-scrubbed document)")
-            out.append("")
-            out.append("| setting | method | ε | T_max | min-p | opening | derailed (95% CI) | English share | "
-                       "cosine | PPL | 4-gram loops | tokens | s / release |")
-            out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-            for r in s["rows"]:
-                out.append(f"| {r['setting']} | {r['method']} | {_eps(r.get('epsilon'))} | {r['T_max']} | "
-                           f"{r['min_p'] or '–'} | {r.get('opening') or '–'} | {_pct(r['derailed'])} | "
-                           f"{_f(r['english'])} | "
-                           f"{_f(r['similarity'])} | {_f(r['ppl'], 1)} | {_f(r['loops'])} | {_f(r['tokens'], 0)} | "
-                           f"{_f(r['seconds'], 1)} |")
-            if s.get("checks"):
-                out.append("")
-                out.append("| setting | DP-Fusion support | audit ε lower bound / claimed (trials) | LOSS ASR (games; "
-                           "chance 0.20) |")
-                out.append("|---|---|---|---|")
-                for c in s["checks"]:
-                    a = c.get("audit")
-                    audit = (f"{a['epsilon_lb']:.3f} / {a['claimed_epsilon']:.3f} ({a['trials']})" if a else "–")
-                    loss = c.get("loss") or {}
-                    if "skipped" in loss:
-                        lt = f"skipped ({loss['skipped']})"
-                    elif loss:
-                        ci = loss.get("asr_ci95") or [math.nan, math.nan]
-                        lt = (f"{_f(loss.get('asr'))} [{_f(ci[0])}, {_f(ci[1])}] ({loss.get('games')} games, "
-                              f"{loss['docs']} TAB docs, T_max {loss['T_max']})")
-                    else:
-                        lt = "–"
-                    sup = f"top-k {SANITIZE.top_k}, τ {SANITIZE.temperature}" + (
-                        f", min-p {c['min_p']}" if c["min_p"] else "") + (
-                        f", opening ≤ {c['opening']} tokens (LOSS only)" if c.get("opening") else "")
-                    out.append(f"| {c['setting']} | {sup} | {audit} | {lt} |")
-    r = res.get("rag")
-    if r:
-        out.append("")
-        if "skipped" in r:
-            out.append(f"rag: skipped ({r['skipped']})")
-        else:
-            out.append(f"**rag** ({r['questions']} held-in GenMedGPT questions, {r['docs']} dialogues stored; "
-                       f"on topic = MiniLM cosine ≥ {TOPIC_THRESHOLD} to the doctor's reply)")
-            out.append("")
-            out.append("| setting | method | ε | on topic (95% CI) | ROUGE-L | cosine | tokens | s / answer |")
-            out.append("|---|---|---|---|---|---|---|---|")
-            for x in r["rows"]:
-                out.append(f"| {x['setting']} | {x['method']} | {_eps(x['epsilon'])} | {_pct(x['on_topic'])} | "
-                           f"{_f(x['rouge_l'])} | {_f(x['similarity'])} | {_f(x['tokens'], 0)} | "
-                           f"{_f(x['seconds'], 1)} |")
-    p = res.get("protect")
-    if p:
-        out.append("")
-        if "skipped" in p:
-            out.append(f"protect: skipped ({p['skipped']})")
-        else:
-            out.append(f"**protect-prompt** ({p['questions']} CSQA dev questions, MiniLM answerer)")
-            out.append("")
-            out.append("| method | ε | accuracy (95% CI) | ROUGE-1 leakage |")
-            out.append("|---|---|---|---|")
-            for x in p["rows"]:
-                ci = x.get("accuracy_ci95")
-                acc = _f(x["accuracy"]) + (f" [{_f(ci[0])}, {_f(ci[1])}]" if ci else "")
-                out.append(f"| {x['method']} | {_eps(x['epsilon'])} | {acc} | {_f(x['rouge1'])} |")
-    y = res.get("synth")
-    if y:
-        out.append("")
-        if "skipped" in y:
-            out.append(f"synth: skipped ({y['skipped']})")
-        else:
-            out.append(f"**synth** (Yelp; {y['real']} held-out reviews; on topic = MiniLM cosine ≥ "
-                       f"{TOPIC_THRESHOLD} to the nearest)")
-            out.append("")
-            out.append("| method | ε | B | MAUVE | on topic (95% CI) | cosine to nearest |")
-            out.append("|---|---|---|---|---|---|")
-            for x in y["rows"]:
-                out.append(f"| {x['method']} | {_eps(x['epsilon'])} | {x['B']} | {_f(x['mauve'])} | "
-                           f"{_pct(x['on_topic'])} | {_f(x['similarity'])} |")
+    _section(out, "sanitize", res.get("sanitize"), lambda s: [
+        f"**sanitize** (README main job: {s['document_tokens']} document tokens, {s['spans']} tagged spans in "
+        f"{s['groups']} groups; derailed = < {MIN_WORDS} words, English function-word share < {ENGLISH_THRESHOLD} or "
+        f"MiniLM cosine < {TOPIC_THRESHOLD} to the NER-scrubbed document)", "",
+        *md_table(["setting", "method", "ε", "T_max", "min-p", "opening", "derailed (95% CI)", "English share",
+                   "cosine", "PPL", "4-gram loops", "tokens", "s / release"], "l" * 13,
+                  ([r["setting"], r["method"], _eps(r.get("epsilon")), r["T_max"], r["min_p"] or "–",
+                    r.get("opening") or "–", _pct(r["derailed"]), _f(r["english"]), _f(r["similarity"]),
+                    _f(r["ppl"], 1), _f(r["loops"]), _f(r["tokens"], 0), _f(r["seconds"], 1)] for r in s["rows"])),
+        *(["", *md_table(["setting", "DP-Fusion support", "audit ε lower bound / claimed (trials)",
+                          "LOSS ASR (games; chance 0.20)"], "llll", map(_check_row, s["checks"]))]
+          if s.get("checks") else [])])
+    _section(out, "rag", res.get("rag"), lambda r: [
+        f"**rag** ({r['questions']} held-in GenMedGPT questions, {r['docs']} dialogues stored; on topic = MiniLM "
+        f"cosine ≥ {TOPIC_THRESHOLD} to the doctor's reply)", "",
+        *md_table(["setting", "method", "ε", "on topic (95% CI)", "ROUGE-L", "cosine", "tokens", "s / answer"],
+                  "l" * 8, ([x["setting"], x["method"], _eps(x["epsilon"]), _pct(x["on_topic"]), _f(x["rouge_l"]),
+                             _f(x["similarity"]), _f(x["tokens"], 0), _f(x["seconds"], 1)] for x in r["rows"]))])
+    _section(out, "protect", res.get("protect"), lambda p: [
+        f"**protect-prompt** ({p['questions']} CSQA dev questions, MiniLM answerer)", "",
+        *md_table(["method", "ε", "accuracy (95% CI)", "ROUGE-1 leakage"], "llll",
+                  ([x["method"], _eps(x["epsilon"]), _f(x["accuracy"]) + (
+                      f" [{_f(x['accuracy_ci95'][0])}, {_f(x['accuracy_ci95'][1])}]" if x.get("accuracy_ci95")
+                      else ""), _f(x["rouge1"])] for x in p["rows"]))])
+    _section(out, "synth", res.get("synth"), lambda y: [
+        f"**synth** (Yelp; {y['real']} held-out reviews; on topic = MiniLM cosine ≥ {TOPIC_THRESHOLD} to the "
+        "nearest)", "",
+        *md_table(["method", "ε", "B", "MAUVE", "on topic (95% CI)", "cosine to nearest"], "llllll",
+                  ([x["method"], _eps(x["epsilon"]), x["B"], _f(x["mauve"]), _pct(x["on_topic"]),
+                    _f(x["similarity"])] for x in y["rows"]))])
     return "\n".join(out)
+
+
+def _section(out: list[str], name: str, part: dict[str, Any] | None,
+             lines: Callable[[dict[str, Any]], list[str]]) -> None:
+    """A task's part of the report: nothing when it did not run, one line when it was skipped, else ``lines``."""
+    if not part:
+        return
+    out.append("")
+    out += [f"{name}: skipped ({part['skipped']})"] if "skipped" in part else lines(part)
+
+
+def _check_row(c: dict[str, Any]) -> list[str]:
+    """A row of the sanitisation checks table: the support, the audit's ε lower bound, the LOSS attack."""
+    a = c.get("audit")
+    audit = f"{a['epsilon_lb']:.3f} / {a['claimed_epsilon']:.3f} ({a['trials']})" if a else "–"
+    loss = c.get("loss") or {}
+    if "skipped" in loss:
+        lt = f"skipped ({loss['skipped']})"
+    elif loss:
+        ci = loss.get("asr_ci95") or [math.nan, math.nan]
+        lt = (f"{_f(loss.get('asr'))} [{_f(ci[0])}, {_f(ci[1])}] ({loss.get('games')} games, {loss['docs']} TAB docs, "
+              f"T_max {loss['T_max']})")
+    else:
+        lt = "–"
+    sup = (f"top-k {SANITIZE.top_k}, τ {SANITIZE.temperature}" + (f", min-p {c['min_p']}" if c["min_p"] else "")
+           + (f", opening ≤ {c['opening']} tokens (LOSS only)" if c.get("opening") else ""))
+    return [c["setting"], sup, audit, lt]
 
 
 def render(res: dict[str, Any]) -> str:

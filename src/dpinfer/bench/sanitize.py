@@ -35,7 +35,17 @@ from typing import Any
 
 from dpinfer.bench import plots, speed
 from dpinfer.bench.data import Doc, load_tab, mention_pool
-from dpinfer.bench.harness import Progress, check_choices, parse_list, quiet, write_json, write_text
+from dpinfer.bench.harness import (
+    Progress,
+    Timings,
+    check_choices,
+    md_table,
+    parse_list,
+    quiet,
+    rounds,
+    write_json,
+    write_text,
+)
 from dpinfer.configs import Config, add_options, option
 from dpinfer.errors import ConfigurationError
 from dpinfer.eval.intervals import mean_interval, wilson
@@ -151,9 +161,10 @@ def _summarise(method: str, eps: float | None, r: dict[str, Any]) -> dict[str, A
 def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
              progress: Progress = quiet, hf_baselines: bool = True, ms: tuple[int, ...] = (1, 4),
              slot_engine: bool = False) -> dict[str, Any]:
-    """DP-Fusion with m privacy groups (``ms``: 1 and 4) vs ``original`` on one document, interleaved, median of
-    repeats; with ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache +
-    ``torch.compile``, its first, compiling call timed apart) in the same run.
+    """DP-Fusion with m privacy groups (``ms``: 1 and 4) vs ``original`` on one document: ``repeats`` rounds, the
+    order alternating between rounds (ABBA), the median and the range (``seconds_range``) of each row reported; with
+    ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache + ``torch.compile``, its
+    first, compiling call timed apart) in the same run.
 
     Every row runs :func:`~dpinfer.pipelines.sanitize.sanitize` (the engine, ``Engine.stream`` over
     ``Engine.step``); each configuration also runs through the former one-job path (:func:`_former_sanitize`), rows
@@ -170,48 +181,53 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     for m in ms:
         groups = {"ALL": labels} if m == 1 else {f"G{i + 1}": labels[i::m] for i in range(min(m, len(labels)))}
         configs.append((f"dp-fusion m={m}", groups))
-    times: dict[str, list[float]] = {c[0]: [] for c in configs}
+    timings, cpu_timings = Timings(), Timings()  # wall-clock and process CPU seconds (less sensitive to load)
     info: dict[str, Any] = {}
     opts = {"spans": doc.spans, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "seed": seed,
             "epsilon": 40.0}
-    slot_runs: dict[str, tuple[Callable[[], float], str]] = {}
     first_calls: dict[str, float] = {}
-    former = {name: _former_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
     steps = {name: speed.slot_decode_step(lm, pipeline.plan_sanitize(
         doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).job)
         for name, groups in configs}
-    for name, groups in configs:  # first calls timed apart (the engine's decode step compiles on CUDA)
-        times[f"{name} (former path)"] = []
-        progress(f"{name}, first call")
-        first_calls[name] = round(pipeline.sanitize(
-            doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).seconds, 3)
-    if slot_engine:
-        slot_runs = {name: _slot_sanitize(lm, doc.text, groups, opts) for name, groups in configs}
-        for name, _ in configs:
-            label = f"{name} (run_jobs)"
-            progress(f"{label}, first call")
-            first_calls[label] = round(slot_runs[name][0](), 3)
-            times[label] = []
-    for _ in range(repeats):
-        for name, groups in configs:
-            progress(name)
+
+    def engine_timer(name: str, groups: dict[str, list[str]] | None) -> Callable[[], tuple[float, float]]:
+        def once() -> tuple[float, float]:
+            cpu: list[float] = []  # process CPU seconds over the span res.seconds measures (from the progress calls)
             res = pipeline.sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion",
-                                    groups=groups, **opts)
+                                    groups=groups, progress=lambda done, total: cpu.append(time.process_time()),
+                                    **opts)
             assert res.generated_tokens == max_new_tokens
-            times[name].append(res.seconds)
             info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens,
-                          "path": "engine (sanitize, Engine.step)",
-                          "decode_step": steps[name]}
-            label = f"{name} (former path)"
+                          "path": "engine (sanitize, Engine.step)", "decode_step": steps[name]}
+            return res.seconds, cpu[-1] - cpu[0]
+        return once
+
+    timers: list[tuple[str, Callable[[], tuple[float, float]]]] = []
+    for name, groups in configs:
+        timers += [(name, engine_timer(name, groups)),
+                   (f"{name} (former path)", _former_sanitize(lm, doc.text, groups, opts))]
+    for label, timer in timers[::2]:  # first calls timed apart (the engine's decode step compiles on CUDA)
+        progress(f"{label}, first call")
+        first_calls[label] = round(timer()[0], 3)
+    if slot_engine:
+        for name, groups in configs:
+            label = f"{name} (run_jobs)"
+            timer, step = _slot_sanitize(lm, doc.text, groups, opts)
+            progress(f"{label}, first call")
+            first_calls[label] = round(timer(), 3)
+            timers.append((label, lambda timer=timer: (timer(), math.nan)))
+            info[label] = {"path": "slot engine (run_jobs, 1 job)", "decode_step": step}
+    for _, order in rounds(repeats, timers):  # engine and former path alternate (ABBA), so load drift hits both
+        for label, timer in order:
             progress(label)
-            times[label].append(former[name]())
-            info[label] = {**info[name], "path": "former one-job path (dynamic-cache runner)", "decode_step": "eager"}
-            if slot_engine:
-                label = f"{name} (run_jobs)"
-                progress(label)
-                timer, step = slot_runs[name]
-                times[label].append(timer())
-                info[label] = {**info[name], "path": "slot engine (run_jobs, 1 job)", "decode_step": step}
+            wall, cpu = timer()
+            timings.add(label, wall)
+            cpu_timings.add(label, cpu)
+    for name, _ in configs:
+        info[f"{name} (former path)"] = {**info[name], "path": "former one-job path (dynamic-cache runner)",
+                                         "decode_step": "eager"}
+        if slot_engine:
+            info[f"{name} (run_jobs)"] = {**info[name], **info[f"{name} (run_jobs)"]}
     names = [n for c in configs for n in (c[0], f"{c[0]} (former path)")]
     if slot_engine:
         names += [f"{c[0]} (run_jobs)" for c in configs]
@@ -221,23 +237,29 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                                         pipeline.DEFAULT_INSTRUCTION).original
         progress("hf generate static+compile (first call: compiles)")
         compile_seconds = speed.time_hf(lm, ids, max_new_tokens, compiled=True)
-        for label, compiled in (("hf generate eager", False), ("hf generate static+compile", True)):
-            times[label] = []
-            info[label] = {"groups": 0, "path": "hugging face generate",
-                           "decode_step": "compiled" if compiled else "eager"}
-            names.append(label)
-            for _ in range(repeats):
+        hf = [("hf generate eager", False), ("hf generate static+compile", True)]
+        for _, order in rounds(repeats, hf):
+            for label, compiled in order:
                 progress(label)
-                times[label].append(speed.time_hf(lm, ids, max_new_tokens, compiled=compiled))
-    base = statistics.median(times["original"])
+                timings.add(label, speed.time_hf(lm, ids, max_new_tokens, compiled=compiled))
+        for label, compiled in hf:
+            info[label] = {"groups": 0, "path": "hugging face generate", "decode_step": "compiled" if compiled
+                           else "eager"}
+            names.append(label)
     rows = []
     for name in names:
-        t = statistics.median(times[name])
+        t = timings.median(name)
         rows.append({"config": name, "groups": info[name]["groups"], "seconds": round(t, 3),
-                     "tokens_per_s": round(max_new_tokens / t, 2), "ratio_vs_original": round(base / t, 3),
+                     "seconds_range": timings.spread(name), "tokens_per_s": round(max_new_tokens / t, 2),
+                     "ratio_vs_original": round(timings.ratio("original", name), 3),
                      "path": info[name]["path"], "decode_step": info[name]["decode_step"]})
-        if f"{name} (former path)" in times:
-            rows[-1]["ratio_vs_former"] = round(statistics.median(times[f"{name} (former path)"]) / t, 3)
+        if name in cpu_timings.runs and not math.isnan(cpu_timings.median(name)):
+            rows[-1]["cpu_seconds"] = round(cpu_timings.median(name), 3)
+            rows[-1]["cpu_seconds_range"] = cpu_timings.spread(name)
+        if f"{name} (former path)" in timings.runs:
+            former = f"{name} (former path)"
+            rows[-1]["ratio_vs_former"] = round(timings.ratio(former, name), 3)
+            rows[-1]["cpu_ratio_vs_former"] = round(cpu_timings.ratio(former, name), 3)
     settings = {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
                 "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
                 "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
@@ -245,31 +267,31 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     settings["first_call_seconds"] = first_calls
     if slot_engine:
         settings["slot_first_call_seconds"] = {k: v for k, v in first_calls.items() if k.endswith("(run_jobs)")}
-    return {"settings": settings, "rows": rows, "runs": times}
+    return {"settings": settings, "rows": rows, "runs": timings.runs, "cpu_runs": cpu_timings.runs}
 
 
 def _former_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, opts: dict[str, Any]
-                     ) -> Callable[[], float]:
+                     ) -> Callable[[], tuple[float, float]]:
     """A timer of one document through the former one-job path: what :func:`sanitize` does (plan, a new engine,
     ``stream`` to the end, finish), on the dynamic-cache runner (one Hugging Face cache per job: the one-job engine's
-    decoding); the timer returns the seconds :func:`sanitize`'s ``seconds`` measures."""
+    decoding); the timer returns the seconds :func:`sanitize`'s ``seconds`` measures, wall-clock and CPU."""
     from dpinfer.engine import Engine
     from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 
     method = "original" if groups is None else "dp-fusion"
 
-    def once() -> float:
+    def once() -> tuple[float, float]:
         plan = plan_sanitize(text, lm=lm, method=method, groups=groups, **opts)
         job = plan.job
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run = Engine(plan.lm, runner="dynamic").stream(
             job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed, processors=job.processors,
             min_new_tokens=job.min_new_tokens)
         for _ in run:
             pass
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert finish_sanitize(plan, run.output).generated_tokens == job.max_new_tokens
-        return seconds
+        return seconds, cpu
 
     return once
 
@@ -313,27 +335,21 @@ def format_quality(res: dict[str, Any]) -> str:
         f"T_max = {s['max_new_tokens']}, δ = {s['delta']}, α = 2, seed {s['seed']}, decoding {s['decoding']}; "
         "ASR chance = 0.20",
         "",
-        "| method | target ε | guarantee ε (worst group) | PPL mean | PPL median | ASR [95% CI] | games | leak rate "
-        "| repeated 4-grams | tokens/s |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        *md_table(["method", "target ε", "guarantee ε (worst group)", "PPL mean", "PPL median", "ASR [95% CI]",
+                   "games", "leak rate", "repeated 4-grams", "tokens/s"], "lrrrrlrrrr",
+                  ([r["method"], _eps(r["target_epsilon"]),
+                    "∞" if r["guarantee_epsilon"] is None else f"{r['guarantee_epsilon']:g}", r["ppl_mean"],
+                    r["ppl_median"], f"{r['asr']} [{r['asr_ci95'][0]}, {r['asr_ci95'][1]}]", r["games"],
+                    r["leak_rate"], r["repeated_4grams"], r["tokens_per_s"]] for r in res["rows"])),
     ]
-    for r in res["rows"]:
-        eps = "" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
-        geps = "∞" if r["guarantee_epsilon"] is None else f"{r['guarantee_epsilon']:g}"
-        ci = r["asr_ci95"]
-        lines.append(f"| {r['method']} | {eps} | {geps} | {r['ppl_mean']} | {r['ppl_median']} | {r['asr']} "
-                     f"[{ci[0]}, {ci[1]}] | {r['games']} | {r['leak_rate']} | {r['repeated_4grams']} "
-                     f"| {r['tokens_per_s']} |")
     if res.get("paired"):
         lines += ["", "Paired with ner-scrub on the same documents and games (common random numbers; 95% intervals "
                   "over documents, normal approximation):", "",
-                  "| method | target ε | identical releases | shared prefix | PPL − ner-scrub's | ASR − ner-scrub's |",
-                  "|---|---:|---:|---:|---|---|"]
-        for r in res["paired"]:
-            eps = "" if r["target_epsilon"] is None else f"{r['target_epsilon']:g}"
-            lines.append(f"| {r['method']} | {eps} | {r['identical_releases']}/{r['docs']} | "
-                         f"{r['shared_prefix_share']:.0%} | {r['ppl_diff_mean']} {r['ppl_diff_ci95']} | "
-                         f"{r['asr_diff']} {r['asr_diff_ci95']} |")
+                  *md_table(["method", "target ε", "identical releases", "shared prefix", "PPL − ner-scrub's",
+                             "ASR − ner-scrub's"], "lrrrll",
+                            ([r["method"], _eps(r["target_epsilon"]), f"{r['identical_releases']}/{r['docs']}",
+                              f"{r['shared_prefix_share']:.0%}", f"{r['ppl_diff_mean']} {r['ppl_diff_ci95']}",
+                              f"{r['asr_diff']} {r['asr_diff_ci95']}"] for r in res["paired"]))]
     return "\n".join(lines)
 
 
@@ -342,15 +358,30 @@ def format_perf(res: dict[str, Any]) -> str:
     compiled = s.get("hf_compile_first_call_seconds")
     lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)} on {s.get('device', 'cpu')} "
              f"({s.get('dtype', 'float32')}), TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
-             f"{s['new_tokens']} new tokens, prefill included, median of {s['repeats']}"
+             f"{s['new_tokens']} new tokens, prefill included, median (and range) of {s['repeats']} interleaved "
+             "round(s); CPU s: the process's CPU time over the same span (less sensitive to a loaded machine)"
              + (f"; HF static+compile's first (compiling) call took {compiled:.1f} s" if compiled else ""),
-             "", "| config | path | decode step | groups | seconds | tokens/s | ratio vs original | vs former path |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        former = f"{r['ratio_vs_former']:.2f}×" if r.get("ratio_vs_former") is not None else ""
-        lines.append(f"| {r['config']} | {r.get('path', '')} | {r.get('decode_step', '')} | {r['groups']} "
-                     f"| {r['seconds']:.2f} | {r['tokens_per_s']:.2f} | {r['ratio_vs_original']:.2f} | {former} |")
+             "", *md_table(
+                 ["config", "path", "decode step", "groups", "seconds", "range", "tokens/s", "ratio vs original",
+                  "vs former path", "CPU s (range)", "vs former path (CPU)"], "lllrrrrrrrr",
+                 ([r["config"], r.get("path", ""), r.get("decode_step", ""), r["groups"], f"{r['seconds']:.2f}",
+                   _range(r.get("seconds_range")), f"{r['tokens_per_s']:.2f}", f"{r['ratio_vs_original']:.2f}",
+                   _times(r.get("ratio_vs_former")),
+                   f"{r['cpu_seconds']:.2f} ({_range(r['cpu_seconds_range'])})" if "cpu_seconds" in r else "",
+                   _times(r.get("cpu_ratio_vs_former"))] for r in res["rows"]))]
     return "\n".join(lines)
+
+
+def _eps(eps: float | None) -> str:
+    return "" if eps is None else f"{eps:g}"
+
+
+def _times(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}×"
+
+
+def _range(spread: list[float] | None) -> str:
+    return "" if not spread else f"{spread[0]:.2f}–{spread[1]:.2f}"
 
 
 QUANTIZE_HELP = ("generate with decode-step int8 Linear layers (CPU only; see dpinfer sanitize --help); PPL and the "

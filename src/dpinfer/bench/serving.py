@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import speed
-from dpinfer.bench.harness import Progress, quiet, write_json, write_text
+from dpinfer.bench.harness import Progress, Timings, md_table, quiet, rounds, write_json, write_text
 from dpinfer.bench.speed import DEFAULT_DOC, add_speed_arguments, check_speed_arguments
 from dpinfer.configs import Config, add_options, option
 
@@ -185,10 +185,6 @@ def reference_texts(n: int) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- the measures
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf_baselines: bool,
                    progress: Progress) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Measure 1: per-round seconds of each path on the same prompt, and the first calls timed apart."""
@@ -202,12 +198,10 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
                          min_new_tokens=new_tokens, pad_width=len(ids))
 
     def through_slots() -> float:
-        speed.sync(lm)
-        t0 = time.perf_counter()
-        ((_, out),) = slots.run_jobs([job()])
-        speed.sync(lm)
+        timer = Timings(sync=lambda: speed.sync(lm))
+        ((_, out),) = timer.time("run_jobs", lambda: list(slots.run_jobs([job()])))
         assert len(out.sequences[0]) == new_tokens
-        return time.perf_counter() - t0
+        return timer.runs["run_jobs"][0]
 
     def one_job() -> float:
         return speed.time_engine(lm, ids, 1, new_tokens, True)[0]
@@ -226,12 +220,13 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
     first["1. slot engine (run_jobs, 1 job)"] = through_slots()
     if hf_baselines:
         first["1. hf generate static+compile"] = hf(True)()
-    times: dict[str, list[float]] = {label: [] for label in paths}
-    for _ in range(repeats):
-        for label, fn in paths.items():
+    timings = Timings()
+    for _, order in rounds(repeats, list(paths.items())):
+        for label, fn in order:
             progress(f"1. plain: {label}")
-            times[label].append(fn())
-    return times, {"first_calls": first, "slot_decode_step": speed.slot_decode_step(lm, job())}
+            timings.add(label, fn())
+    return ({label: timings.runs[label] for label in paths},
+            {"first_calls": first, "slot_decode_step": speed.slot_decode_step(lm, job())})
 
 
 def _row(number: int, key: str | None, path: str, decode: str, runs: list[float], tokens: int, *,
@@ -239,7 +234,7 @@ def _row(number: int, key: str | None, path: str, decode: str, runs: list[float]
          ratio_target: bool = False) -> dict[str, Any]:
     """One table row from its per-round seconds: tokens/s from the median, the ratio to its baseline (same tokens:
     base seconds / seconds; else rate / base rate) and, for a row with a target, whether it meets it."""
-    seconds = _median(runs)
+    seconds = statistics.median(runs)
     rate = tokens / seconds
     ratio = None
     if base_seconds is not None:
@@ -328,7 +323,7 @@ def run(config: ServingBenchConfig, progress: Progress = quiet) -> dict[str, Any
 
     # the table
     rows: list[dict[str, Any]] = []
-    hf_eager = _median(plain["hf generate eager"]) if c.hf_baselines else None
+    hf_eager = statistics.median(plain["hf generate eager"]) if c.hf_baselines else None
     for label, runs in plain.items():
         if label.startswith("hf "):
             rows.append(_row(1, None, label, "compiled" if "compile" in label else "eager", runs, n,
@@ -347,8 +342,8 @@ def run(config: ServingBenchConfig, progress: Progress = quiet) -> dict[str, Any
         label = f"{'DP-Fusion m = ' + str(info[config_name]['groups']) if is_fusion else 'original (plain)'}, {path}"
         rows.append(_row(2, "fusion" if is_fusion else None, label, info[config_name]["decode_step"],
                          one["runs"][config_name], n, baseline="original, same path" if is_fusion else None,
-                         base_seconds=_median(one["runs"][base]) if is_fusion else None))
-    fusion_one = _median(one["runs"][fusion])
+                         base_seconds=statistics.median(one["runs"][base]) if is_fusion else None))
+    fusion_one = statistics.median(one["runs"][fusion])
     corpus_runs = corpus["runs"]["corpus (sanitize_many)"]
     m_span = bench_corpus._span(corpus["settings"]["groups_per_doc"])
     documents = f"{c.corpus_docs} document{'s' if c.corpus_docs != 1 else ''}"
@@ -362,7 +357,7 @@ def run(config: ServingBenchConfig, progress: Progress = quiet) -> dict[str, Any
         rows.append(_row(4, None, f"plain (public prompt), {path}", steps["public"], seconds["public"], n))
         rows.append(_row(4, "invisibleink", f"InvisibleInk B = {BATCH_SIZE}, {path}", steps["invisibleink"],
                          seconds["invisibleink"], n, baseline="plain, same path",
-                         base_seconds=_median(seconds["public"]), ratio_target=True))
+                         base_seconds=statistics.median(seconds["public"]), ratio_target=True))
     device = torch.device(lm.device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     dtype = str(lm.dtype).removeprefix("torch.")
@@ -435,14 +430,11 @@ def format_markdown(res: dict[str, Any]) -> str:
     if not s["on_target_hardware"]:
         lines += [f"**Not the target hardware** (targets are for {TARGET_HARDWARE}): the verdicts compare this "
                   "machine's figures with them.", ""]
-    lines += ["| # | measure | path | decode step | seconds | tokens/s | vs baseline | target | result |",
-              "|---|---|---|---|---:|---:|---|---|---|"]
-    for r in res["rows"]:
-        vs = f"{r['ratio']:.2f}× {r['baseline']}" if r["ratio"] is not None else (
-            "baseline" if r["target_key"] is None else "")
-        result = "" if r["met"] is None else ("**met**" if r["met"] else "not met")
-        lines.append(f"| {r['number']} | {r['measure']} | {r['path']} | {r['decode_step']} | "
-                     f"{r['seconds']:.2f} | {_value(r['tokens_per_s'])} | {vs} | {r['target'] or ''} | {result} |")
+    lines += md_table(["#", "measure", "path", "decode step", "seconds", "tokens/s", "vs baseline", "target",
+                       "result"], "llllrrlll",
+                      ([r["number"], r["measure"], r["path"], r["decode_step"], f"{r['seconds']:.2f}",
+                        _value(r["tokens_per_s"]), _versus(r), r["target"] or "",
+                        "" if r["met"] is None else ("**met**" if r["met"] else "not met")] for r in res["rows"]))
     calls = "; ".join(f"{k} {v:.2f} s" for k, v in res["first_calls"].items())
     lines += ["", f"First calls, timed apart (on CUDA they compile): {calls}."]
     verdicts = []
@@ -456,6 +448,12 @@ def format_markdown(res: dict[str, Any]) -> str:
     if s["corpus_errors"]:
         lines.append(f"Corpus records refused: {len(s['corpus_errors'])}: " + "; ".join(s["corpus_errors"]))
     return "\n".join(lines)
+
+
+def _versus(row: dict[str, Any]) -> str:
+    if row["ratio"] is not None:
+        return f"{row['ratio']:.2f}× {row['baseline']}"
+    return "baseline" if row["target_key"] is None else ""
 
 
 def render(res: dict[str, Any]) -> str:

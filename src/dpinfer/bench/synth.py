@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpinfer.bench import plots, speed
-from dpinfer.bench.harness import Progress, parse_list, quiet, write_json, write_text
+from dpinfer.bench.harness import Progress, Timings, md_table, parse_list, quiet, rounds, write_json, write_text
 from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError
@@ -131,12 +130,10 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
     engine = Engine(lm)
     pad = public_pad_width(lm, TEMPLATES[template], refs[batches[0][0]].labels, max_reference_tokens)
     methods = ("public", "invisibleink")
-    out: dict[str, list[float]] = {m: [] for m in methods}
-    seconds: dict[str, list[float]] = {m: [] for m in methods}
-    slot_out: dict[str, list[float]] = {m: [] for m in methods}
-    slot_seconds: dict[str, list[float]] = {m: [] for m in methods}
+    timings, slot_timings = Timings(sync=lambda: speed.sync(lm)), Timings(sync=lambda: speed.sync(lm))
     slot_engines = {m: Engine(lm) for m in methods} if slot_engine else {}
     first_calls: dict[str, float] = {}
+    tokens: dict[tuple[int, str], list[int]] = {}  # released tokens per (timer, label) and run
 
     def job(method: str, r: int) -> Any:
         mech = build(SynthConfig(method=method, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
@@ -145,30 +142,33 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
         return EngineJob(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r,
                          pad_width=pad)
 
-    def through_slots(method: str, r: int) -> tuple[int, float]:
+    def through_slots(method: str, r: int, timer: Timings, label: str) -> None:
         j = job(method, r)  # the mechanism's calibration is not timed (nor is it on the one-job path)
-        t0 = time.perf_counter()
-        ((_, res),) = slot_engines[method].run_jobs([j])
-        return len(res.sequences[0]), time.perf_counter() - t0
+        ((_, res),) = timer.time(label, lambda: list(slot_engines[method].run_jobs([j])))
+        tokens.setdefault((id(timer), label), []).append(len(res.sequences[0]))
 
+    def one_job(method: str, r: int) -> None:
+        j = job(method, r)
+        res = timings.time(method, lambda: engine.generate(j.contexts, j.mechanism, max_new_tokens=max_new_tokens,
+                                                           min_new_tokens=max_new_tokens, seed=j.seed, pad_width=pad))
+        tokens.setdefault((id(timings), method), []).append(res.num_generated)
+
+    firsts = Timings(sync=lambda: speed.sync(lm))
     for method in slot_engines:  # first calls (compilation on CUDA), timed apart
         progress(f"{method} (run_jobs), first call")
-        first_calls[method] = round(through_slots(method, 0)[1], 3)
-    for r in range(repeats):
-        for method in methods:
+        through_slots(method, 0, firsts, method)
+        first_calls[method] = round(firsts.median(method), 3)
+    for r, order in rounds(repeats, methods):
+        for method in order:
             progress(method)
-            j = job(method, r)
-            t0 = time.perf_counter()
-            res = engine.generate(j.contexts, j.mechanism, max_new_tokens=max_new_tokens,
-                                  min_new_tokens=max_new_tokens, seed=j.seed, pad_width=pad)
-            dt = time.perf_counter() - t0
-            out[method].append(res.num_generated / dt)
-            seconds[method].append(dt)
+            one_job(method, r)
             if slot_engine:
                 progress(f"{method} (run_jobs)")
-                n, dt = through_slots(method, r)
-                slot_out[method].append(n / dt)
-                slot_seconds[method].append(dt)
+                through_slots(method, r, slot_timings, method)
+    out = {m: [n / t for n, t in zip(tokens[(id(timings), m)], timings.runs[m], strict=True)] for m in methods}
+    slot_out = {m: [n / t for n, t in zip(tokens[(id(slot_timings), m)], slot_timings.runs[m], strict=True)]
+                for m in slot_engines}
+    seconds, slot_seconds = timings.runs, slot_timings.runs
     plain = statistics.median(out["public"])
     ink = statistics.median(out["invisibleink"])
     result: dict[str, Any] = {
@@ -192,21 +192,22 @@ def format_quality(res: dict[str, Any]) -> str:
         f"T_max = {s['max_new_tokens']}, {s['n_texts']} texts per row, model {s['model']}; real texts: median PPL "
         f"{res['real']['ppl']:.1f}, {res['real']['mean_tokens']:.0f} tokens",
         "",
-        "| method | B | LM calls/token | MAUVE (95% interval) | median PPL | ΔPPL | mean tokens | tokens/s | notes |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+        *md_table(["method", "B", "LM calls/token", "MAUVE (95% interval)", "median PPL", "ΔPPL", "mean tokens",
+                   "tokens/s", "notes"], "lrrlrrrrl",
+                  ([r["method"], r["B"] or "–", r["lm_calls_per_token"],
+                    f"{r['mauve']:.3f} ({r['mauve_low']:.3f}–{r['mauve_high']:.3f})", f"{r['ppl']:.1f}",
+                    f"{r['delta_ppl']:+.1f}", f"{r['mean_tokens']:.0f}", f"{r['tokens_per_second']:.1f}", _note(r)]
+                   for r in res["rows"])),
     ]
-    for r in res["rows"]:
-        note = ""
-        if "private_token_share" in r:
-            note = f"private tokens {r['private_token_share']:.0%}"
-        if "stopped_by_budget" in r:
-            note = f"stopped by its data-dependent budget: {r['stopped_by_budget']:.0%} of texts"
-        lines.append(
-            f"| {r['method']} | {r['B'] or '–'} | {r['lm_calls_per_token']} | {r['mauve']:.3f} "
-            f"({r['mauve_low']:.3f}–{r['mauve_high']:.3f}) | {r['ppl']:.1f} | {r['delta_ppl']:+.1f} | "
-            f"{r['mean_tokens']:.0f} | {r['tokens_per_second']:.1f} | {note} |"
-        )
     return "\n".join(lines)
+
+
+def _note(row: dict[str, Any]) -> str:
+    if "stopped_by_budget" in row:
+        return f"stopped by its data-dependent budget: {row['stopped_by_budget']:.0%} of texts"
+    if "private_token_share" in row:
+        return f"private tokens {row['private_token_share']:.0%}"
+    return ""
 
 
 def format_perf(res: dict[str, Any]) -> str:
