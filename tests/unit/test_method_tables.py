@@ -86,3 +86,23 @@ def test_config_options_come_from_the_fields() -> None:
     with pytest.raises(ConfigurationError, match="unknown setting"):
         Toy.from_kwargs({"nope": 1})
     assert Toy.from_kwargs({"nope": 1}, strict=False) == Toy()
+
+
+def test_config_options_with_explicit_defaults_and_shown_defaults() -> None:
+    """What ``dpinfer sanitize`` and ``dpinfer synth`` ask of add_options: every field in the namespace (the field's
+    default, or the command's), ``{default}`` filled in the help, a bool as a plain ``--flag``."""
+
+    @dataclass(frozen=True)
+    class Shown(Config):
+        epsilon: float = option(2.0, help="ε (default {default})")
+        top_k: int | None = option(None, type=int, help="k (default {default}; 0 = none)")
+        greedy: bool = option(False, help="greedy")
+
+    p = argparse.ArgumentParser()
+    add_options(p, Shown, defaults={"top_k": 0}, show=lambda v: f"<{v}>", store_true=True)
+    assert vars(p.parse_args([])) == {"epsilon": 2.0, "top_k": 0, "greedy": False}
+    assert vars(p.parse_args(["--greedy"]))["greedy"] is True
+    with pytest.raises(SystemExit):
+        p.parse_args(["--no-greedy"])
+    text = " ".join(p.format_help().split())
+    assert "ε (default <2.0>)" in text and "k (default <0>; 0 = none)" in text

@@ -242,14 +242,16 @@ def add_method_argument(p: argparse.ArgumentParser, task: str) -> argparse.Actio
     return action
 
 
-def show(value: float | int | None) -> str:
-    """A default as ``--help`` prints it: ``1e-5``, ``0.7``, ``40``.
+def show(value: float | int | str | None) -> str:
+    """A default as ``--help`` prints it: ``1e-5``, ``0.7``, ``40`` (a string as it is).
 
-    >>> show(1e-05), show(40.0), show(0.7), show(None)
-    ('1e-5', '40', '0.7', 'none')
+    >>> show(1e-05), show(40.0), show(0.7), show(None), show("rdp")
+    ('1e-5', '40', '0.7', 'none', 'rdp')
     """
     if value is None:
         return "none"
+    if isinstance(value, str):
+        return value
     text = f"{value:g}"
     mantissa, e, exponent = text.partition("e")
     return f"{mantissa}e{int(exponent)}" if e else text

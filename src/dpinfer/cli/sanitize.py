@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -22,6 +21,7 @@ from dpinfer.cli.output import (
     show,
     write_failure,
 )
+from dpinfer.configs import add_options
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import InvalidInputError
@@ -95,19 +95,8 @@ CLI_UNSET = ("epsilon", "temperature", "top_k", "no_repeat_ngram")
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """One option per :class:`~dpinfer.configs.sanitize.SanitizeConfig` field declared with a help text (its help,
-    its default shown, its choices)."""
-    for f in dataclasses.fields(SanitizeConfig):
-        meta = f.metadata
-        if not meta.get("cli"):
-            continue
-        shown = show(f.default) if isinstance(f.default, (int, float)) or f.default is None else f.default
-        flag, text = "--" + f.name.replace("_", "-"), meta["help"].format(default=shown)
-        if isinstance(f.default, bool):
-            parser.add_argument(flag, action="store_true", help=text)
-            continue
-        extra = {"choices": meta["choices"]} if meta.get("choices") else {}
-        parser.add_argument(flag, type=meta.get("type") or type(f.default), help=text, **extra,
-                            default=None if f.name in CLI_UNSET else f.default)
+    its default shown, its choices): :func:`dpinfer.configs.add_options`."""
+    add_options(parser, SanitizeConfig, defaults=dict.fromkeys(CLI_UNSET), show=show, store_true=True)
 
 
 def parse_group_epsilon(items: Sequence[str] | None) -> dict[str, float] | None:

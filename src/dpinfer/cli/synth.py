@@ -24,6 +24,7 @@ from dpinfer.cli.output import (
     print_json,
     show,
 )
+from dpinfer.configs import add_options
 from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -80,13 +81,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     """One option per :class:`SynthConfig` field declared with ``option(...)`` (its help text, its default; for
-    ``--top-k`` and ``--max-reference-tokens`` 0 stands for None: :func:`config_of` maps it back)."""
-    for f in dataclasses.fields(SynthConfig):
-        if not f.metadata.get("cli"):
-            continue
-        default = 0 if f.default is None and f.name in ZERO_IS_NONE else f.default
-        parser.add_argument("--" + f.name.replace("_", "-"), type=f.metadata.get("type") or type(default),
-                            default=default, help=f.metadata["help"].format(default=show(default)))
+    ``--top-k`` and ``--max-reference-tokens`` 0 stands for None: :func:`config_of` maps it back):
+    :func:`dpinfer.configs.add_options`."""
+    zero = {f.name: 0 for f in dataclasses.fields(SynthConfig) if f.name in ZERO_IS_NONE and f.default is None}
+    add_options(parser, SynthConfig, defaults=zero, show=show)
 
 
 ZERO_IS_NONE = ("top_k", "max_reference_tokens")

@@ -83,10 +83,15 @@ def _flag(f: dataclasses.Field[Any]) -> str:
 
 
 def add_options(parser: argparse.ArgumentParser | Any, config: type[Config], *,
-                only: Iterable[str] | None = None, skip: Iterable[str] = ()) -> None:
+                only: Iterable[str] | None = None, skip: Iterable[str] = (),
+                defaults: Mapping[str, Any] | None = None, show: Callable[[Any], str] | None = None,
+                store_true: bool = False) -> None:
     """Add one option per :func:`option` field of ``config`` (those in ``only`` when given, less ``skip``).
 
-    A bool field becomes ``--flag`` / ``--no-flag``; every option defaults to :data:`argparse.SUPPRESS`."""
+    Every option defaults to :data:`argparse.SUPPRESS`, and a bool field becomes ``--flag`` / ``--no-flag``, unless:
+    ``defaults`` (a command that reads every field from the namespace): each option's default is the field's, or the
+    one ``defaults`` gives it; ``show``: ``{default}`` in a help text is replaced by ``show(default)`` (the option's
+    default, or the field's where the option's is None); ``store_true``: a bool field is a plain ``--flag``."""
     wanted = None if only is None else set(only)
     skipped = set(skip)
     for f in dataclasses.fields(config):  # type: ignore[arg-type]
@@ -94,11 +99,16 @@ def add_options(parser: argparse.ArgumentParser | Any, config: type[Config], *,
         if "cli" not in meta or not meta["cli"] or f.name in skipped or (wanted is not None and f.name not in wanted):
             continue
         default = f.default if f.default is not _MISSING else None
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": meta.get("help") or None}
+        given = argparse.SUPPRESS if defaults is None else defaults.get(f.name, default)
+        text = meta.get("help") or None
+        if text and show is not None:
+            text = text.format(default=show(default if given is None or given is argparse.SUPPRESS else given))
+        kw: dict[str, Any] = {"dest": f.name, "default": given, "help": text}
         if isinstance(default, bool) and meta.get("type") is None:
-            kw["action"] = argparse.BooleanOptionalAction
+            kw["action"] = "store_true" if store_true else argparse.BooleanOptionalAction
         else:
-            typ = meta.get("type") or (type(default) if default is not None else None)
+            known = default if default is not None else (None if given is argparse.SUPPRESS else given)
+            typ = meta.get("type") or (type(known) if known is not None else None)
             if typ is None:
                 raise ConfigurationError(f"{config.__name__}.{f.name}: give option(type=...) (its default is None)")
             kw["type"] = typ
