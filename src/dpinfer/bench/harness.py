@@ -86,6 +86,7 @@ MANIFEST: tuple[BenchEntry, ...] = (
     BenchEntry("rag", "dpinfer.bench.rag", "RAG extraction attack: leakage, PPL, tokens/s or --perf"),
     BenchEntry("gtr", "dpinfer.bench.gtr", "prompt protection on CSQA: ROUGE/BLEU leakage vs accuracy, DP-GTR vs "
                                            "DP-Prompt, or --perf"),
+    BenchEntry("load", "dpinfer.bench.load", "the warm model load in a new process, stage by stage"),
     BenchEntry("serve", "dpinfer.serve.bench", "batching across HTTP requests: 8 concurrent vs sequential "
                                                "sanitisations, p50/p99 at 1, 8, 32 clients"),
 )

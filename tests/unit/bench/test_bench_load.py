@@ -1,0 +1,24 @@
+"""``dpinfer bench load``: fresh processes, stage by stage, the median printed with the machine's load."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpinfer.bench import load
+from dpinfer.errors import ConfigurationError
+
+
+def test_runs_must_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="--runs"):
+        load.LoadBenchConfig(runs=0)
+
+
+@pytest.mark.full
+def test_one_run_measures_every_stage_in_a_fresh_process(tiny_model_dir) -> None:
+    res = load.run(load.LoadBenchConfig(runs=1, model=str(tiny_model_dir), device="cpu"))
+    (only,) = res["runs"]
+    assert [s["stage"] for s in only["stages"]] == list(load.STAGES)
+    assert all(s["wall"] > 0 and s["cpu"] >= 0 for s in only["stages"])
+    assert only["wall"] >= sum(s["wall"] for s in only["stages"])  # the process also starts the interpreter
+    text = load.render(res)
+    assert "median of 1 runs" in text and "load_model()" in text and f"{only['wall']:.2f}" in text
