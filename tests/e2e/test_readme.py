@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,8 @@ def test_readme_commands_run(block, clone, embedded_lm):
     for argv, times, expected in block:
         extra = next((COMMAND_SHORT[w] for w in reversed(argv[:2]) if w in COMMAND_SHORT), [])
         for _ in range(times):
+            t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "dpinfer", *argv, *extra], capture_output=True, text=True,
                                   timeout=900, env=env)
+            print(f"{time.perf_counter() - t0:7.1f} s  dpinfer {' '.join(argv[:2])}")  # shown with pytest -s
             assert proc.returncode == expected, f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr[-2000:]}"

@@ -46,6 +46,8 @@ class RagTemplate:
                     "text that help answer the question.")
     separator: str = "\n\n"
     chat: bool = True
+    system: str | None = None
+    """The system turn of both rows (public, like the rest of the template); None: the model's default."""
 
     @classmethod
     def completion(cls) -> RagTemplate:
@@ -66,7 +68,7 @@ class RagTemplate:
         return self.public.replace("{question}", question)
 
     def wrap(self, lm: LM, text: str) -> str:
-        return lm.instruction_prompt(text) if self.chat else text
+        return lm.instruction_prompt(text, system=self.system) if self.chat else text
 
 
 @dataclass(frozen=True)
