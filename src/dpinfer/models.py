@@ -10,6 +10,9 @@
 * ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
 * ``load_model(..., quantize="int8")`` (CPU only) runs the decode steps with dynamic int8 ``nn.Linear`` layers (see
   :func:`quantize_int8`); prompt processing stays in float32.
+* Otherwise, on CPU in float32, every ``nn.Linear`` gets oneDNN's packed-weight kernel for inputs of a few rows
+  (:mod:`dpinfer.packed`: decode steps of 2 to 48 rows, the output head for any number of rows ≥ 2); one row and
+  prompt processing keep ``F.linear``. Recorded as ``lm.packed_linears`` (the number of layers).
 
 Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported and every
 ``from_pretrained`` call uses ``local_files_only=True``.
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import ConfigurationError, CorruptCacheError, ModelNotFoundError
+from dpinfer.packed import pack_linears
 from dpinfer.paths import cache_dir
 from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8
 
@@ -80,6 +84,7 @@ class LM:
     load_seconds: float = 0.0
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     quantize: str | None = None
+    packed_linears: int = 0
 
     @property
     def device(self) -> Any:
@@ -384,6 +389,10 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
         except (RuntimeError, AssertionError) as exc:
             raise ConfigurationError(f"int8 quantisation is not available with this torch build ({exc})") from exc
         lm.quantize = quantize
+        lm.load_seconds += time.perf_counter() - t0
+    elif dev.type == "cpu" and str(dt) == "torch.float32":
+        t0 = time.perf_counter()
+        lm.packed_linears = pack_linears(lm.model)
         lm.load_seconds += time.perf_counter() - t0
     return lm
 

@@ -24,23 +24,23 @@ UPPER = ("pipelines", "cli", "bench", "taggers", "eval", "audit", "generation", 
 INTERFACES = ("pipelines", "cli", "bench", "serve", "audit", "api", "generation")
 """What runs a request (pipelines) and what serves one (command line, server, benchmarks, audit, Python API)."""
 
-BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "quantize")
+BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "quantize", "packed")
 """Everything above the bottom layer (errors, defaults, checks, io, release)."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "checks.py": BOTTOM,
     "io.py": BOTTOM,
     "release.py": BOTTOM,
-    "configs": (*UPPER, "engine", "models", "quantize"),
-    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models", "quantize"),
-    "mechanisms": (*UPPER, "methods", "engine", "models", "quantize"),
+    "configs": (*UPPER, "engine", "models", "quantize", "packed"),
+    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models", "quantize", "packed"),
+    "mechanisms": (*UPPER, "methods", "engine", "models", "quantize", "packed"),
     "methods": INTERFACES,
     "engine": UPPER,
     "taggers": (*INTERFACES, "runtime"),
     "eval": (*INTERFACES, "runtime"),
     "runtime.py": INTERFACES,
     "clip_bounds.py": (*INTERFACES, "runtime"),
-    "jobs": (*INTERFACES, "runtime", "engine", "models", "quantize", "taggers", "eval", "validation"),
+    "jobs": (*INTERFACES, "runtime", "engine", "models", "quantize", "packed", "taggers", "eval", "validation"),
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 
