@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from dpinfer.errors import ConfigurationError
+from dpinfer.packed import packed_linear_cls
 
 QUANTIZE_CHOICES = ("int8",)
 """Accepted ``quantize`` values (None: no quantisation)."""
@@ -218,7 +219,7 @@ def quantize_int8(model: Any, *, fuse: bool = True) -> int:
         return DynamicInt8Linear.from_float(pinned)
 
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if type(child) is torch.nn.Linear]
+               if type(child) in (torch.nn.Linear, packed_linear_cls())]  # a packed float32 layer too
     with warnings.catch_warnings():
         # torch.ao.quantization is deprecated in favour of torchao (not a dependency); it still works in torch 2.x
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated", category=DeprecationWarning)
