@@ -7,11 +7,13 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from dpinfer.cli.output import print_json
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError
+
+T = TypeVar("T")
 
 LEDGER_HELP = (f"charge this release to the privacy-budget ledger PATH (default: ${LEDGER.env}); refused before the "
                "model loads when the unit cannot afford it (dpinfer budget --help)")
@@ -35,6 +37,16 @@ def cli_spend(args: argparse.Namespace, *, scope: str, default_unit: Callable[[A
 
     return start_spend(ledger_path(args), getattr(args, "unit", None), scope=scope, default_unit=default_unit,
                        what=what)
+
+
+def load_charged(spend: Any, load: Callable[[], T]) -> T:
+    """``load()`` (the model), the ``spend`` reserved before it cancelled when it fails (nothing was released)."""
+    try:
+        return load()
+    except BaseException:
+        if spend is not None:
+            spend.cancel()
+        raise
 
 
 def report_charge(spend: Any) -> None:

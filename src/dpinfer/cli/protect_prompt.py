@@ -98,7 +98,7 @@ def _config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     config, method = _config(args)
     n = method.rewrites
-    from dpinfer.cli.budget import cli_spend, ledger_path, report_charge
+    from dpinfer.cli.budget import cli_spend, ledger_path, load_charged, report_charge
 
     if args.prompts is not None or args.out is not None or args.allow_rerelease:
         charge = None
@@ -126,12 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
         spend.reserve(None if config.epsilon is None else pure_steps_estimate(
             config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
-    try:
-        lm = load_model(args.model, device=args.device)
-    except BaseException:
-        if spend is not None:
-            spend.cancel()
-        raise
+    lm = load_charged(spend, lambda: load_model(args.model, device=args.device))
     res = protect_prompt(prompt, config.api(), lm=lm, seed=args.seed, ledger=spend)
     del prompt
     report_charge(spend)

@@ -165,7 +165,7 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.questions is not None:
         return _run_ask_questions(args, config)
     from dpinfer.accounting.ledger import Cost
-    from dpinfer.cli.budget import report_charge
+    from dpinfer.cli.budget import load_charged, report_charge
     from dpinfer.models import load_model
     from dpinfer.pipelines.rag import answer_method, store_spend
 
@@ -173,12 +173,7 @@ def run_ask(args: argparse.Namespace) -> int:
     spend = store_spend(args.store, *_rag_ledger(args))
     if spend is not None:
         spend.reserve(Cost.of(answer_method(config).guarantee()), mechanism=config.mechanism)
-    try:
-        lm = load_model(args.model, device=args.device)
-    except BaseException:
-        if spend is not None:
-            spend.cancel()
-        raise
+    lm = load_charged(spend, lambda: load_model(args.model, device=args.device))
     rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
     ans = rag.ask(args.question, config=config, ledger=spend)
     report_charge(spend)

@@ -223,3 +223,24 @@ def test_protect_prompt_prompts_charge_the_source_once_per_prompt(tiny_model_dir
     assert Ledger(path).status("alice").scope == "prompt-source"
     assert main([*job, "--epsilon", "500", "--unit", "alice"]) == 0  # nothing left to do: nothing charged
     assert len(Ledger(path).history("alice")) == 2
+
+
+def test_a_failed_model_load_cancels_the_reserved_charge() -> None:
+    from dpinfer.cli.budget import load_charged
+
+    class Spend:
+        cancelled = 0
+
+        def cancel(self) -> None:
+            self.cancelled += 1
+
+    spend = Spend()
+    assert load_charged(spend, lambda: "lm") == "lm" and spend.cancelled == 0
+
+    def broken() -> str:
+        raise OSError("no model here")
+
+    with pytest.raises(OSError, match="no model here"):
+        load_charged(spend, broken)
+    assert spend.cancelled == 1
+    assert load_charged(None, lambda: "lm") == "lm"
