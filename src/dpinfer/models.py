@@ -20,20 +20,15 @@ Nothing here touches the network: the Hugging Face offline switches are set befo
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import importlib.util
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
-import threading
 import time
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -256,49 +251,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_IMPORT_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _unused_scipy_deferred() -> Iterator[None]:
-    """While transformers' model code is imported for the first time, ``scipy.optimize`` is a stand-in.
-
-    transformers' model code imports ``scipy.optimize.linear_sum_assignment`` at import time, for the losses of its
-    object-detection models only; importing ``scipy.optimize`` is about a tenth of a warm load of the embedded model
-    (``dpinfer bench load``). The stand-in's ``linear_sum_assignment`` imports the real one when it is called, and
-    the stand-in is removed as soon as the import is done: any later ``import scipy.optimize`` is the real module.
-    Nothing is changed when ``scipy.optimize`` or transformers' model code is already imported, or without scipy.
-    """
-    with _IMPORT_LOCK:
-        if ("scipy.optimize" in sys.modules or "transformers.modeling_utils" in sys.modules
-                or importlib.util.find_spec("scipy") is None):
-            yield
-            return
-        stand_in = types.ModuleType("scipy.optimize", "dpinfer's stand-in while transformers is imported")
-
-        def linear_sum_assignment(*args: Any, **kwargs: Any) -> Any:
-            if sys.modules.get("scipy.optimize") is stand_in:
-                del sys.modules["scipy.optimize"]
-            from scipy.optimize import linear_sum_assignment as real
-
-            return real(*args, **kwargs)
-
-        stand_in.linear_sum_assignment = linear_sum_assignment  # type: ignore[attr-defined]
-        sys.modules["scipy.optimize"] = stand_in
-        try:
-            yield
-        finally:
-            if sys.modules.get("scipy.optimize") is stand_in:
-                del sys.modules["scipy.optimize"]
-            scipy = sys.modules.get("scipy")
-            if scipy is not None and vars(scipy).get("optimize") is stand_in:
-                delattr(scipy, "optimize")
-
-
 def import_model_code() -> None:
-    """Import transformers' model code (:func:`_unused_scipy_deferred`); a no-op once imported."""
-    with _unused_scipy_deferred():
-        import transformers.modeling_utils  # noqa: F401
+    """Import transformers' model code (about half of a warm load's CPU time: ``dpinfer bench load``)."""
+    import transformers.modeling_utils  # noqa: F401
 
 
 def _eos_ids(tokenizer: Any, generation_eos: Any) -> frozenset[int]:
