@@ -241,9 +241,10 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
             rows[key]["releases"] += r["releases"]
         checks += [c for c in s.get("checks") or [] if c.get("audit") or c.get("loss")]
     if "sanitize" in res:
-        order = {"previous": 0, "current": 1}
+        order = {"previous": 0, "current": 1, "dp-fusion": 0, "original": 1, "ner-scrub": 2}
         res["sanitize"]["rows"] = [summarise_row({**r, "releases": sorted(r["releases"], key=lambda x: x["seed"])})
-                                   for r in sorted(rows.values(), key=lambda r: order.get(r["setting"], 2))]
+                                   for r in sorted(rows.values(), key=lambda r: (order.get(r["setting"], 2),
+                                                                                  order.get(r["method"], 3)))]
         res["sanitize"]["checks"] = sorted(_merge_checks(checks), key=lambda c: order.get(c["setting"], 2))
     for task in ("rag", "protect", "synth"):
         found = [p[task] for p in parts if task in p]
