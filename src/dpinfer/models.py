@@ -12,7 +12,8 @@
   :func:`quantize_int8`); prompt processing stays in float32.
 * Otherwise, on CPU in float32, every ``nn.Linear`` gets oneDNN's packed-weight kernel for inputs of a few rows
   (:mod:`dpinfer.packed`: decode steps of 2 to 48 rows, the output head for any number of rows ≥ 2); one row and
-  prompt processing keep ``F.linear``. Recorded as ``lm.packed_linears`` (the number of layers).
+  prompt processing keep ``F.linear``; models over 2 GB of such weights are not packed (the copy doubles them,
+  :data:`dpinfer.packed.PACK_MAX_BYTES`). Recorded as ``lm.packed_linears`` (the number of layers).
 
 Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported and every
 ``from_pretrained`` call uses ``local_files_only=True``.

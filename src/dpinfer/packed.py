@@ -33,6 +33,10 @@ PACKED_MAX_ROWS = 48
 PACKED_HEAD_FEATURES = 8192
 """A layer with at least this many outputs (the vocabulary head) uses the packed kernel for any number of rows ≥ 2."""
 
+PACK_MAX_BYTES = 2 << 30
+"""Largest model (bytes of float32 linear weights) that is packed: the packed copy doubles the weights' memory, which
+a small model such as the embedded one (0.5 GB) affords and a 7B model on CPU (28 GB) may not."""
+
 PACK_HINT_ROWS = 10
 """The row count oneDNN chooses its weight layout for (DP-GTR's stage 1 decodes 10 rows)."""
 
@@ -75,10 +79,16 @@ def packed_linear_cls() -> type:
 
 def pack_linears(model: Any) -> int:
     """Give every float32 CPU ``nn.Linear`` of ``model`` (the output head included) the packed twin, in place;
-    returns the number of layers packed (0 when this torch build has no oneDNN)."""
+    returns the number of layers packed (0 when this torch build has no oneDNN, or when the weights exceed
+    :data:`PACK_MAX_BYTES`: the copy would double them)."""
     import torch
 
     if not packing_available():
+        return 0
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear
+               and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if sum(m.weight.numel() * m.weight.element_size() for m in {id(m.weight): m for m in linears}.values()) \
+            > PACK_MAX_BYTES:
         return 0
     cls = packed_linear_cls()
     count = 0
@@ -97,4 +107,5 @@ def pack_linears(model: Any) -> int:
     return count
 
 
-__all__ = ["PACKED_HEAD_FEATURES", "PACKED_MAX_ROWS", "pack_linears", "packed_linear_cls", "packing_available"]
+__all__ = ["PACKED_HEAD_FEATURES", "PACKED_MAX_ROWS", "PACK_MAX_BYTES", "pack_linears", "packed_linear_cls",
+           "packing_available"]

@@ -84,3 +84,15 @@ def test_load_model_packs_cpu_float32_models(tiny_model_dir, tiny_lm):
         ref_step = ref.model(input_ids=ids[:, -1:], past_key_values=ref_out.past_key_values, use_cache=True).logits
     torch.testing.assert_close(step, ref_step, rtol=1e-4, atol=1e-4)
     assert models.load_model(str(tiny_model_dir), device="cpu", quantize="int8").packed_linears == 0
+
+
+def test_a_model_over_the_size_limit_is_not_packed(monkeypatch):
+    """The packed copy doubles the weights' memory: a model above PACK_MAX_BYTES keeps F.linear everywhere."""
+    from dpinfer import packed
+
+    holder = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32))
+    size = 64 * 96 * 4 + 96 * 32 * 4
+    monkeypatch.setattr(packed, "PACK_MAX_BYTES", size - 1)
+    assert pack_linears(holder) == 0 and all(type(m) is torch.nn.Linear for m in holder)
+    monkeypatch.setattr(packed, "PACK_MAX_BYTES", size)
+    assert pack_linears(holder) == 2
