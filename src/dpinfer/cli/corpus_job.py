@@ -3,7 +3,7 @@
 Not a command module: the commands add these options with :func:`add_corpus_arguments` and hand over to
 :func:`run_sanitize_corpus`. Record format, resume semantics and the Ray backend: :mod:`dpinfer.jobs.corpus`,
 :mod:`dpinfer.pipelines.corpus_ray` and docs/corpus.md. Each output line is the id and the record's ``release()``
-(:func:`dpinfer.pipelines.sanitize_many.release_record`), never its diagnostics. Every refusal (paths, fields, duplicate
+(:func:`dpinfer.jobs.corpus.release_record`), never its diagnostics. Every refusal (paths, fields, duplicate
 ids, a file that is not JSONL, Ray not installed) comes before the model loads. Standard output stays empty but for
 ``--json`` (the summary); the releases go to ``--out`` only.
 """
@@ -24,8 +24,8 @@ from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, LedgerError
 from dpinfer.jobs import check_corpus_paths, id_key, per_record_budget, read_corpus, run_corpus_job
+from dpinfer.jobs.corpus import release_record
 from dpinfer.pipelines.corpus_ray import check_ray, sanitize_corpus_ray
-from dpinfer.pipelines.sanitize_many import release_record
 from dpinfer.runtime import Runtime
 from dpinfer.taggers.base import TAB_LABELS, Span
 

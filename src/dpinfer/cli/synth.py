@@ -137,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
     config = config_of(args)
     if args.limit is not None:
         int_at_least(args.limit, "--limit", 1)
-    from dpinfer.pipelines.synthesize import plan_synthesis  # imports torch: after the checks
-
     if str(args.out).strip() == "-":
         raise ConfigurationError("--out must be a file (texts are appended to it and read back to resume); standard "
                                  "output cannot be resumed")
@@ -149,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     config = config.replace(prompt_template=template_arg(args))
     fields = label_fields(args.label_fields)
     refs = load_references(args.file, text_field=args.text_field, label_fields=fields, limit=args.limit)
+    from dpinfer.pipelines.synthesize import plan_synthesis  # imports torch: after the checks of every path
+
     plan = plan_synthesis(refs, config)  # the corpus's size, the template's fields, the calibration: no model yet
     header = plan.header(models.model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})

@@ -305,3 +305,16 @@ def _num(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def release_record(outcome: Any) -> dict[str, Any]:
+    """The output line of one sanitised record of a corpus (a
+    :class:`~dpinfer.pipelines.sanitize_many.RecordOutcome`): ``{"id", "error"}``, or the id and the result's
+    ``release()`` (no spans, no input text, no seed); a result with debug statistics is refused. Here, not beside
+    the pipeline, so that the command line's refusals import no model code."""
+    if outcome.error is not None or outcome.result is None:
+        return {"id": outcome.id, "error": outcome.error or "no result"}
+    res = outcome.result
+    if getattr(res, "debug", False):
+        raise ConfigurationError("a corpus record never carries debug statistics; run without debug")
+    return {"id": outcome.id, **res.release()}

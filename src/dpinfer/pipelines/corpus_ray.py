@@ -70,7 +70,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> Any:
 class SanitizeActor:
     """The stateful engine actor of :func:`sanitize_corpus_ray`: loads the model once (``__init__``), then sanitises
     one batch of records per call (``{"key", "text", "spans"}`` columns, spans as JSON text or ``""``) and returns
-    ``{"key", "line"}``: each record's output line (:func:`~dpinfer.pipelines.sanitize_many.release_record`)."""
+    ``{"key", "line"}``: each record's output line (:func:`~dpinfer.jobs.corpus.release_record`)."""
 
     def __init__(self, model: str | None, device: str | None, quantize: str | None, tagger: str | None,
                  seed: int | None, options: Mapping[str, Any]) -> None:
@@ -88,8 +88,8 @@ class SanitizeActor:
 
     def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, list[str]]:
         from dpinfer.io import encode_record
-        from dpinfer.jobs.corpus import id_key
-        from dpinfer.pipelines.sanitize_many import Record, release_record, sanitize_many
+        from dpinfer.jobs.corpus import id_key, release_record
+        from dpinfer.pipelines.sanitize_many import Record, sanitize_many
 
         records = [Record(json.loads(str(k)), str(t), None if not s else json.loads(str(s)))
                    for k, t, s in zip(batch["key"], batch["text"], batch["spans"], strict=True)]

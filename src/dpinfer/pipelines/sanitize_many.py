@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.configs.sanitize import SanitizeConfig
-from dpinfer.errors import ConfigurationError, DPInferError, InvalidInputError
+from dpinfer.errors import DPInferError, InvalidInputError
 from dpinfer.jobs.corpus import Record
 from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.sanitize_result import SanitizeResult
@@ -130,12 +130,3 @@ def sanitize_many(
                                                         seconds=output.prefill_seconds + output.decode_seconds))
 
 
-def release_record(outcome: RecordOutcome) -> dict[str, Any]:
-    """The output line of one :class:`RecordOutcome` of a corpus: ``{"id", "error"}``, or the id and the result's
-    ``release()`` (no spans, no input text, no seed); a result with debug statistics is refused."""
-    if outcome.error is not None or outcome.result is None:
-        return {"id": outcome.id, "error": outcome.error or "no result"}
-    res = outcome.result
-    if getattr(res, "debug", False):
-        raise ConfigurationError("a corpus record never carries debug statistics; run without debug")
-    return {"id": outcome.id, **res.release()}

@@ -134,15 +134,20 @@ class Service:
         self.budgets.commit(charge)
         return result
 
-    def _streamed(self, ticket: Ticket, charge: Any, on_text: Callable[[str], None] | None = None
-                  ) -> Iterator[str]:
-        """The text of ``ticket``'s job piece by piece as its tokens are released (row 0; EOS left out); the
-        charge is committed once a piece has left (a client that disconnects has received part of a release) and
-        cancelled otherwise. Closing the iterator early cancels the job."""
+    def _streamed(self, ticket: Ticket, charge: Any, on_text: Callable[[str], None] | None = None,
+                  opening: Sequence[int] = ()) -> Iterator[str]:
+        """The text of ``ticket``'s job piece by piece as its tokens are released (row 0; EOS left out), after the
+        public ``opening`` the release starts with (forced, not decoded); the charge is committed once a decoded
+        piece has left (a client that disconnects has received part of a release) and cancelled otherwise. Closing
+        the iterator early cancels the job."""
         eos = set(self.lm.eos_token_ids)
         streamer = TextStreamer(self.lm)
         released = False
         try:
+            for tok in opening:
+                piece = streamer.push(tok)
+                if piece:
+                    yield piece
             for event in ticket.events():
                 tok = event.tokens[0]
                 if tok >= 0 and tok not in eos:
@@ -220,7 +225,7 @@ class Service:
         plan, name, key, charge = prepared
         t0 = time.perf_counter()
         ticket = self.batcher.submit(plan.job, listen=True)
-        for piece in self._streamed(ticket, charge):
+        for piece in self._streamed(ticket, charge, opening=plan.opening):
             yield {"delta": piece}
         res = finish_sanitize(plan, ticket.result(), seconds=time.perf_counter() - t0)
         yield {"done": True, **res.release(), "unit": name, "budget": self.budgets.state(key)}

@@ -252,8 +252,11 @@ def test_sanitize_prints_only_the_release_and_the_guarantee(doc, tiny_model_dir,
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "Guarantee" in cap.out
-    for secret in (NAME, "Vienna", "12345/06", "The applicant"):
+    # the release starts with the public opening ("The applicant," up to the first tagged span): untagged text after
+    # a span ("was born in") must not be echoed
+    for secret in (NAME, "Vienna", "12345/06", "was born in"):
         assert secret not in cap.out and secret not in cap.err
+    assert cap.out.startswith("The applicant,")
 
 
 def test_show_input_never_goes_into_a_pipe(doc, tiny_model_dir, capsys):
