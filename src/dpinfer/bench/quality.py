@@ -49,6 +49,7 @@ from typing import Any
 
 from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
 from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
+    BASELINES,
     ENGLISH_THRESHOLD,
     MAIN_JOB,
     MIN_WORDS,
@@ -87,6 +88,9 @@ class QualityBenchConfig(Config):
                                 "checks)")
     baseline_runs: int | None = option(None, type=int, help="releases of the ceiling and floor rows (original, "
                                                             "ner-scrub; default: --runs)")
+    baselines: tuple[str, ...] = option(BASELINES, type=str, help="which of the ceiling and floor rows to run "
+                                                                  "(original, ner-scrub; e.g. ner-scrub alone to "
+                                                                  "add releases to the floor)")
     document: str = option(MAIN_JOB, help="the sanitize document (default: the README's main job)")
     max_new_tokens: int | None = option(None, type=int, help="cap every sanitize row's T_max (a measurement "
                                                              "shortcut; default: each setting's own T_max)")
@@ -111,6 +115,9 @@ class QualityBenchConfig(Config):
         for t in self.tasks:
             if t not in TASKS:
                 raise ConfigurationError(f"--tasks: unknown task {t!r}; tasks: {', '.join(TASKS)}")
+        for b in self.baselines:
+            if b not in BASELINES:
+                raise ConfigurationError(f"--baselines: unknown row {b!r}; rows: {', '.join(BASELINES)}")
         for s in self.settings:
             if s not in SETTINGS:
                 raise ConfigurationError(f"--settings: unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
@@ -132,7 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> QualityBenchConfig:
     """The config of parsed ``dpinfer bench quality`` options (checked when built, before any model loads)."""
-    lists = {name: tuple(parse_list(getattr(args, name), str, "--" + name)) for name in ("tasks", "settings", "merge")
+    names = ("tasks", "settings", "baselines", "merge")
+    lists = {name: tuple(parse_list(getattr(args, name), str, "--" + name)) for name in names
              if name in args and getattr(args, name) not in (None, ())}
     return QualityBenchConfig.from_args(args, **lists)
 

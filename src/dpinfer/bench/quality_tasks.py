@@ -21,6 +21,7 @@ from dpinfer.eval.intervals import share
 
 TASKS = ("sanitize", "rag", "protect", "synth")
 SETTINGS = ("previous", "current")
+BASELINES = ("original", "ner-scrub")
 MAIN_JOB = "examples/echr_case_001-66929.txt"
 TOPIC_THRESHOLD = 0.30
 """MiniLM cosine below which a release is off topic (fixed before measuring)."""
@@ -122,12 +123,14 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
         t_max = default_max_new_tokens(prep.document_tokens, cap=opts["cap"])
         if cfg.max_new_tokens is not None:
             t_max = min(t_max, cfg.max_new_tokens)
-        for method in ("dp-fusion", "original", "ner-scrub"):
+        for method in ("dp-fusion", *BASELINES):
             if setting == "previous" and method != "dp-fusion" and "current" in cfg.settings:
                 continue  # the baselines' decoding changed only by min-p: measured under the current setting
             row: dict[str, Any] = {"task": "sanitize", "setting": setting, "method": method, "T_max": t_max,
                                    "min_p": opts["min_p"], "opening": opts["opening"], "releases": []}
             n_runs = cfg.runs if method == "dp-fusion" or cfg.baseline_runs is None else cfg.baseline_runs
+            if method != "dp-fusion" and method not in cfg.baselines:
+                n_runs = 0
             if n_runs == 0:
                 continue
             for r in range(n_runs):

@@ -38,6 +38,9 @@ def test_config_checks_before_any_model() -> None:
         quality.config_from_args(_args(settings="after"))
     with pytest.raises(ConfigurationError, match="held-in"):
         quality.config_from_args(_args(questions=30, docs=20))
+    assert quality.config_from_args(_args(baselines="ner-scrub")).baselines == ("ner-scrub",)
+    with pytest.raises(ConfigurationError, match="unknown row"):
+        quality.config_from_args(_args(baselines="floor"))
 
 
 def test_settings_differ_only_in_the_changed_defaults() -> None:
