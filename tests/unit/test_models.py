@@ -67,3 +67,28 @@ def test_installed_models_lists_cache(tmp_path, monkeypatch):
     (tmp_path / "models" / "other-model").mkdir(parents=True)
     names = [m["name"] for m in models.installed_models()]
     assert names[0] == models.EMBEDDED_NAME and "other-model" in names
+
+
+def test_the_collector_pause_ends_when_the_model_is_ready(tiny_model_dir):
+    """The command line pauses the cyclic collector from its start until load_model returns, then freezes what the
+    imports and the load made (later collections and the exit skip it)."""
+    import atexit
+    import gc
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        models.defer_collection_until_loaded()
+        assert not gc.isenabled()
+        lm = models.load_model(str(tiny_model_dir), device="cpu")
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        assert lm.vocab_size > 0
+        models.resume_collection()  # no pause on: nothing changes
+        assert gc.isenabled()
+        models.defer_collection_until_loaded()
+        models.resume_collection()  # a command that ends before its model loads: the collector is back, no freeze
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
+        atexit.unregister(gc.freeze)

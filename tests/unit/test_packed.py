@@ -60,6 +60,24 @@ def test_changed_weights_fall_back_to_f_linear():
         assert torch.equal(packed(x), plain(x))
 
 
+def test_the_packed_copy_is_made_at_first_use_and_kept():
+    plain, packed = _layers()
+    assert packed.__dict__["_dpinfer_packed"][0] is None  # pack_linears made no copy yet
+    with torch.inference_mode():
+        packed(torch.randn(1, 64))  # one row: F.linear, no copy
+    assert packed.__dict__["_dpinfer_packed"][0] is None
+    x = torch.randn(3, 64)
+    with torch.inference_mode():  # the copy made under inference mode is a normal tensor, usable outside it
+        first = packed(x)
+    copy = packed.__dict__["_dpinfer_packed"][0]
+    assert copy is not None and not copy.is_inference()
+    with torch.no_grad():
+        assert torch.equal(packed(x), first) and packed.__dict__["_dpinfer_packed"][0] is copy
+    torch.testing.assert_close(first, plain(x).detach(), rtol=1e-5, atol=1e-5)
+    holder = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    assert pack_linears(holder, eager=True) == 1 and holder[0].__dict__["_dpinfer_packed"][0] is not None
+
+
 def test_gradients_use_f_linear():
     _, packed = _layers()
     x = torch.randn(4, 64, requires_grad=True)

@@ -31,6 +31,7 @@ from dpinfer.cli.output import (
 )
 from dpinfer.cli.sanitize import guarantee_sentence
 from dpinfer.errors import DPInferError
+from dpinfer.models import defer_collection_until_loaded, resume_collection
 
 # the shared helpers, also under the names they had in the one-file CLI (command modules written against it)
 _console = console
@@ -86,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not hasattr(args, "json"):
         args.json = False
+    if argv is None and "model" in vars(args):  # a process of its own that loads a model: collect after the load
+        defer_collection_until_loaded()
     try:
         return int(args.func(args) or 0)
     except DPInferError as exc:
@@ -108,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dpinfer: error: unexpected {type(exc).__name__} (message withheld: it may quote the input); rerun "
               "with DPINFER_DEBUG=1 for the traceback", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        resume_collection()  # a command that ended before its model loaded
 
 
 __all__ = ["BUILTIN_COMMAND_MODULES", "COMMAND_MODULES", "EXIT_ERROR", "build_parser", "main", "read_text_arg"]
