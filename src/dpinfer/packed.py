@@ -110,6 +110,18 @@ def pack_linears(model: Any, *, eager: bool = False) -> int:
     return count
 
 
+def pack_now(model: Any) -> int:
+    """Make the packed copies :func:`pack_linears` left for first use now (e.g. to pay for them before a first
+    request rather than during it); returns how many were made."""
+    count = 0
+    for module in model.modules():
+        state = module.__dict__.get("_dpinfer_packed")
+        if state is not None and state[0] is None and state[1] == _signature(module.weight):
+            module.__dict__["_dpinfer_packed"] = (_pack(module.weight), *state[1:])
+            count += 1
+    return count
+
+
 def _pack(weight: Any) -> Any:
     """oneDNN's packed copy of a float32 CPU weight (a normal tensor, also when made under inference mode)."""
     import torch
@@ -118,5 +130,5 @@ def _pack(weight: Any) -> Any:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT_ROWS)
 
 
-__all__ = ["PACKED_HEAD_FEATURES", "PACKED_MAX_ROWS", "PACK_MAX_BYTES", "pack_linears", "packed_linear_cls",
-           "packing_available"]
+__all__ = ["PACKED_HEAD_FEATURES", "PACKED_MAX_ROWS", "PACK_MAX_BYTES", "pack_linears", "pack_now",
+           "packed_linear_cls", "packing_available"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dpinfer import models
-from dpinfer.packed import PACKED_MAX_ROWS, pack_linears, packed_linear_cls, packing_available
+from dpinfer.packed import PACKED_MAX_ROWS, pack_linears, pack_now, packed_linear_cls, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
 
@@ -76,6 +76,10 @@ def test_the_packed_copy_is_made_at_first_use_and_kept():
     torch.testing.assert_close(first, plain(x).detach(), rtol=1e-5, atol=1e-5)
     holder = torch.nn.Sequential(torch.nn.Linear(64, 8))
     assert pack_linears(holder, eager=True) == 1 and holder[0].__dict__["_dpinfer_packed"][0] is not None
+    assert pack_now(holder) == 0  # nothing left to make
+    holder = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 8))
+    assert pack_linears(holder) == 2 and pack_now(holder) == 2 and pack_now(holder) == 0
+    assert all(m.__dict__["_dpinfer_packed"][0] is not None for m in holder)
 
 
 def test_gradients_use_f_linear():

@@ -1,14 +1,16 @@
 """``dpinfer bench load``: the warm model load in a new process, and where its time goes.
 
-    dpinfer bench load [--runs 3] [--model NAME_OR_FOLDER] [--device cpu]
+    dpinfer bench load [--runs 3] [--model NAME_OR_FOLDER] [--device cpu] [--compare]
 
 Each run starts a fresh Python process (the model already converted in the cache: a *warm* load) that, as the command
 line does, pauses the cyclic garbage collector until the model is ready
-(:func:`dpinfer.models.defer_collection_until_loaded`; ``--collect`` leaves it on), imports torch, then transformers'
-model code, then calls :func:`dpinfer.load_model` (tokenizer, model class, weights, packed linears), and exits. It
-reports the wall-clock and CPU seconds of each stage and of the whole process; what the stages leave is the
-interpreter's start and exit. The median of the runs is printed with the machine's 1-minute load average: on a shared
-CPU the wall-clock figures follow the load, the CPU seconds much less.
+(:func:`dpinfer.models.defer_collection_until_loaded`), imports torch, then transformers' model code, then calls
+:func:`dpinfer.load_model` (tokenizer, model class, weights; the packed linears' copies are made at first use), and
+exits. It reports the wall-clock and CPU seconds of each stage and of the whole process; what the stages leave is the
+interpreter's start (with the import of :mod:`dpinfer.models`) and exit. ``--compare`` alternates each run with a
+baseline process that loads the same model with the collector on and every packed copy made during the load
+(:func:`dpinfer.packed.pack_now`). The median of the runs is printed with the machine's 1-minute load average: on a
+shared CPU the wall-clock figures follow the load, the CPU seconds much less.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from dpinfer.configs import Config, add_options, option
 DESCRIPTION = __doc__
 STAGES = ("import torch", "import transformers' model code", "load_model()")
 REST = "start (interpreter, dpinfer.models) and exit"
+ARMS = {"cli": "collector paused until the model is ready, packed copies at first use (the command line)",
+        "baseline": "collector on, every packed copy made during the load"}
 
 PROBE = r"""
 import json, sys, time
 from dpinfer.models import defer_collection_until_loaded
-if sys.argv[3] == "defer":
+baseline = sys.argv[3] == "baseline"
+if not baseline:
     defer_collection_until_loaded()
 marks = []
 def mark(name, w=[time.perf_counter()], c=[time.process_time()]):
@@ -46,9 +51,12 @@ mark("import torch")
 from dpinfer.models import import_model_code, load_model
 import_model_code()
 mark("import transformers' model code")
-load_model(sys.argv[1] or None, device=sys.argv[2] or None)
+lm = load_model(sys.argv[1] or None, device=sys.argv[2] or None)
+if baseline:
+    from dpinfer.packed import pack_now
+    pack_now(lm.model)
 mark("load_model()")
-print(json.dumps({"stages": marks, "cpu": time.process_time()}))
+print(json.dumps({"stages": marks}))
 """
 
 
@@ -59,7 +67,8 @@ class LoadBenchConfig(Config):
     runs: int = option(3, help="fresh processes, one load each")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
     device: str | None = option(None, type=str, help="cpu, cuda, ... (default: CUDA when available)")
-    collect: bool = option(False, help="leave the garbage collector on during the load (the command line pauses it)")
+    compare: bool = option(False, help="alternate each run with a baseline process: collector on, every packed copy "
+                                       "made during the load")
 
     def __post_init__(self) -> None:
         int_at_least(self.runs, "--runs", 1)
@@ -73,12 +82,13 @@ def config_from_args(args: argparse.Namespace) -> LoadBenchConfig:
     return LoadBenchConfig.from_args(args)
 
 
-def one_load(config: LoadBenchConfig) -> dict[str, Any]:
-    """One warm load in a fresh process: its stages and its whole wall-clock time (interpreter start included)."""
+def one_load(config: LoadBenchConfig, arm: str = "cli") -> dict[str, Any]:
+    """One warm load in a fresh process: its stages and its whole wall-clock and CPU time (the rest: the
+    interpreter's start and exit)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PROBE, config.model or "", config.device or "",
-                           "collect" if config.collect else "defer"], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", PROBE, config.model or "", config.device or "", arm],
+                          capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -93,27 +103,45 @@ def one_load(config: LoadBenchConfig) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "stages": stages}
 
 
-def run(config: LoadBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
-    runs = []
-    for i in range(config.runs):
-        progress(f"load {i + 1}/{config.runs}")
-        runs.append(one_load(config))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     median = {"wall": statistics.median(r["wall"] for r in runs), "cpu": statistics.median(r["cpu"] for r in runs)}
     stages = [{"stage": s, "wall": statistics.median(r["stages"][k]["wall"] for r in runs),
                "cpu": statistics.median(r["stages"][k]["cpu"] for r in runs)} for k, s in enumerate((*STAGES, REST))]
-    return {"model": config.model or "smollm2-135m-instruct", "runs": runs, "median": median, "stages": stages,
-            "collector": "on" if config.collect else "paused until the model is ready",
-            "cpu_count": os.cpu_count(), "load_average_1min": None if load is None else round(load, 2)}
+    return {"runs": runs, "median": median, "stages": stages}
+
+
+def run(config: LoadBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
+    arms = ("cli", "baseline") if config.compare else ("cli",)
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for i in range(config.runs):
+        for arm in arms:  # alternated, so that a change in the machine's load hits both alike
+            progress(f"load {i + 1}/{config.runs}" + (f" ({arm})" if config.compare else ""))
+            runs[arm].append(one_load(config, arm))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    res: dict[str, Any] = {"model": config.model or "smollm2-135m-instruct", **_summary(runs["cli"]),
+                           "arm": ARMS["cli"], "cpu_count": os.cpu_count(),
+                           "load_average_1min": None if load is None else round(load, 2)}
+    if config.compare:
+        res["baseline"] = {**_summary(runs["baseline"]), "arm": ARMS["baseline"]}
+    return res
+
+
+def _table(summary: dict[str, Any]) -> list[str]:
+    m = summary["median"]
+    lines = [f"  {summary['arm']}:",
+             f"    whole process   {m['wall']:6.2f} s wall  {m['cpu']:6.2f} s CPU   (each run: "
+             + ", ".join(f"{r['wall']:.2f} s / {r['cpu']:.2f} s CPU" for r in summary["runs"]) + ")"]
+    for s in summary["stages"]:
+        lines.append(f"    {s['stage']:<45} {s['wall']:6.2f} s wall  {s['cpu']:6.2f} s CPU")
+    return lines
 
 
 def render(res: dict[str, Any]) -> str:
-    m = res["median"]
     lines = [f"warm load of {res['model']} in a new process, median of {len(res['runs'])} runs "
-             f"({res['cpu_count']} CPUs, 1-minute load average {res['load_average_1min']}; garbage collector "
-             f"{res['collector']}):",
-             f"  whole process   {m['wall']:6.2f} s wall  {m['cpu']:6.2f} s CPU   (each run: "
-             + ", ".join(f"{r['wall']:.2f}" for r in res["runs"]) + " s)"]
-    for s in res["stages"]:
-        lines.append(f"  {s['stage']:<33} {s['wall']:6.2f} s wall  {s['cpu']:6.2f} s CPU")
+             f"({res['cpu_count']} CPUs, 1-minute load average {res['load_average_1min']}):", *_table(res)]
+    if "baseline" in res:
+        base = res["baseline"]
+        lines += _table(base)
+        lines.append(f"  whole process against the baseline: {res['median']['cpu'] / base['median']['cpu']:.2f}× "
+                     f"the CPU seconds, {res['median']['wall'] / base['median']['wall']:.2f}× the wall-clock")
     return "\n".join(lines)

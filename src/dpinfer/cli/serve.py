@@ -120,6 +120,7 @@ def check_serve_args(args: argparse.Namespace) -> Any:
 
 def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.models import load_model
+    from dpinfer.packed import pack_now
     from dpinfer.serve.app import create_app
     from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.runtime import Service
@@ -129,6 +130,7 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     budgets = LedgerBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta,
                             create_epsilon=SERVE.default_epsilon, create_delta=SERVE.default_delta)
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
+    pack_now(lm.model)  # the packed linears' copies now, not during the first request
     runtime = Service(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
                       window=args.batch_window)  # resumes the synthesis jobs a stopped server left unfinished
     return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model)

@@ -15,7 +15,7 @@ def test_runs_must_be_positive() -> None:
 
 @pytest.mark.full
 def test_one_run_measures_every_stage_in_a_fresh_process(tiny_model_dir) -> None:
-    res = load.run(load.LoadBenchConfig(runs=1, model=str(tiny_model_dir), device="cpu"))
+    res = load.run(load.LoadBenchConfig(runs=1, model=str(tiny_model_dir), device="cpu", compare=True))
     (only,) = res["runs"]
     assert [s["stage"] for s in only["stages"]] == [*load.STAGES, load.REST]
     assert all(s["wall"] > 0 and s["cpu"] >= 0 for s in only["stages"])
@@ -24,4 +24,6 @@ def test_one_run_measures_every_stage_in_a_fresh_process(tiny_model_dir) -> None
     assert sum(s["cpu"] for s in only["stages"]) == pytest.approx(only["cpu"])
     text = load.render(res)
     assert "median of 1 runs" in text and "load_model()" in text and f"{only['wall']:.2f}" in text
-    assert "paused until the model is ready" in text
+    assert "paused until the model is ready" in text and "every packed copy made during the load" in text
+    assert [s["stage"] for s in res["baseline"]["stages"]] == [*load.STAGES, load.REST]
+    assert "against the baseline" in text
