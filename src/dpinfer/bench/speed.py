@@ -144,12 +144,16 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
 def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,
                 quantize: str | None = None) -> Any:
     """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given (with ``model``'s
-    tokenizer), else :func:`~dpinfer.models.load_model`."""
+    tokenizer), else :func:`~dpinfer.models.load_model` with its packed linears' copies made now (so that no timed
+    arm pays for them at its first step)."""
     from dpinfer.models import load_model
+    from dpinfer.packed import pack_now
 
     if shape is not None:
         return shape_model(shape, device=device, dtype=dtype, tokenizer=model)
-    return load_model(model, device=device, dtype=dtype, quantize=quantize)
+    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
+    pack_now(lm.model)
+    return lm
 
 
 def sync(lm: Any) -> None:
