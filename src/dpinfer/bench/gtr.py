@@ -30,8 +30,9 @@ DP-Prompt's at equal τ (target ≤ 0.8× on average) and DP-GTR's accuracy agai
 ``--repeats`` times each (default 2; the same seed per pair), at τ = the first of ``--temperatures`` (default 0.5),
 the model and the encoder loaded once before. Prints the best (fastest) of the repeats of each, the ratio (target
 ≤ 2×), stage 1 alone (the DP-GTR release's own stage 1) against the one rewrite, and the DP-GTR release's per-stage
-split (``protect_prompt(profile=…)``: loading, stage 1, ranking, stage 2 keywords, stage 3 decoding, embedding), with
-the tokens each side generated (rows stop at EOS, so a ratio also reflects how long the rewrites happened to be).
+split (``protect_prompt(profile=…)``: loading, stage 1, ranking, stage 2 keywords, stage 3 (its prefill apart),
+embedding), with the tokens each side generated (rows stop at EOS, so a ratio also reflects how long the rewrites
+happened to be).
 """
 
 from __future__ import annotations
@@ -355,6 +356,9 @@ def perf_markdown(perf: dict[str, Any]) -> str:
     st = perf["stages"]
     split = ", ".join(f"{name} {st[name]:.2f} s" for name in ("loading", "stage1", "ranking", "stage2", "stage3",
                                                               "embedding") if name in st)
+    if "stage3_prefill" in st:
+        split += f" (stage3 = prefill of the final requests {st['stage3_prefill']:.2f} s + decoding " \
+                 f"{st['stage3'] - st['stage3_prefill']:.2f} s)"
     toks = "; ".join(f"pair {i + 1}: one rewrite {x['one_tokens']} tokens in {x['one']:.2f} s, DP-GTR rewrites "
                      f"{x['rewrite_tokens']} (longest {max(x['rewrite_tokens'], default=0)}), final "
                      f"{x['final_tokens']} tokens in {x['gtr']:.2f} s" for i, x in enumerate(perf["runs"]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,44 @@ EXEMPLAR_INSTRUCTION = "Write a short question."
 """The PUBLIC instruction under which stage 2 scores the rewrites' perplexity (no private text)."""
 
 
-def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]]) -> list[float]:
+_PUBLIC_CONTEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], tuple[Any, Any, Any]]] = (
+    weakref.WeakKeyDictionary())
+"""Per model, the context pass of :func:`perplexities` for PUBLIC contexts (``reuse_context=True``): per layer its
+keys and values, its last logits (float64) and their log-normaliser. Kept for the process, so that stage 2's public
+instruction is run once per process, not once per release."""
+
+PUBLIC_CONTEXTS_PER_MODEL = 4
+"""Public contexts kept per model (the oldest dropped first)."""
+
+
+def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any, Any]:
+    """The context's per-layer (keys, values), last logits (float64, CPU) and their logsumexp; reused from
+    :data:`_PUBLIC_CONTEXTS` when ``reuse`` (the same tensors a fresh pass computes: the same model, the same tokens,
+    the same shapes)."""
+    import torch
+    from transformers import DynamicCache
+
+    from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
+
+    key = tuple(int(t) for t in context)
+    kept = _PUBLIC_CONTEXTS.setdefault(lm.model, {}) if reuse else None
+    if kept is not None and key in kept:
+        return kept[key]
+    ctx = torch.as_tensor([list(key)], dtype=torch.long, device=lm.device)
+    cache = DynamicCache(config=lm.model.config)
+    first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
+                                                     past_key_values=cache)), use_cache=True,
+                     logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
+    entry = ([(layer.keys, layer.values) for layer in cache.layers], first, torch.logsumexp(first, dim=-1))
+    if kept is not None:
+        while len(kept) >= PUBLIC_CONTEXTS_PER_MODEL:
+            kept.pop(next(iter(kept)))
+        kept[key] = entry
+    return entry
+
+
+def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]], *,
+                 reuse_context: bool = False) -> list[float]:
     """``exp(mean NLL)`` of each of ``outputs`` after the same ``context`` (float64 log-normaliser); ``inf`` for an
     empty output.
 
@@ -42,6 +80,10 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     output attend to the context and to its own earlier tokens only, and its position ids restart after the context,
     so each output's score is what it would be alone (up to float rounding). Only the log-probability of each
     realised token is formed (``logsumexp − logit``), never a full float64 log-softmax.
+
+    ``reuse_context``: the context is PUBLIC (stage 2's instruction): its pass is kept for the process and reused by
+    later calls with the same model and tokens (the same scores, without running it again). Never for a context that
+    holds private text (it would stay in memory).
     """
     import torch
     from transformers import DynamicCache
@@ -53,15 +95,13 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     if not rows:
         return result
     device = lm.device
-    ctx = torch.as_tensor([list(context)], dtype=torch.long, device=device)
-    start = ctx.shape[1]
+    start = len(context)
     packed = [t for _, o in rows for t in o[:-1]]  # a row's last token predicts nothing
     with torch.inference_mode():
+        layers, first, first_lse = _context_pass(lm, context, reuse_context)
         cache = DynamicCache(config=lm.model.config)
-        first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
-                                                         past_key_values=cache)), use_cache=True,
-                         logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
-        first_lse = torch.logsumexp(first, dim=-1)
+        for j, (k, v) in enumerate(layers):
+            cache.update(k, v, j)  # a copy: the kept tensors are never written
         logits = None
         if packed:
             n = len(packed)
@@ -103,7 +143,7 @@ def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
         return [""]
     context = lm.encode(lm.instruction_prompt(EXEMPLAR_INSTRUCTION))
     room = max(1, lm.context_window - len(context))
-    scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates])
+    scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates], reuse_context=True)
     order = sorted(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
     return [candidates[i] for i in order[:k]]
 
@@ -189,9 +229,12 @@ class GroupTextRewrite:
             tick("stage2")
             groups.append((exemplars, kws, list(rw)))
         timed = _TimedEmbedder(embedder, stages) if embedder is not None and stages is not None else embedder
+        timing: dict[str, float] = {}
         chosen = stage3_choices(engine, lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
-                                embedder=timed)
+                                embedder=timed, timing=timing)
         tick("stage3")
+        if stages is not None and "prefill" in timing:
+            stages["stage3_prefill"] = timing["prefill"]  # part of stage3: the final requests' prefill
         if isinstance(timed, _TimedEmbedder) and stages is not None and "stage3" in stages:
             stages["stage3"] -= timed.seconds  # the consensus pick's encoder time, counted apart from decoding
         return [(final, g[0][i], list(g[1])) for (final, i), g in zip(chosen, groups, strict=True)]

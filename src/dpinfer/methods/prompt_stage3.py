@@ -165,7 +165,8 @@ class StopAfterFirstLine:
 
 
 def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
-                   max_new_tokens: int, suppress: str = PROTECT.suppress) -> list[str]:
+                   max_new_tokens: int, suppress: str = PROTECT.suppress,
+                   timing: dict[str, float] | None = None) -> list[str]:
     """Stage 3 for several ``(exemplar, keywords)`` pairs in ONE greedy engine run (independent rows, left-padded,
     the template's common prefix prefilled once): each final prompt decoded from its exemplar and keywords only,
     template echoes stripped (the exemplar when nothing is left, or when the request does not fit the context
@@ -176,6 +177,9 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     to avoid them AND every spelling of them (:func:`keyword_ban`) is banned while decoding (:class:`BanSequences`),
     since a small model does not follow a negative instruction reliably; ``"instruct"``: the template's request only,
     as in the paper. Both are post-processing of released words.
+
+    ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds and its ``decode_steps`` (the
+    longest row's tokens).
     """
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
@@ -197,19 +201,22 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
                               seed=0, processors=processors)
         for i, seq in zip(fit, out.sequences, strict=True):
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
+        if timing is not None:
+            timing["prefill"] = timing.get("prefill", 0.0) + out.prefill_seconds
+            timing["decode_steps"] = timing.get("decode_steps", 0.0) + out.num_generated
     return finals
 
 
 def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
-                   max_new_tokens: int, suppress: str = PROTECT.suppress,
-                   embedder: Any = None) -> list[tuple[str, int]]:
+                   max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None,
+                   timing: dict[str, float] | None = None) -> list[tuple[str, int]]:
     """Stage 3 with several exemplars per prompt: for each ``(exemplars, keywords, rewrites)`` group, one final
     prompt per exemplar (all groups in one :func:`stage3_prompts` batch), and the one released is the candidate
     :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). Returns
     ``(final prompt, index of the exemplar it was written from)`` per group. With one exemplar per group this is
-    :func:`stage3_prompts` (no embedder is loaded). Post-processing of released text only."""
+    :func:`stage3_prompts` (no embedder is loaded; ``timing`` as there). Post-processing of released text only."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
-    finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress)
+    finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:

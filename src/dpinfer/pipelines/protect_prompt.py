@@ -342,7 +342,8 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
         embedder: the sentence encoder of stage 3's consensus pick (default: the runtime's, the offline
             all-MiniLM-L6-v2 loaded once per process).
         profile: diagnostics only: a dict that receives the seconds spent per stage (``loading``, ``stage1``,
-            ``ranking``, ``stage2`` (keywords), ``stage3``, ``embedding``, ``total``; also in
+            ``ranking``, ``stage2`` (keywords), ``stage3`` (of which ``stage3_prefill``: the final requests'
+            prefill), ``embedding``, ``total``; also in
             :meth:`ProtectedPrompt.diagnostics`). Never part of the release.
         ledger / unit: a :class:`~dpinfer.Ledger` (or its path) this release is charged to, and the prompt source on
             it (:mod:`dpinfer.accounting.spend`): reserved before the model loads when ``epsilon`` is given, else

@@ -310,6 +310,32 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
             assert score == pytest.approx(math.exp(nll / len(o)), rel=1e-5)
 
 
+def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.methods import prompt_gtr
+
+    context = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
+    fresh = pp.perplexities(tiny_lm, context, outputs)
+    prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
+    passes = []
+    real = tiny_lm.model.forward
+
+    def counting(*args, **kwargs):
+        passes.append(kwargs["input_ids"].shape[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_lm.model, "forward", counting)
+    first = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    again = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    assert first == fresh and again == fresh  # bit for bit: the same tensors a fresh pass computes
+    assert passes.count(len(context)) == 1 and len(passes) == 3  # the context once, then one packed pass per call
+    private = tiny_lm.encode("a private context")
+    pp.perplexities(tiny_lm, private, outputs)
+    assert tuple(private) not in prompt_gtr._PUBLIC_CONTEXTS[tiny_lm.model]  # never kept unless declared public
+    monkeypatch.undo()
+    prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
+
+
 def test_cli_errors_are_one_line_and_never_echo_the_prompt(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from dpinfer.cli import main
 
