@@ -104,6 +104,13 @@ class RagDefaults:
     tokens that can win through the noise alone (with k = 20, the earlier default, one held-out GenMedGPT question
     had a median support of 215 tokens per step, whose largest N(0, 1.5²) draw, ≈ 4.9, lifts tokens from far down
     the public ranking; docs/rag.md). When sampling (τ > 0), pass a wider k (e.g. 20)."""
+    support_min_p: float | None = 0.5
+    """min-p of PAD's public support: Top-k⁺ also drops the tokens whose PUBLIC probability is below ``min_p`` times
+    the public row's most likely token's (``ℓ_pub[v] < max ℓ_pub + ln min_p``; 0.5: within ln 2 ≈ 0.69 of the
+    public maximum); None: Top-k⁺ alone. The noise (σ = 1.5) then chooses among the tokens the question alone
+    already ranks near the top, rather than among every token within 2C ≈ 2.9 of it, where it sends the 135M model
+    into role-play and refusals; the private shift still reorders them. A function of the public row only: ε and C
+    are unchanged (docs/rag.md; docs/quality.md, "RAG")."""
     adjacency: str = "replace-by-null"
     top_k: int = 6
     top_n: int = 3

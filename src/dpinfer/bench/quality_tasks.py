@@ -234,7 +234,8 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dic
                 progress(f"rag {setting} {method}")
                 t0 = time.perf_counter()
                 answers: list[Any] = [None] * len(questions)
-                for i, ans, error in rag.ask_many(questions, mechanism=method, seed=cfg.seed):
+                extra = {"support_min_p": None} if setting == "previous" and method == "pad" else {}
+                for i, ans, error in rag.ask_many(questions, mechanism=method, seed=cfg.seed, **extra):
                     if error is not None:
                         raise DPInferError(f"rag {method}: question {i} failed ({error})")
                     answers[i] = ans

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from dpinfer.accounting.accountant import Adjacency
 from dpinfer.checks import (
     check_delta,
+    check_probability,
     check_seed,
     int_at_least,
     non_negative_number,
@@ -53,6 +54,7 @@ class AskConfig(Config):
         seed: tests and benchmarks only (never written next to a release).
         temperature: 0: argmax; τ > 0 samples. sigma: PAD's noise σ (C is solved from ε).
         support_top_k: k of PAD's public Top-k⁺ support (None: the full vocabulary).
+        support_min_p: min-p of PAD's public support, relative to the PUBLIC row's maximum (None: none).
         adjacency: :class:`~dpinfer.accounting.Adjacency` of the guarantee (replace-by-null or replace-one).
         theta: ``distance-threshold``'s largest distance. static_sigma: ``static``'s noise.
         min_new_tokens: benchmarks only: EOS masked (for every row alike) before this many tokens.
@@ -72,6 +74,8 @@ class AskConfig(Config):
     sigma: float = option(RAG.sigma, help=f"PAD's noise σ (default {RAG.sigma:g}; C is solved from ε)")
     support_top_k: int | None = option(RAG.support_top_k, type=int, cli=False, help=(
         f"k of PAD's public Top-k+ support (default {RAG.support_top_k}; 0 = full vocabulary)"))
+    support_min_p: float | None = option(RAG.support_min_p, type=float, cli=False, help=(
+        "min-p of PAD's public support, relative to the public row's most likely token (None: Top-k+ alone)"))
     adjacency: Adjacency = option(RAG_DEFAULT_ADJACENCY, type=str, choices=ADJACENCY_NAMES, help=(  # noqa: RUF009
         "replace-by-null (default): the context replaced by nothing (covers its content); replace-one: by any other "
         "context (also covers a document's membership in the store, which changes the retrieval; twice the "
@@ -101,6 +105,8 @@ class AskConfig(Config):
         put("sigma", positive_number(self.sigma, n("sigma")))
         if self.support_top_k is not None:
             put("support_top_k", positive_int(self.support_top_k, n("support_top_k")))
+        if self.support_min_p is not None:
+            put("support_min_p", check_probability(self.support_min_p, n("support_min_p"), low_open=True))
         put("adjacency", Adjacency.of(self.adjacency, n("adjacency"), RAG_ADJACENCIES))
         put("theta", positive_number(self.theta, n("theta")))
         put("static_sigma", positive_number(self.static_sigma, n("static_sigma")))

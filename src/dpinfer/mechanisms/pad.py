@@ -7,7 +7,10 @@ Two registered mechanisms:
 
   1. **Support** ``V⁺ = {v : ℓ_pub[v] ≥ kth_largest(ℓ_pub) − 2C}`` (Top-k⁺, from the public row only: free). It holds
      the top-k tokens of ``ℓ_pub + c`` for every shift ``c`` with ``‖c‖₂ ≤ C`` (a token outside gains at most C, one
-     inside loses at most C).
+     inside loses at most C). Optionally (``min_p``) intersected with the public min-p set
+     ``{v : ℓ_pub[v] ≥ max ℓ_pub + ln min_p}``: also from the public row only, so the argument below is unchanged
+     (the shift is clipped on the smaller set; the noise then chooses among the tokens the public row ranks near
+     its maximum).
   2. **Centre and clip** the shift on V⁺: ``s = ℓ_ctx − ℓ_pub``, ``s ← s − mean(s)`` (softmax is shift-invariant; the
      centring reads the private row only, and the null context's ``s = 0`` stays 0), ``s ← s·min(1, C/‖s‖₂)``.
   3. **Release** ``ℓ̃ = ℓ_pub + s + N(0, σ²I)`` on V⁺, the noise from the run's secure source.
@@ -54,7 +57,7 @@ from dpinfer.accounting import DataDependentSpend, Guarantee, PrivacyLoss, zcdp_
 from dpinfer.accounting.accountant import Adjacency, calibrate_event, compose_steps, ex_ante_guarantee
 from dpinfer.accounting.calibration import Budget, Spec, zcdp_rho
 from dpinfer.accounting.gaussian import GaussianShiftEvent
-from dpinfer.checks import check_delta, positive_int
+from dpinfer.checks import check_delta, check_probability, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.invisibleink import topk_plus
@@ -161,6 +164,8 @@ class Pad(Mechanism):
         clip_norm: C > 0, the L2 bound on the centred shift (use :meth:`calibrated` to derive it from (ε, δ)).
         sigma: σ > 0, the Gaussian noise scale (default 1.5).
         top_k: k of the public Top-k⁺ support (``None``: the full vocabulary).
+        min_p: also drop the tokens whose PUBLIC probability is below ``min_p`` times the public maximum's
+            (``ℓ_pub[v] < max ℓ_pub + ln min_p``; ``None``: no such cut). Public, so C and ε do not depend on it.
         temperature: 0 (default) releases the argmax of the noisy logits; τ > 0 samples from ``softmax(ℓ̃/τ)``.
         delta: δ of the reported (ε, δ) guarantee.
         adjacency: ``"replace-by-null"`` (default, sensitivity C) or ``"replace-one"`` (sensitivity 2C).
@@ -190,6 +195,7 @@ class Pad(Mechanism):
         temperature: float = 0.0,
         delta: float = 1e-5,
         adjacency: Adjacency | str = Adjacency.REPLACE_BY_NULL,
+        min_p: float | None = None,
     ) -> None:
         self.clip_norm = _positive(
             clip_norm, "clip_norm C", " (use Pad.calibrated(budget, spec) to derive it from ε)"
@@ -199,6 +205,7 @@ class Pad(Mechanism):
         self.temperature = _temperature(temperature)
         self.delta = check_delta(delta)
         self.adjacency = _adjacency(adjacency)
+        self.min_p = None if min_p is None else check_probability(min_p, "min_p", " (or None)", low_open=True)
 
     @classmethod
     def calibrated(cls, budget: Budget, spec: Spec) -> Pad:
@@ -228,6 +235,8 @@ class Pad(Mechanism):
 
     def _support(self, public: torch.Tensor) -> tuple[torch.Tensor, bool]:
         mask, kth = topk_plus(public, self.top_k, self.clip_norm, 1)
+        if self.min_p is not None:  # min-p relative to the PUBLIC maximum: a function of the public row only
+            mask = mask & (public >= public.max() + math.log(self.min_p))
         return mask, kth is None and bool(mask.all())
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
@@ -279,8 +288,8 @@ class Pad(Mechanism):
         return ex_ante_guarantee(
             self.loss_event(), steps=t, delta=self.delta, mechanism=self.name, adjacency=ADJACENCIES[self.adjacency],
             parameters={"clip_norm": self.clip_norm, "sigma": self.sigma, "top_k": self.top_k,
-                        "temperature": self.temperature, "adjacency": self.adjacency.value, "rho": self.rho(t),
-                        "T_max": t},
+                        "min_p": self.min_p, "temperature": self.temperature, "adjacency": self.adjacency.value,
+                        "rho": self.rho(t), "T_max": t},
             max_new_tokens=t,
         )
 

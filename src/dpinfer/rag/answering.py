@@ -123,12 +123,12 @@ class PadAnswer(AnswerMethod):
         c = self.config
         return Pad.calibrated(Budget(c.target_epsilon, c.delta),
                               Spec(c.max_new_tokens, sigma=c.sigma, top_k=c.support_top_k, temperature=c.temperature,
-                                   adjacency=c.adjacency))
+                                   adjacency=c.adjacency, min_p=c.support_min_p))
 
     def settings(self) -> dict[str, Any]:
         c = self.config
         return {"epsilon": c.target_epsilon, "sigma": c.sigma, "support_top_k": c.support_top_k,
-                "adjacency": c.adjacency.value, "clip_norm": self.mechanism.clip_norm}
+                "support_min_p": c.support_min_p, "adjacency": c.adjacency.value, "clip_norm": self.mechanism.clip_norm}
 
     def loss_event(self) -> tuple[LossEvent, int]:
         return self.mechanism.loss_event(), self.config.max_new_tokens

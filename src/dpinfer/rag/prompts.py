@@ -1,8 +1,9 @@
 """The prompts of private RAG and the rows the engine decodes, from PUBLIC quantities wherever a width is set.
 
-:class:`RagTemplate`: the instruction, context and question as one user turn of the model's chat template (the PAD
-paper's plain completion prompt, ``RagTemplate.completion()``, makes an instruct model continue a quiz even without
-privacy). :class:`RagRows`: the public row (the question alone), the private row (the question with the retrieved
+:class:`RagTemplate`: the context, the question (as the user's own message) and the instruction as one user turn
+of the model's chat template (the PAD paper's plain completion prompt, ``RagTemplate.completion()``, makes an
+instruct model continue a quiz even without privacy; a ``Question:`` label makes the 135M model answer "The correct
+answer is:"). :class:`RagRows`: the public row (the question alone), the private row (the question with the retrieved
 documents, each cut to a public number of tokens), the padding width and the per-document budget, which read only
 the question, the settings and the model's context window.
 """
@@ -34,14 +35,14 @@ class RagTemplate:
 
     >>> t = RagTemplate()
     >>> t.render_public("Why?")
-    'Answer the question in two or three sentences.\\n\\nQuestion: Why?'
+    'Why?\\n\\nReply to this message in two or three sentences.'
     >>> RagTemplate.completion().render_private("Doc A", "Why?")
     'Context:\\nDoc A\\n\\nQuestion: Why?\\nAnswer:\\n'
     """
 
-    private: str = ("Answer the question in two or three sentences, using the context where it helps.\n\n"
-                    "Context:\n{context}\n\nQuestion: {question}")
-    public: str = "Answer the question in two or three sentences.\n\nQuestion: {question}"
+    private: str = ("Notes:\n{context}\n\n{question}\n\n"
+                    "Reply to this message in two or three sentences, using the notes where they help.")
+    public: str = "{question}\n\nReply to this message in two or three sentences."
     summary: str = ("Text:\n{document}\n\nQuestion: {question}\nIn one or two sentences, state only the facts of the "
                     "text that help answer the question.")
     separator: str = "\n\n"
