@@ -16,6 +16,7 @@ One run, one table. Every row decodes with the SAME model; per task:
   ``--questions`` of them are asked (held-in: the patient's message; reference: the doctor's reply) with ``none``
   (the retrieved context without privacy: the ceiling), ``pad`` at its default ε and ``public`` (the question alone:
   the floor). ROUGE-L and MiniLM cosine to the reference, and the *on-topic* share: cosine ≥ 0.30 to the reference.
+  The audit of PAD with each setting's public support (``--audit-trials`` per input) is printed under the rows.
 * **protect** (CommonsenseQA dev, as ``dpinfer bench gtr``): DP-GTR's protected questions; the MiniLM answerer's
   accuracy on them beside the original questions (ceiling) and chance (floor), and ROUGE-1 leakage of the question.
 * **synth** (Yelp reviews, as ``dpinfer bench synth``): InvisibleInk beside ``public`` (the floor; synthesis has no
@@ -317,7 +318,11 @@ def markdown(res: dict[str, Any]) -> str:
         f"cosine ≥ {TOPIC_THRESHOLD} to the doctor's reply)", "",
         *md_table(["setting", "method", "ε", "on topic (95% CI)", "ROUGE-L", "cosine", "tokens", "s / answer"],
                   "l" * 8, ([x["setting"], x["method"], _eps(x["epsilon"]), _pct(x["on_topic"]), _f(x["rouge_l"]),
-                             _f(x["similarity"]), _f(x["tokens"], 0), _f(x["seconds"], 1)] for x in r["rows"]))])
+                             _f(x["similarity"]), _f(x["tokens"], 0), _f(x["seconds"], 1)] for x in r["rows"])),
+        *(["", *md_table(["setting", "PAD support", "audit ε lower bound / claimed (trials)"], "lll",
+                         ([c["setting"], f"Top-{c['top_k'] or 'all'}⁺" + (f" ∩ min-p {c['min_p']:g}" if c["min_p"]
+                                                                         else ""),
+                           _check_row(c)[2]] for c in r["checks"]))] if r.get("checks") else [])])
     _section(out, "protect", res.get("protect"), lambda p: [
         f"**protect-prompt** ({p['questions']} CSQA dev questions, MiniLM answerer)", "",
         *md_table(["method", "ε", "accuracy (95% CI)", "ROUGE-1 leakage"], "llll",

@@ -234,7 +234,7 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dic
                 progress(f"rag {setting} {method}")
                 t0 = time.perf_counter()
                 answers: list[Any] = [None] * len(questions)
-                extra = {"support_min_p": None} if setting == "previous" and method == "pad" else {}
+                extra = {"support_min_p": pad_support(setting)["min_p"]} if method == "pad" else {}
                 for i, ans, error in rag.ask_many(questions, mechanism=method, seed=cfg.seed, **extra):
                     if error is not None:
                         raise DPInferError(f"rag {method}: question {i} failed ({error})")
@@ -250,7 +250,52 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> dic
                     "tokens": _mean([a.tokens for a in answers]), "seconds": seconds / len(questions),
                     "examples": texts[:2],
                 })
-    return {"rows": rows, "docs": len(recs), "questions": cfg.questions}
+    return {"rows": rows, "docs": len(recs), "questions": cfg.questions, "checks": rag_audit(cfg, progress)}
+
+
+RAG_AUDIT_LEAD = 0.5
+"""The public row's lead of A over X in the RAG audit pair: below ln 2, so X is in the min-p 0.5 support too."""
+
+
+def pad_support(setting: str) -> dict[str, Any]:
+    """PAD's public support under a setting (``previous``: Top-k⁺ alone)."""
+    from dpinfer.defaults import RAG
+
+    return {"top_k": RAG.support_top_k, "min_p": None if setting == "previous" else RAG.support_min_p}
+
+
+def rag_audit(cfg: Any, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The audit of PAD with each setting's support (``dpinfer audit pad``'s stand-in, on a public row where A leads
+    X by :data:`RAG_AUDIT_LEAD`, so both tokens are in every support): one row per setting, [] without trials."""
+    import dataclasses
+
+    import torch
+
+    from dpinfer.audit.runner import run_audit
+    from dpinfer.audit.scenarios import DELTA, EPSILON, FAR, TOKEN_A, TOKEN_X, VOCAB, InputPair, scenario
+    from dpinfer.mechanisms.pad import Pad
+
+    if not cfg.audit_trials:
+        return []
+    pub = torch.full((VOCAB,), -math.inf, dtype=torch.float64)
+    pub[TOKEN_A], pub[TOKEN_X] = RAG_AUDIT_LEAD, 0.0
+    private = pub.clone()
+    private[TOKEN_A], private[TOKEN_X] = -FAR, FAR
+    pairs = (InputPair("shift", torch.stack([pub, private]), torch.stack([pub, pub])),)
+    out = []
+    for setting in cfg.settings:
+        support = pad_support(setting)
+        progress(f"audit pad ({setting} support)")
+        sc = scenario("pad")
+
+        def build(support: dict[str, Any] = support, t: int = sc.max_new_tokens) -> Pad:
+            return Pad.calibrated(Budget(EPSILON, DELTA), Spec(t, **support))
+
+        res = run_audit(dataclasses.replace(sc, build=build, pairs=pairs), trials=cfg.audit_trials, seed=cfg.seed)
+        out.append({"setting": setting, **support, "audit": {
+            "claimed_epsilon": res.claimed_epsilon, "epsilon_lb": res.epsilon_lb, "trials": res.trials,
+            "exceeds": res.exceeds}})
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ protect

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 import torch
@@ -125,3 +126,24 @@ def test_merge_pools_split_runs_into_one_table_and_refuses_a_seed_measured_twice
     assert (tmp_path / "out" / "bench_quality.md").is_file()
     with pytest.raises(ConfigurationError, match="same seed"):
         quality.merge_results([tmp_path / "a.json", tmp_path / "a.json"])
+
+
+def test_rag_audit_runs_pad_with_each_settings_public_support_and_prints_it_beside_the_rows() -> None:
+    from dpinfer.bench.quality_tasks import RAG_AUDIT_LEAD, pad_support, rag_audit
+    from dpinfer.defaults import RAG
+
+    assert pad_support("previous") == {"top_k": RAG.support_top_k, "min_p": None}
+    assert pad_support("current") == {"top_k": RAG.support_top_k, "min_p": RAG.support_min_p}
+    assert RAG_AUDIT_LEAD < -math.log(RAG.support_min_p)  # the pair's X is in the current support: not a trivial audit
+    cfg = quality.config_from_args(_args(tasks="rag", audit_trials=400, seed=3))
+    checks = rag_audit(cfg, lambda _: None)
+    assert [(c["setting"], c["min_p"]) for c in checks] == [("previous", None), ("current", RAG.support_min_p)]
+    for c in checks:
+        assert c["audit"]["claimed_epsilon"] == pytest.approx(4.0) and c["audit"]["trials"] == 400 and not c["audit"]["exceeds"]
+    assert rag_audit(quality.config_from_args(_args(tasks="rag", audit_trials=0)), lambda _: None) == []
+    row = {"setting": "current", "method": "pad", "epsilon": 64.0, "on_topic": quality.share(17, 20), "rouge_l": 0.1,
+           "similarity": 0.4, "tokens": 50.0, "seconds": 1.0}
+    md = quality.markdown({"model": "m", "seconds": 1.0, "rag": {"rows": [row], "docs": 100, "questions": 20,
+                                                                 "checks": checks}})
+    assert "| current | pad | 64 | 17/20 (85%" in md
+    assert f"| current | Top-1⁺ ∩ min-p {RAG.support_min_p:g} | " in md and "| previous | Top-1⁺ | " in md
