@@ -139,7 +139,8 @@ def test_rag_audit_runs_pad_with_each_settings_public_support_and_prints_it_besi
     checks = rag_audit(cfg, lambda _: None)
     assert [(c["setting"], c["min_p"]) for c in checks] == [("previous", None), ("current", RAG.support_min_p)]
     for c in checks:
-        assert c["audit"]["claimed_epsilon"] == pytest.approx(4.0) and c["audit"]["trials"] == 400 and not c["audit"]["exceeds"]
+        a = c["audit"]
+        assert a["claimed_epsilon"] == pytest.approx(4.0) and a["trials"] == 400 and not a["exceeds"]
     assert rag_audit(quality.config_from_args(_args(tasks="rag", audit_trials=0)), lambda _: None) == []
     row = {"setting": "current", "method": "pad", "epsilon": 64.0, "on_topic": quality.share(17, 20), "rouge_l": 0.1,
            "similarity": 0.4, "tokens": 50.0, "seconds": 1.0}
