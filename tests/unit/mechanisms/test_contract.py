@@ -375,6 +375,7 @@ SPECS: dict[str, Spec] = {
             "clip_norm": st.floats(1e-3, 10.0), "sigma": st.floats(0.5, 5.0),
             "top_k": st.one_of(st.none(), st.integers(1, 6)),
             "adjacency": st.sampled_from(["replace-by-null", "replace-one"]),
+            "min_p": st.one_of(st.none(), st.floats(0.01, 1.0)),  # the public min-p cut (RAG's default support)
         }),
         build=lambda v, p: get_mechanism("pad", **p),
         released=lambda m, z: _pad_released(m, z),
