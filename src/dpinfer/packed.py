@@ -96,18 +96,12 @@ def pack_linears(model: Any, *, eager: bool = False) -> int:
             > PACK_MAX_BYTES:
         return 0
     cls = packed_linear_cls()
-    count = 0
-    for module in model.modules():
-        if type(module) is not torch.nn.Linear:
-            continue
+    for module in linears:
         w = module.weight
-        if w.dtype != torch.float32 or w.device.type != "cpu":
-            continue
         max_rows = (1 << 62) if module.out_features >= PACKED_HEAD_FEATURES else PACKED_MAX_ROWS
         module.__class__ = cls
         module.__dict__["_dpinfer_packed"] = (_pack(w) if eager else None, _signature(w), max_rows)
-        count += 1
-    return count
+    return len(linears)
 
 
 def pack_now(model: Any) -> int:

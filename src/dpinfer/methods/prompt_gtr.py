@@ -13,6 +13,7 @@ pipeline (:func:`dpinfer.protect_prompt`) runs stage 1 and hands it the rewrites
 from __future__ import annotations
 
 import math
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -43,6 +44,9 @@ instruction is run once per process, not once per release."""
 PUBLIC_CONTEXTS_PER_MODEL = 4
 """Public contexts kept per model (the oldest dropped first)."""
 
+_PUBLIC_CONTEXTS_LOCK = threading.Lock()
+"""Guards :data:`_PUBLIC_CONTEXTS` (a service may score from several threads)."""
+
 
 def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any, Any]:
     """The context's per-layer (keys, values), last logits (float64, CPU) and their logsumexp; reused from
@@ -54,9 +58,10 @@ def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any
     from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
 
     key = tuple(int(t) for t in context)
-    kept = _PUBLIC_CONTEXTS.setdefault(lm.model, {}) if reuse else None
-    if kept is not None and key in kept:
-        return kept[key]
+    with _PUBLIC_CONTEXTS_LOCK:
+        kept = _PUBLIC_CONTEXTS.setdefault(lm.model, {}) if reuse else None
+        if kept is not None and key in kept:
+            return kept[key]
     ctx = torch.as_tensor([list(key)], dtype=torch.long, device=lm.device)
     cache = DynamicCache(config=lm.model.config)
     first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
@@ -64,9 +69,10 @@ def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any
                      logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
     entry = ([(layer.keys, layer.values) for layer in cache.layers], first, torch.logsumexp(first, dim=-1))
     if kept is not None:
-        while len(kept) >= PUBLIC_CONTEXTS_PER_MODEL:
-            kept.pop(next(iter(kept)))
-        kept[key] = entry
+        with _PUBLIC_CONTEXTS_LOCK:
+            while len(kept) >= PUBLIC_CONTEXTS_PER_MODEL:
+                kept.pop(next(iter(kept)))
+            kept[key] = entry
     return entry
 
 

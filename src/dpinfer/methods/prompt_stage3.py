@@ -178,8 +178,7 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     since a small model does not follow a negative instruction reliably; ``"instruct"``: the template's request only,
     as in the paper. Both are post-processing of released words.
 
-    ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds and its ``decode_steps`` (the
-    longest row's tokens).
+    ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds.
     """
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
@@ -203,7 +202,6 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
         if timing is not None:
             timing["prefill"] = timing.get("prefill", 0.0) + out.prefill_seconds
-            timing["decode_steps"] = timing.get("decode_steps", 0.0) + out.num_generated
     return finals
 
 
