@@ -151,6 +151,10 @@ class ProtectDefaults:
     the rewrites' consensus (MiniLM embeddings): one greedy final from the 135M model often drifts off the question."""
     """Stage 3 keeps the released keywords out of the final prompt by banning them while decoding (``"ban"``), not
     only by asking (``"instruct"``): the 135M model ignores the template's avoid-list (docs/prompt-protection.md)."""
+    stage3_int8: bool = True
+    """Stage 3 (greedy, public post-processing) decodes on an int8 twin of a float32 CPU model's linear layers
+    (:func:`dpinfer.quantize.int8_decode_twin`: its decode steps cost about half the float32 ones; prompt processing
+    stays float32). Stage 1, the DP rewrites, always runs on the float32 weights its clip bounds were measured with."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ statistic of the batch (rule 2).
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
+import weakref
 from typing import Any
 
 from dpinfer.errors import ConfigurationError
@@ -50,8 +52,8 @@ class _FusedInt8:
     float32 layers.
     """
 
-    def __init__(self, qlinear: Any, sizes: list[int], bias: Any = None) -> None:
-        self.int8_call = _int8_call(qlinear, bias)
+    def __init__(self, quantized: tuple[Any, Any], sizes: list[int], bias: Any = None) -> None:
+        self.int8_call = _int8_call(quantized[0], bias, quantized[1])
         self.sizes = sizes
         self._last: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -63,7 +65,7 @@ class _FusedInt8:
         return last[1][index]
 
 
-def _int8_call(qlinear: Any, bias: Any = None) -> Any:
+def _int8_call(qlinear: Any, bias: Any = None, row_sums: Any = None) -> Any:
     """``x ↦ W x + b`` on the int8 weights of ``qlinear`` with ONE ACTIVATION SCALE PER ROW: row ``i`` of the output
     depends on row ``i`` of ``x`` only, bit for bit, whatever the other rows hold and however many there are.
 
@@ -85,7 +87,8 @@ def _int8_call(qlinear: Any, bias: Any = None) -> Any:
     if qlinear._packed_params.dtype != torch.qint8 or (qlinear.version or 0) < 4:
         raise ConfigurationError("int8 quantisation needs torch's qint8 dynamic Linear (module version ≥ 4)")
     packed = qlinear._packed_params._packed_params
-    row_sums = qlinear.weight().dequantize()[:, :-2].double().sum(1).float()
+    if row_sums is None:  # the int8 weights' row sums (given by :func:`_quantized`, which has them at hand)
+        row_sums = qlinear.weight().dequantize()[:, :-2].double().sum(1).float()
     pins: dict[tuple[Any, ...], Any] = {}  # (shape, dtype) -> the (..., 2) block of [1, 0] pins
 
     def call(x: Any) -> Any:
@@ -101,17 +104,25 @@ def _int8_call(qlinear: Any, bias: Any = None) -> Any:
     return call
 
 
-def _pinned_linear(linear: Any) -> Any:
-    """A bias-free float ``nn.Linear`` with the weights of ``linear`` and two extra zero input columns (the range pins
-    of :func:`_int8_call`), to be quantised."""
+def _quantized(weight: Any) -> tuple[Any, Any]:
+    """The dynamic int8 layer of ``weight`` (``(out, in)``) with two extra zero input columns (the range pins of
+    :func:`_int8_call`) and no bias, quantised per output channel with PyTorch's per-channel dynamic qconfig (what
+    ``torch.ao.nn.quantized.dynamic.Linear.from_float`` does, without building a float layer first), and the row sums of
+    its int8 weights (float32)."""
     import torch
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+    from torch.ao.nn.quantized.modules.utils import _quantize_weight
+    from torch.ao.quantization import per_channel_dynamic_qconfig
 
-    w = linear.weight
-    pinned = torch.nn.Linear(w.shape[1] + 2, w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        pinned.weight.zero_()
-        pinned.weight[:, : w.shape[1]].copy_(w)
-    return pinned
+    w = weight.detach().float()
+    pinned = torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1)
+    observer = per_channel_dynamic_qconfig.weight()
+    observer(pinned)
+    qweight = _quantize_weight(pinned, observer)
+    qlinear = DynamicInt8Linear(1, 1, bias_=False, dtype=torch.qint8)  # 1 x 1: its placeholder weights pack at once
+    qlinear.in_features, qlinear.out_features = pinned.shape[1], pinned.shape[0]
+    qlinear.set_weight_bias(qweight, None)
+    return qlinear, qweight.dequantize()[:, :-2].double().sum(1).float()
 
 
 @functools.cache
@@ -131,17 +142,19 @@ def _decode_int8_linear_cls() -> type:
         (``fused``, :class:`_FusedInt8`); then ``int8_linear`` is None.
         """
 
-        def __init__(self, linear: Any, qlinear: Any = None) -> None:
+        def __init__(self, linear: Any, quantized: tuple[Any, Any] | None = None) -> None:
             super().__init__()
             self.float_linear = linear
-            self.set_int8(qlinear)
+            self.set_int8(quantized)
             self.__dict__["fused"] = None  # (group, index); kept out of the module tree (shared by siblings)
 
-        def set_int8(self, qlinear: Any) -> None:
-            self.int8_linear = qlinear
+        def set_int8(self, quantized: tuple[Any, Any] | None) -> None:
+            """``quantized``: the int8 layer and its weights' row sums (:func:`_quantized`), or None (fused)."""
+            self.int8_linear = None if quantized is None else quantized[0]
             lin = self.float_linear
-            self.__dict__["int8_call"] = (None if qlinear is None  # the kernel, not a module
-                                          else _int8_call(qlinear, None if lin.bias is None else lin.bias.detach()))
+            self.__dict__["int8_call"] = (None if quantized is None  # the kernel, not a module
+                                          else _int8_call(quantized[0], None if lin.bias is None
+                                                          else lin.bias.detach(), quantized[1]))
 
         @property
         def weight(self) -> Any:  # what callers of get_output_embeddings().weight expect
@@ -166,13 +179,13 @@ def _decode_int8_linear_cls() -> type:
     return DecodeInt8Linear
 
 
-def _fuse_siblings(model: Any, quantize_one: Any) -> int:
-    """Fuse the int8 decode twins of sibling projections (:data:`FUSED_SIBLINGS`) that share an input; returns the
-    number of fused groups."""
+def _sibling_groups(model: Any) -> list[tuple[list[Any], Any, Any]]:
+    """The sibling projections (:data:`FUSED_SIBLINGS`) of ``model`` that share an input and can share one int8 call:
+    per group its decode twins, their concatenated float32 weights and biases (None without)."""
     import torch
 
     cls = _decode_int8_linear_cls()
-    groups = 0
+    groups = []
     for parent in model.modules():
         for names in FUSED_SIBLINGS:
             mods = [getattr(parent, n, None) for n in names]
@@ -182,18 +195,10 @@ def _fuse_siblings(model: Any, quantize_one: Any) -> int:
             has_bias = {lin.bias is not None for lin in lins}
             if len({lin.in_features for lin in lins}) != 1 or len(has_bias) != 1:
                 continue
-            big = torch.nn.Linear(lins[0].in_features, sum(lin.out_features for lin in lins), bias=has_bias.pop(),
-                                  device=lins[0].weight.device, dtype=lins[0].weight.dtype)
             with torch.no_grad():
-                big.weight.copy_(torch.cat([lin.weight for lin in lins]))
-                if big.bias is not None:
-                    big.bias.copy_(torch.cat([lin.bias for lin in lins]))
-            group = _FusedInt8(quantize_one(big), [lin.out_features for lin in lins],
-                               None if big.bias is None else big.bias.detach())
-            for i, m in enumerate(mods):
-                m.set_int8(None)
-                m.__dict__["fused"] = (group, i)
-            groups += 1
+                weight = torch.cat([lin.weight for lin in lins])
+                bias = torch.cat([lin.bias for lin in lins]) if has_bias.pop() else None
+            groups.append((mods, weight, bias))
     return groups
 
 
@@ -205,19 +210,14 @@ def quantize_int8(model: Any, *, fuse: bool = True) -> int:
     :func:`_int8_call`), so every row's output depends on that row only, bit for bit. Inputs with more than one
     position per row (prompt processing) keep the float32 layer, so the KV cache of the prompt is exactly the float32
     one. With ``fuse`` (default), sibling projections that read the same input (q/k/v, gate/up) share one int8 call
-    with the same result (:class:`_FusedInt8`). Returns the number of layers.
+    with the same result (:class:`_FusedInt8`). The layers are quantised on ``torch.get_num_threads()`` threads (the
+    kernels release the GIL). Returns the number of layers.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-    from torch.ao.quantization import per_channel_dynamic_qconfig
 
     cls = _decode_int8_linear_cls()
-
-    def quantize_one(linear: Any) -> Any:
-        pinned = _pinned_linear(linear)  # the bias stays out: added in float32 after the row's rescaling
-        pinned.qconfig = per_channel_dynamic_qconfig
-        return DynamicInt8Linear.from_float(pinned)
-
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) in (torch.nn.Linear, packed_linear_cls())]  # a packed float32 layer too
     with warnings.catch_warnings():
@@ -227,9 +227,62 @@ def quantize_int8(model: Any, *, fuse: bool = True) -> int:
                                 category=UserWarning)
         for parent, name, child in targets:
             setattr(parent, name, cls(child))
-        if fuse:
-            _fuse_siblings(model, quantize_one)
-        for module in model.modules():  # every layer not fused is quantised on its own (each layer once)
-            if type(module) is cls and module.fused is None:
-                module.set_int8(quantize_one(module.float_linear))
+        groups = _sibling_groups(model) if fuse else []
+        fused = {id(m) for mods, _, _ in groups for m in mods}
+        singles = [m for m in model.modules() if type(m) is cls and id(m) not in fused]  # each layer once
+        weights = [w for _, w, _ in groups] + [m.float_linear.weight for m in singles]
+        with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+            quantized = list(pool.map(_quantized, weights))
+        for (mods, _, bias), q in zip(groups, quantized, strict=False):
+            group = _FusedInt8(q, [m.out_features for m in mods], bias)
+            for i, m in enumerate(mods):
+                m.set_int8(None)
+                m.__dict__["fused"] = (group, i)
+        for m, q in zip(singles, quantized[len(groups):], strict=True):
+            m.set_int8(q)  # the bias is added after rescaling
     return len(targets)
+
+
+def _shared_tree(module: Any, linear_types: tuple[type, ...]) -> Any:
+    """A copy of ``module``'s tree of submodules in which every parameter, buffer and linear layer is the original's
+    own object (nothing is copied but the containers): replacing a child of a copy leaves the original as it was."""
+    import copy
+
+    if isinstance(module, linear_types):
+        return module
+    new = copy.copy(module)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    new._modules = {name: None if child is None else _shared_tree(child, linear_types)
+                    for name, child in module._modules.items()}
+    return new
+
+
+def int8_decode_twin(model: Any) -> Any:
+    """A twin of the float32 ``model`` whose decode steps run on dynamic int8 copies of its linear layers
+    (:func:`quantize_int8` applied to a copy of the module tree); the weights, the embeddings, the norms and every
+    float32 linear layer are ``model``'s own objects, so the twin costs the int8 copies only (about a quarter of the
+    float32 weights) and its prompt processing is ``model``'s, bit for bit. ``model`` itself is left unchanged.
+
+    For public greedy post-processing, where a decode step's float rounding is no part of a guarantee (DP-GTR's
+    stage 3: :attr:`dpinfer.runtime.Runtime.int8_engine`): on the 2-core development machine a decode step of 1-10
+    rows costs about half the float32 one (docs/prompt-protection.md).
+    """
+    import torch
+
+    twin = _shared_tree(model, (torch.nn.Linear,))
+    quantize_int8(twin)
+    return twin
+
+
+_TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_TWINS_LOCK = threading.Lock()
+
+
+def shared_int8_twin(model: Any) -> Any:
+    """:func:`int8_decode_twin` of ``model``, built once per model and process (shared by every runtime on it)."""
+    with _TWINS_LOCK:
+        twin = _TWINS.get(model)
+        if twin is None:
+            twin = _TWINS[model] = int8_decode_twin(model)
+    return twin

@@ -23,6 +23,7 @@ engine runs one caller's jobs at a time; code that shares a runtime across threa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -72,6 +73,9 @@ class Runtime:
             (lambda: lm))  # type: ignore[assignment,return-value]
         self._lm_arg = None if isinstance(lm, LM) else lm
         self._engine = engine
+        self._engine_given = engine is not None
+        self._int8_engine: Engine | None = None
+        self._no_int8 = False
         self._engine_options = dict(engine_options or {})
         if tagger is not None and not isinstance(tagger, (str, Tagger)):
             raise ConfigurationError(f"tagger must be a Tagger or a tagger name, got {type(tagger).__name__}")
@@ -131,6 +135,32 @@ class Runtime:
 
                     self._engine = Engine(self.lm, **self._engine_options)
         return self._engine
+
+    @property
+    def int8_engine(self) -> Engine | None:
+        """An engine on the int8-decode twin of :attr:`lm` (:func:`~dpinfer.quantize.int8_decode_twin`: the same
+        float32 weights, int8 copies of the linear layers for decode steps), for public greedy post-processing
+        (DP-GTR's stage 3). The twin is built once per model and process (a few seconds), this engine on first use.
+        None when :attr:`lm` is not a float32 CPU model, and when this runtime was given its engine (a server's
+        shared batch: its jobs stay in that batch); :attr:`engine` itself when the model is already int8-quantised."""
+        if self._engine_given or self._no_int8:
+            return None
+        if self._int8_engine is None:
+            with self._build_lock:
+                if self._int8_engine is None:
+                    lm = self.lm
+                    if lm.quantize == "int8":
+                        self._int8_engine = self.engine
+                    elif str(lm.device) == "cpu" and str(lm.dtype) == "torch.float32":
+                        from dpinfer.engine import Engine
+                        from dpinfer.quantize import shared_int8_twin
+
+                        twin = dataclasses.replace(lm, model=shared_int8_twin(lm.model), quantize="int8")
+                        self._int8_engine = Engine(twin, **self._engine_options)
+                    else:
+                        self._no_int8 = True  # not a float32 CPU model: nothing to build, None from now on
+                        return None
+        return self._int8_engine
 
     @property
     def tagger(self) -> Tagger:

@@ -182,3 +182,59 @@ def test_int8_bias_is_added_unscaled():
     with torch.inference_mode():
         got, ref = holder(x), lin(x)
     assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+# ---------------------------------------------------------------------------------------------- the int8 decode twin
+def test_int8_twin_shares_weights_and_leaves_the_model_as_it_was(tiny_model_dir):
+    from dpinfer.quantize import int8_decode_twin
+
+    lm = models.load_model(str(tiny_model_dir), device="cpu")
+    before = {n: type(m) for n, m in lm.model.named_modules()}
+    ids = torch.tensor([lm.encode("The applicant was born in 1970 and lives in Izmir.")])
+    ref = _decode_logits(lm, ids, 4)
+    twin = int8_decode_twin(lm.model)
+    # the original: the same modules, the same logits, bit for bit
+    assert {n: type(m) for n, m in lm.model.named_modules()} == before
+    assert torch.equal(_decode_logits(lm, ids, 4), ref)
+    # the twin: every parameter is the original's own tensor (nothing copied but the containers)
+    original = {id(p) for p in lm.model.parameters()}
+    assert {id(p) for p in twin.parameters()} <= original
+    wrapped = [m for m in twin.modules() if type(m).__name__ == "DecodeInt8Linear"]
+    assert len(wrapped) == 15 and all(id(m.float_linear.weight) in original for m in wrapped)
+    # its prompt processing is the original's float32 (bit for bit); its decode steps are int8 (close, not equal)
+    tw = models.LM(**{**lm.__dict__, "model": twin, "quantize": "int8"})
+    got = _decode_logits(tw, ids, 4)
+    assert torch.equal(got[:, 0], ref[:, 0])
+    assert not torch.equal(got[:, 1:], ref[:, 1:])
+    assert torch.allclose(got.softmax(-1), ref.softmax(-1), atol=0.05)
+
+
+def test_int8_twin_decodes_as_the_int8_model(tiny_model_dir, int8_lm):
+    """The twin's decode steps are those of ``load_model(quantize="int8")`` on the same weights, bit for bit."""
+    from dpinfer.quantize import int8_decode_twin
+
+    lm = models.load_model(str(tiny_model_dir), device="cpu")
+    lm.model.apply(lambda m: m.__dict__.pop("_dpinfer_packed", None))  # plain float32 layers, as the int8 model has
+    tw = models.LM(**{**lm.__dict__, "model": int8_decode_twin(lm.model), "quantize": "int8"})
+    ids = torch.tensor([lm.encode("On 20 May 1998 the court of Izmir found that the applicant")])
+    assert torch.equal(_decode_logits(tw, ids, 5), _decode_logits(int8_lm, ids, 5))
+
+
+def test_runtime_int8_engine(tiny_model_dir):
+    from dpinfer.engine import Engine
+    from dpinfer.quantize import shared_int8_twin
+    from dpinfer.runtime import Runtime
+
+    lm = models.load_model(str(tiny_model_dir), device="cpu")
+    rt = Runtime(lm)
+    eng = rt.int8_engine
+    assert eng is not None and eng is rt.int8_engine and eng is not rt.engine
+    assert eng.lm.quantize == "int8" and eng.lm.tokenizer is lm.tokenizer
+    assert eng.lm.model is shared_int8_twin(lm.model)  # one twin per model, shared by every runtime
+    assert Runtime(lm).int8_engine.lm.model is eng.lm.model
+    # a runtime given its engine (a server's shared batch) keeps stage 3 there
+    assert Runtime(lm, Engine(lm)).int8_engine is None
+    # an int8 model is its own twin
+    q = models.load_model(str(tiny_model_dir), device="cpu", quantize="int8")
+    rq = Runtime(q)
+    assert rq.int8_engine is rq.engine

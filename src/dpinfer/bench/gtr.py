@@ -135,17 +135,20 @@ class LMAnswerer:
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
                 seed: int, answerers: list[Any], progress: Progress = quiet, suppress: str | None = None,
-                n_exemplars: int | None = None) -> dict[str, Any]:
+                n_exemplars: int | None = None, stage3_int8: bool = PROTECT.stage3_int8) -> dict[str, Any]:
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import Engine
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import SeededRandom
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.runtime import Runtime
 
     bounds = clip_bounds(lm)
     lo, hi = bounds.bounds
     engine = Engine(lm)
+    # stage 3 on the pipeline's engine for it: the int8 twin of a float32 CPU model (PROTECT.stage3_int8)
+    s3 = (Runtime(lm).int8_engine if stage3_int8 else None) or engine
     questions = [r["question"] for r in records]
     choices = [r["choices"] for r in records]
     gold = [r["answer"] for r in records]
@@ -188,7 +191,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                                               generator=source)
                     items += [(exemplars[0], ndp), (exemplars[0], jem)]
                     groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
-                finals = pp.stage3_select(engine, lm, groups, max_new_tokens=max_new_tokens,
+                finals = pp.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
                                           suppress=suppress or PROTECT.suppress, embedder=embedder)
                 eq_rows = [ids[i] for i in chunk]
                 eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
@@ -309,23 +312,26 @@ def plot(res: dict[str, Any], path: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------------------------- perf
 def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, repeats: int, seed: int,
              temperature: float = PERF_TEMPERATURE, n_keywords: int | None = None, n_exemplars: int | None = None,
-             suppress: str | None = None) -> dict[str, Any]:
+             suppress: str | None = None, stage3_int8: bool = PROTECT.stage3_int8) -> dict[str, Any]:
     """Seconds of one DP-Prompt release and one whole DP-GTR release of ``question`` (alternated, ``repeats`` pairs,
     seed ``seed + r`` for pair r), with the DP-GTR release's per-stage split; the best (smallest) of each."""
     from dpinfer.bench import machine_load
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.eval.embeddings import shared_embedder
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.runtime import Runtime
 
     t0 = time.perf_counter()
     clip_bounds(lm)
     n_ex = n_exemplars or PROTECT.n_exemplars
     if n_ex > 1:
         shared_embedder()
+    if stage3_int8:
+        _ = Runtime(lm).int8_engine  # stage 3's int8 twin: built once per process, like the model
     loading = time.perf_counter() - t0  # once per process: not part of either release below
     common = dict(lm=lm, temperature=temperature, max_new_tokens=max_new_tokens)
     gtr_kwargs = dict(n_rewrites=n_rewrites, n_keywords=n_keywords or PROTECT.n_keywords, n_exemplars=n_ex,
-                      suppress=suppress or PROTECT.suppress)
+                      suppress=suppress or PROTECT.suppress, stage3_int8=stage3_int8)
     pp.protect_prompt(question, method="dp-prompt", seed=seed, **{**common, "max_new_tokens": 2})  # warm-up
     runs: list[dict[str, Any]] = []
     for r in range(repeats):
@@ -374,7 +380,8 @@ def perf_markdown(perf: dict[str, Any]) -> str:
         f"less CPU time): one rewrite {perf['best_one_cpu']:.2f} s, DP-GTR release {perf['best_gtr_cpu']:.2f} s = "
         f"**{perf['cpu_ratio']:.2f}×**",
         f"- per stage (fastest DP-GTR release): {split}; total {st['total']:.2f} s",
-        f"- loaded once per process before the runs (model clip bounds, MiniLM): {perf['loading_once']:.2f} s",
+        f"- loaded once per process before the runs (model clip bounds, MiniLM, stage 3's int8 twin): "
+        f"{perf['loading_once']:.2f} s",
         f"- {toks}",
         f"- torch threads {perf['torch_threads']} on {perf['cpu_count']} CPUs, load average "
         f"{perf['load_average_1min']}",
@@ -401,6 +408,8 @@ class GtrBenchConfig(Config):
     n_exemplars: int | None = option(None, type=int, help="stage-3 final prompts per question, the one closest to the "
                                                           "rewrites' consensus released (default: the pipeline's, 5)")
     max_new_tokens: int = option(PROTECT.max_new_tokens, help="T_max (default 48)")
+    stage3_int8: bool = option(PROTECT.stage3_int8, help="stage 3 on the int8 decode twin (default: the pipeline's, "
+                                                         "on); --no-stage3-int8: float32, as before")
     delta: float = option(PROTECT.delta, help="δ (default 1e-5)")
     batch_questions: int = option(4, help="questions decoded together in one engine batch (default 4: 4 × n rows)")
     answer_model: str | None = option(None, type=str, help="also answer with this local causal LM (log-likelihood "
@@ -448,12 +457,12 @@ def run(config: GtrBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
                 "n_rewrites": c.n_rewrites, "n_keywords": c.n_keywords, "jem_epsilon": c.jem_epsilon,
                 "max_new_tokens": c.max_new_tokens, "delta": c.delta, "model": lm.name,
                 "batch_questions": c.batch_questions, "suppress": c.suppress or PROTECT.suppress,
-                "n_exemplars": c.n_exemplars or PROTECT.n_exemplars}  # never the seed
+                "n_exemplars": c.n_exemplars or PROTECT.n_exemplars, "stage3_int8": c.stage3_int8}  # never the seed
     out_dir = Path(c.out) if c.out else None
     if c.perf:
         perf = run_perf(lm, records[0]["question"], n_rewrites=c.n_rewrites, max_new_tokens=c.max_new_tokens,
                         repeats=c.repeats, seed=c.seed, temperature=c.temperatures[0], n_keywords=c.n_keywords,
-                        n_exemplars=settings["n_exemplars"], suppress=settings["suppress"])
+                        n_exemplars=settings["n_exemplars"], suppress=settings["suppress"], stage3_int8=c.stage3_int8)
         result = {"perf": perf, "settings": settings, "markdown": perf_markdown(perf)}
     else:
         from dpinfer.generation import resolve_lm
@@ -465,7 +474,7 @@ def run(config: GtrBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
                           n_rewrites=c.n_rewrites, n_keywords=c.n_keywords, jem_epsilon=c.jem_epsilon,
                           max_new_tokens=c.max_new_tokens, delta=c.delta, batch_questions=c.batch_questions,
                           seed=c.seed, answerers=answerers, progress=progress, suppress=settings["suppress"],
-                          n_exemplars=settings["n_exemplars"])
+                          n_exemplars=settings["n_exemplars"], stage3_int8=c.stage3_int8)
         result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]),
                   "markdown": format_markdown(res, settings)}
         if out_dir is not None:

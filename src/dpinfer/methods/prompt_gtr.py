@@ -196,6 +196,9 @@ class GroupTextRewrite:
         """Stage 1's rewrites (default :data:`PROTECT.n_rewrites <dpinfer.defaults.PROTECT>`)."""
         return PROTECT.n_rewrites if self.config.n_rewrites is None else int(self.config.n_rewrites)
 
+    uses_stage3 = True
+    """Whether the method decodes a stage 3 (the pipeline then offers it the runtime's int8 engine)."""
+
     @property
     def uses_embedder(self) -> bool:
         """Whether stage 3 picks among several final prompts with a sentence encoder."""
@@ -206,7 +209,7 @@ class GroupTextRewrite:
         c = self.config
         return {"n_keywords": c.n_keywords, "keywords": c.keywords,
                 "jem_epsilon": c.jem_epsilon if c.keywords == "jem" else None, "suppress": c.suppress,
-                "n_exemplars": c.n_exemplars}
+                "n_exemplars": c.n_exemplars, "stage3_int8": c.stage3_int8}
 
     def parameters(self) -> dict[str, Any]:
         """What the guarantee's parameters record of stages 2 and 3 (JEM's ε₂ is post-processing here: not added)."""
@@ -221,10 +224,13 @@ class GroupTextRewrite:
 
     def finish(self, engine: Engine, lm: LM, rewrites: Sequence[Sequence[str]], sources: Sequence[RandomSource], *,
                embedder: Any = None, lap: Callable[[str], None] | None = None,
-               stages: dict[str, float] | None = None) -> list[tuple[str, str, list[str]]]:
+               stages: dict[str, float] | None = None, stage3_engine: Engine | None = None,
+               ) -> list[tuple[str, str, list[str]]]:
         """``(final prompt, the exemplar it was written from, keywords)`` for each prompt's rewrites, each prompt's
-        keyword release drawn from its own source; stage 3 of every prompt in one engine run. ``lap`` / ``stages``:
-        diagnostics only (seconds per stage)."""
+        keyword release drawn from its own source; stage 3 of every prompt in one engine run, on ``stage3_engine``
+        (the runtime's int8 engine, :attr:`dpinfer.runtime.Runtime.int8_engine`) when given, else on ``engine``.
+        The ranking always runs on ``lm``'s float32 layers. ``lap`` / ``stages``: diagnostics only (seconds per
+        stage)."""
         c = self.config
         tick = lap or (lambda name: None)
         groups = []
@@ -236,7 +242,8 @@ class GroupTextRewrite:
             groups.append((exemplars, kws, list(rw)))
         timed = _TimedEmbedder(embedder, stages) if embedder is not None and stages is not None else embedder
         timing: dict[str, float] = {}
-        chosen = stage3_choices(engine, lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
+        s3 = engine if stage3_engine is None else stage3_engine
+        chosen = stage3_choices(s3, s3.lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
                                 embedder=timed, timing=timing)
         tick("stage3")
         if stages is not None and "prefill" in timing:

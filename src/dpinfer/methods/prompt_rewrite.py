@@ -15,6 +15,7 @@ class OneRewrite:
     name = "dp-prompt"
     rewrites = 1
     uses_embedder = False
+    uses_stage3 = False
 
     def __init__(self, config: ProtectConfig) -> None:
         if config.n_rewrites is not None and config.n_rewrites != 1:
@@ -32,7 +33,7 @@ class OneRewrite:
 
     def finish(self, engine: Any, lm: Any, rewrites: Sequence[Sequence[str]], sources: Sequence[Any], *,
                embedder: Any = None, lap: Callable[[str], None] | None = None,
-               stages: dict[str, float] | None = None) -> list[tuple[str, str, list[str]]]:
+               stages: dict[str, float] | None = None, stage3_engine: Any = None) -> list[tuple[str, str, list[str]]]:
         """Each prompt's one rewrite, as it is."""
         return [(rw[0], rw[0], []) for rw in rewrites]
 

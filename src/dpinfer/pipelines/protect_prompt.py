@@ -249,7 +249,7 @@ def _release_terms(model: LM, mech: DPPrompt, clip_source: str, config: ProtectC
                 "delta": config.delta, "n_rewrites": n, "max_new_tokens": t_max, **method.settings(),
                 "max_input_tokens": config.max_input_tokens, "model": model.name}
     order = ("method", "epsilon", "temperature", "delta", "n_rewrites", "n_keywords", "keywords", "max_new_tokens",
-             "jem_epsilon", "suppress", "n_exemplars", "max_input_tokens", "model")
+             "jem_epsilon", "suppress", "n_exemplars", "stage3_int8", "max_input_tokens", "model")
     return guarantee, {k: settings[k] for k in order if k in settings}
 
 
@@ -294,6 +294,7 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
     sources = [random_source(s) for s in seeds]
     engine = rt.engine
     embedder = rt.embedder if method.uses_embedder else None
+    stage3_engine = rt.int8_engine if method.uses_stage3 and config.stage3_int8 else None
     laps("loading")
     if pooled:  # every prompt's rows in one forward per step, each padded to the PUBLIC request bound
         bound = request_bound(model, config.max_input_tokens)
@@ -309,11 +310,14 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
         del ids
     del prompts  # nothing below reads a prompt
     laps("stage1")
-    finals = method.finish(engine, model, rewrites, sources, embedder=embedder, lap=laps, stages=laps.stages)
+    finals = method.finish(engine, model, rewrites, sources, embedder=embedder, lap=laps, stages=laps.stages,
+                           stage3_engine=stage3_engine)
     laps.total()
     out = []
     for rw, (final, exemplar, kws), seed in zip(rewrites, finals, seeds, strict=True):
         guarantee, settings = _release_terms(model, mech, bounds.source, config, method, seeded=seed is not None)
+        if "stage3_int8" in settings:  # what stage 3 ran on (no int8 twin on a GPU or in a server's shared batch)
+            settings["stage3_int8"] = stage3_engine is not None
         out.append(ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=kws, rewrites=rw, guarantee=guarantee,
                                    method=config.method, epsilon_per_token=mech.epsilon_per_token, settings=settings,
                                    seconds=dict(laps.stages)))

@@ -494,3 +494,26 @@ def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeyp
         alone = pp.protect_prompt(prompts[i], seed=i + 1, **kwargs)
         assert out[i].rewrites == alone.rewrites and out[i].prompt == alone.prompt
         assert out[i].to_dict() == alone.to_dict()
+
+
+def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.engine import Engine
+
+    ran_on: list[str | None] = []
+    generate = Engine.generate
+
+    def record(self, contexts, mechanism, **kwargs):
+        ran_on.append(self.lm.quantize)
+        return generate(self, contexts, mechanism, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", record)
+    res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, max_new_tokens=5, seed=3)
+    assert ran_on[-2:] == [None, "int8"] and res.settings["stage3_int8"] is True  # stage 1 float32, stage 3 int8
+    ran_on.clear()
+    off = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, max_new_tokens=5, seed=3,
+                            stage3_int8=False)
+    assert ran_on[-2:] == [None, None] and off.settings["stage3_int8"] is False
+    assert off.rewrites == res.rewrites  # stage 1 (the DP release) does not depend on stage 3's weights
+    assert off.guarantee == res.guarantee
+    one = pp.protect_prompt(SECRET, lm=tiny_lm, method="dp-prompt", temperature=1.0, max_new_tokens=5, seed=3)
+    assert "stage3_int8" not in one.settings  # no stage 3: no twin built for it
