@@ -24,6 +24,7 @@ Nothing here touches the network: the Hugging Face offline switches are set befo
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -42,10 +43,11 @@ from typing import Any
 from dpinfer.errors import ConfigurationError, CorruptCacheError, ModelNotFoundError
 from dpinfer.packed import pack_linears
 from dpinfer.paths import cache_dir
-from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8
+from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8, shared_int8_twin
 
 __all__ = ["EMBEDDED_NAME", "LM", "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "defer_collection_until_loaded",
-           "installed_models", "load_model", "model_name", "quantize_int8", "resolve_lm", "resume_collection"]
+           "installed_models", "int8_twin", "load_model", "model_name", "quantize_int8", "resolve_lm",
+           "resume_collection"]
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
@@ -390,6 +392,18 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
         lm.load_seconds += time.perf_counter() - t0
     resume_collection(freeze=True)
     return lm
+
+
+def int8_twin(lm: LM) -> LM | None:
+    """``lm`` with decode steps on int8 copies of its linear layers (:func:`~dpinfer.quantize.shared_int8_twin`: the
+    same float32 weights, tokenizer and prompt processing; built once per model and process): ``lm`` itself when it is
+    already int8-quantised, None when it is not a float32 CPU model. For public greedy post-processing (DP-GTR's
+    stage 3), never for a mechanism's private rows."""
+    if lm.quantize == "int8":
+        return lm
+    if str(lm.device) != "cpu" or str(lm.dtype) != "torch.float32":
+        return None
+    return dataclasses.replace(lm, model=shared_int8_twin(lm.model), quantize="int8")
 
 
 @functools.lru_cache(maxsize=1)

@@ -65,7 +65,7 @@ class _FusedInt8:
         return last[1][index]
 
 
-def _int8_call(qlinear: Any, bias: Any = None, row_sums: Any = None) -> Any:
+def _int8_call(qlinear: Any, bias: Any, row_sums: Any) -> Any:
     """``x ↦ W x + b`` on the int8 weights of ``qlinear`` with ONE ACTIVATION SCALE PER ROW: row ``i`` of the output
     depends on row ``i`` of ``x`` only, bit for bit, whatever the other rows hold and however many there are.
 
@@ -77,9 +77,9 @@ def _int8_call(qlinear: Any, bias: Any = None, row_sums: Any = None) -> Any:
     ``0`` (range pins, for rows that are constant): the kernel's range is ``[0, 1]`` in every call, so its scale
     (1/127 with ``reduce_range``) and zero point (0) are constants and every row uses all 128 codes. The output row
     is ``d · (Wq u) + lo · (Wq 1)`` with the row sums of the int8 weights ``Wq`` (the weights' rounding then applies
-    to ``x`` itself, not to the offset), plus the bias (kept out of ``qlinear``). One kernel call for all rows (the
-    weights are read once), called directly: the same op and arguments as the module's ``forward``
-    (``reduce_range=True``) without its per-call Python checks.
+    to ``x`` itself, not to the offset; ``row_sums`` from :func:`_quantized`), plus the bias (kept out of
+    ``qlinear``). One kernel call for all rows (the weights are read once), called directly: the same op and arguments
+    as the module's ``forward`` (``reduce_range=True``) without its per-call Python checks.
     """
     import torch
 
@@ -87,8 +87,6 @@ def _int8_call(qlinear: Any, bias: Any = None, row_sums: Any = None) -> Any:
     if qlinear._packed_params.dtype != torch.qint8 or (qlinear.version or 0) < 4:
         raise ConfigurationError("int8 quantisation needs torch's qint8 dynamic Linear (module version ≥ 4)")
     packed = qlinear._packed_params._packed_params
-    if row_sums is None:  # the int8 weights' row sums (given by :func:`_quantized`, which has them at hand)
-        row_sums = qlinear.weight().dequantize()[:, :-2].double().sum(1).float()
     pins: dict[tuple[Any, ...], Any] = {}  # (shape, dtype) -> the (..., 2) block of [1, 0] pins
 
     def call(x: Any) -> Any:

@@ -23,7 +23,6 @@ engine runs one caller's jobs at a time; code that shares a runtime across threa
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import threading
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from dpinfer import taggers
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError
-from dpinfer.models import LM, default_lm, load_model, model_name
+from dpinfer.models import LM, default_lm, int8_twin, load_model, model_name
 from dpinfer.taggers import Tagger
 
 if TYPE_CHECKING:
@@ -54,11 +53,12 @@ class Runtime:
         embedder: a sentence embedder (:class:`~dpinfer.eval.embeddings.Embedder`), a model folder, or None for
             all-MiniLM-L6-v2 (:func:`~dpinfer.eval.embeddings.shared_embedder`, one per process).
         engine_options: keywords for the engine built here (``Engine(lm, **engine_options)``).
+        int8_engine: the engine of :attr:`int8_engine` when ``engine`` is given (a server's second shared batch).
     """
 
     def __init__(self, lm: LM | str | os.PathLike[str] | None = None, engine: Engine | None = None,
                  tagger: Tagger | str | None = None, embedder: Embedder | str | os.PathLike[str] | None = None, *,
-                 engine_options: Mapping[str, Any] | None = None) -> None:
+                 engine_options: Mapping[str, Any] | None = None, int8_engine: Any = None) -> None:
         if engine is not None:
             if engine_options:
                 raise ConfigurationError("give either an engine or engine_options, not both")
@@ -74,7 +74,7 @@ class Runtime:
         self._lm_arg = None if isinstance(lm, LM) else lm
         self._engine = engine
         self._engine_given = engine is not None
-        self._int8_engine: Engine | None = None
+        self._int8_engine: Engine | None = int8_engine
         self._no_int8 = False
         self._engine_options = dict(engine_options or {})
         if tagger is not None and not isinstance(tagger, (str, Tagger)):
@@ -141,25 +141,23 @@ class Runtime:
         """An engine on the int8-decode twin of :attr:`lm` (:func:`~dpinfer.quantize.int8_decode_twin`: the same
         float32 weights, int8 copies of the linear layers for decode steps), for public greedy post-processing
         (DP-GTR's stage 3). The twin is built once per model and process (a few seconds), this engine on first use.
-        None when :attr:`lm` is not a float32 CPU model, and when this runtime was given its engine (a server's
-        shared batch: its jobs stay in that batch); :attr:`engine` itself when the model is already int8-quantised."""
-        if self._engine_given or self._no_int8:
+        The one given as ``int8_engine`` (a server's shared batch on the twin) when there is one; else None when
+        :attr:`lm` is not a float32 CPU model or this runtime was given its engine without one (its jobs stay in that
+        engine); :attr:`engine` itself when the model is already int8-quantised."""
+        if self._int8_engine is not None:
+            return self._int8_engine
+        if self._no_int8:
             return None
-        if self._int8_engine is None:
-            with self._build_lock:
-                if self._int8_engine is None:
-                    lm = self.lm
-                    if lm.quantize == "int8":
-                        self._int8_engine = self.engine
-                    elif str(lm.device) == "cpu" and str(lm.dtype) == "torch.float32":
-                        from dpinfer.engine import Engine
-                        from dpinfer.quantize import shared_int8_twin
+        with self._build_lock:
+            if self._int8_engine is None and not self._no_int8:
+                twin = int8_twin(self.lm) if not self._engine_given or self.lm.quantize == "int8" else None
+                if twin is None:
+                    self._no_int8 = True  # not a float32 CPU model, or an engine given without a twin: None
+                else:
+                    from dpinfer.engine import Engine  # torch: imported when the engine is first needed
 
-                        twin = dataclasses.replace(lm, model=shared_int8_twin(lm.model), quantize="int8")
-                        self._int8_engine = Engine(twin, **self._engine_options)
-                    else:
-                        self._no_int8 = True  # not a float32 CPU model: nothing to build, None from now on
-                        return None
+                    self._int8_engine = (self.engine if twin is self.lm
+                                         else Engine(twin, **self._engine_options))
         return self._int8_engine
 
     @property

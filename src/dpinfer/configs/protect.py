@@ -62,8 +62,7 @@ class ProtectConfig(Config):
     stage3_int8: bool = option(PROTECT.stage3_int8,
                                help="decode stage 3 (the final prompts: public post-processing) on int8 copies of a "
                                     "float32 CPU model's linear layers, about 2x faster decode steps (default on; "
-                                    "stage 1 always runs in float32; no effect on a GPU or with a shared server "
-                                    "engine)")
+                                    "stage 1 always runs in float32; no effect on a GPU)")
     max_input_tokens: int = option(PROTECT.max_input_tokens,
                                    help=f"a public cap on the prompt: a longer one is cut to its first N tokens before "
                                         f"stage 1, silently (its length is private; default "

@@ -31,6 +31,7 @@ from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.generation import TextStreamer
 from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.models import int8_twin
 from dpinfer.pipelines.protect_prompt import ADJACENCY, check_protect_params, protect_prompt, stage1_mechanism
 from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
 from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
@@ -74,7 +75,14 @@ class Service:
         engine = Engine(lm, fixed_rows=True, min_capacity=SERVE.engine_min_capacity)
         self.batcher = Batcher(engine, self.model_lock, self.metrics, window=window, batching=batching)
         self.engine = SharedEngine(self.batcher)
-        self.core = Runtime(lm, self.engine, tagger, embedder)
+        # DP-GTR's stage 3 (public greedy post-processing) in a second shared batch, on the int8 decode twin of a
+        # float32 CPU model: its steps alternate with the first batch's under the same model lock
+        twin = int8_twin(lm) if PROTECT.stage3_int8 else None
+        self.int8_batcher = None if twin is None or twin is lm else Batcher(
+            Engine(twin, fixed_rows=True, min_capacity=SERVE.engine_min_capacity), self.model_lock, self.metrics,
+            window=window, batching=batching)
+        self.core = Runtime(lm, self.engine, tagger, embedder,
+                            int8_engine=None if self.int8_batcher is None else SharedEngine(self.int8_batcher))
         self.lm = lm
         self.tagger_name = tagger
         self.stores_dir = Path(stores) if stores is not None else None
@@ -88,6 +96,8 @@ class Service:
 
     def close(self) -> None:
         self.batcher.close()
+        if self.int8_batcher is not None:
+            self.int8_batcher.close()
 
     # ---------------------------------------------------------------- tenants and budgets
     def claim(self, principal: Principal, kind: str, name: str, *, create: bool = True) -> None:

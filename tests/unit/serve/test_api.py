@@ -8,6 +8,8 @@ import httpx
 import pytest
 from serve_helpers import DOC
 
+from dpinfer.engine import Engine
+
 SPANS = [{"start": DOC.index("John Smith"), "end": DOC.index("John Smith") + len("John Smith"), "label": "PERSON"},
          {"start": DOC.index("12 March 1961"), "end": DOC.index("12 March 1961") + 13, "label": "DATETIME"}]
 
@@ -151,3 +153,25 @@ def test_sanitize_streams_the_released_tokens_then_the_release(server) -> None:
     r = httpx.post(server.url + "/v1/sanitize", json={**body, "unit": "acme-stream-small"},
                    headers=auth(server.keys["acme"]))
     assert r.status_code == 402 and "budget" in r.json()
+
+
+def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) -> None:
+    svc = server.runtime
+    assert svc.int8_batcher is not None and svc.int8_batcher.engine.lm.quantize == "int8"
+    assert svc.int8_batcher.engine.lm.model is not svc.lm.model and svc.batcher.engine.lm.quantize is None
+    steps: dict[str | None, int] = {}
+    step = Engine.step
+
+    def count(self):
+        steps[self.lm.quantize] = steps.get(self.lm.quantize, 0) + 1
+        return step(self)
+
+    monkeypatch.setattr(Engine, "step", count)
+    acme = auth(server.keys["acme"])
+    r = httpx.post(server.url + "/v1/protect-prompt", headers=acme, timeout=120,
+                   json={"prompt": "Where would I find a kettle in Kettleborough?", "epsilon": 200.0,
+                         "n_rewrites": 2, "n_keywords": 3, "max_new_tokens": 5, "n_exemplars": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["settings"]["stage3_int8"] is True
+    assert steps.get(None, 0) > 0 and steps.get("int8", 0) > 0  # stage 1 in the main batch, stage 3 in the twin's
