@@ -238,3 +238,10 @@ def test_runtime_int8_engine(tiny_model_dir):
     q = models.load_model(str(tiny_model_dir), device="cpu", quantize="int8")
     rq = Runtime(q)
     assert rq.int8_engine is rq.engine
+
+
+def test_no_int8_twin_for_a_model_that_is_not_float32_on_cpu(tiny_model_dir):
+    from dpinfer.runtime import Runtime
+
+    bf16 = models.load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16")
+    assert models.int8_twin(bf16) is None and Runtime(bf16).int8_engine is None
