@@ -86,6 +86,7 @@ class Batcher:
         self.batching = batching
         self.queue: queue.Queue[Ticket | None] = queue.Queue()
         self.cancels: queue.Queue[Ticket] = queue.Queue()
+        metrics.queues.append(self.queue)
         self.thread = threading.Thread(target=self._loop, name="dpinfer-batcher", daemon=True)
         self.thread.start()
 
@@ -93,7 +94,6 @@ class Batcher:
         """Queue ``job`` for the engine; returns at once."""
         ticket = Ticket(job, listen)
         self.queue.put(ticket)
-        self.metrics.queue_length = self.queue.qsize()
         return ticket
 
     def run(self, job: Job) -> EngineOutput:
@@ -161,7 +161,6 @@ class Batcher:
                     ticket._settle(error=exc)
                     continue
                 active[id(ticket.job)] = ticket
-            self.metrics.queue_length = self.queue.qsize()
             if items:
                 with self.metrics.lock:
                     self.metrics.batched_jobs += len(items)

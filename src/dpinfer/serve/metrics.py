@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 
 class Metrics:
@@ -18,8 +19,14 @@ class Metrics:
         self.decode_seconds = 0.0
         self.batches = 0
         self.batched_jobs = 0
-        self.queue_length = 0
+        self.queues: list[Any] = []
+        """The batchers' job queues (a server has one per shared batch): the queue-length gauge is their sum."""
         self.started = time.time()
+
+    @property
+    def queue_length(self) -> int:
+        """Jobs waiting for an engine, over every batcher."""
+        return sum(q.qsize() for q in self.queues)
 
     def request(self, method: str, route: str, status: int) -> None:
         with self.lock:
@@ -52,7 +59,7 @@ class Metrics:
                 f"dpinfer_decode_seconds_total {self.decode_seconds:.3f}",
                 "# HELP dpinfer_tokens_per_second Tokens released per second of engine time (since start).",
                 "# TYPE dpinfer_tokens_per_second gauge", f"dpinfer_tokens_per_second {rate:.3f}",
-                "# HELP dpinfer_queue_length Jobs waiting for the engine.",
+                "# HELP dpinfer_queue_length Jobs waiting for an engine (every shared batch).",
                 "# TYPE dpinfer_queue_length gauge", f"dpinfer_queue_length {self.queue_length}",
                 "# HELP dpinfer_engine_steps_total Engine steps of the batcher (one token for every running job).",
                 "# TYPE dpinfer_engine_steps_total counter", f"dpinfer_engine_steps_total {self.batches}",
