@@ -3,10 +3,10 @@
 
 A :class:`Runtime` holds one language model (:class:`~dpinfer.models.LM`), one :class:`~dpinfer.engine.Engine` on it,
 the taggers asked of it (by name, built once each) and one sentence embedder; on a float32 CPU model also an engine on
-its int8 decode twin (:attr:`Runtime.int8_engine`, for public greedy post-processing: DP-GTR's stage 3). Each part is given or built on first
-use, and then kept: the Python API builds one default runtime per process (:func:`default_runtime`), a server keeps
-one for its lifetime, a corpus job one for its run. Nothing here loads a model at construction, so building a runtime
-is free and a refusal still comes before the model loads (rule 4).
+its int8 decode twin (:attr:`Runtime.int8_engine`, for public greedy post-processing: DP-GTR's stage 3). Each part
+is given or built on first use, and then kept: the Python API builds one default runtime per process
+(:func:`default_runtime`), a server keeps one for its lifetime, a corpus job one for its run. Nothing here loads a
+model at construction, so building a runtime is free and a refusal still comes before the model loads (rule 4).
 
 >>> rt = Runtime.from_model("smollm2", device="cpu")   # nothing loaded yet
 >>> rt.model_name, rt.loaded
