@@ -76,6 +76,8 @@ class ProtectConfig(Config):
             raise ConfigurationError(f"method must be a method name, got {self.method!r}")
         one_of(self.keywords, "keywords method", KEYWORD_METHODS)
         one_of(self.suppress, n("suppress"), SUPPRESS_METHODS)
+        if not isinstance(self.stage3_int8, bool):
+            raise ConfigurationError(f"{n('stage3_int8')} must be True or False, got {self.stage3_int8!r}")
         if self.epsilon is not None and self.temperature is not None:
             raise ConfigurationError(f"give exactly one of {n('epsilon')} or {n('temperature')}, not both (ε fixes τ)")
         if self.epsilon is not None:

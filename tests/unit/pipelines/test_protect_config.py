@@ -30,6 +30,7 @@ def test_defaults_come_from_defaults_py() -> None:
     ({"keywords": "tfidf"}, "keywords method"),
     ({"suppress": "filter"}, "suppress"),
     ({"n_exemplars": 0}, "n_exemplars"),
+    ({"stage3_int8": "yes"}, "stage3_int8"),
     ({"max_input_tokens": 0}, "max_input_tokens"),
     ({"delta": 1.0}, "delta"),
 ])
