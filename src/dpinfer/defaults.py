@@ -176,6 +176,13 @@ class ServeDefaults:
     """Cache positions per row of the server's shared batch, at least (public; its row count is the device's default
     slot count, whatever the jobs running): a request whose prompt width plus ``T_max`` fits joins the running batch
     at once; a longer one waits for the batch to drain, which is then planned again for it."""
+    stage3_rows: int = 16
+    """Row slots of the server's second shared batch, DP-GTR's stage 3 on the int8 twin (three default prompt
+    protections at once, 5 rows each; a job with more rows gets a pool of its size). Its cache holds rows x capacity
+    positions of keys and values (46 KB each on the embedded model): the main batch's 64 x 512 would be 1.5 GB more."""
+    stage3_min_capacity: int = 256
+    """Cache positions per row of the stage-3 batch, at least: a default stage-3 request (template, exemplar,
+    keywords: under 200 tokens) plus its T_max fits; a longer one waits for the batch to drain."""
     tagger: str = "presidio"
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""

@@ -409,7 +409,7 @@ class GtrBenchConfig(Config):
                                                           "rewrites' consensus released (default: the pipeline's, 5)")
     max_new_tokens: int = option(PROTECT.max_new_tokens, help="T_max (default 48)")
     stage3_int8: bool = option(PROTECT.stage3_int8, help="stage 3 on the int8 decode twin (default: the pipeline's, "
-                                                         "on); --no-stage3-int8: float32, as before")
+                                                         "on); --no-stage3-int8: stage 3 in float32")
     delta: float = option(PROTECT.delta, help="δ (default 1e-5)")
     batch_questions: int = option(4, help="questions decoded together in one engine batch (default 4: 4 × n rows)")
     answer_model: str | None = option(None, type=str, help="also answer with this local causal LM (log-likelihood "

@@ -79,8 +79,8 @@ class Service:
         # float32 CPU model: its steps alternate with the first batch's under the same model lock
         twin = int8_twin(lm) if PROTECT.stage3_int8 else None
         self.int8_batcher = None if twin is None or twin is lm else Batcher(
-            Engine(twin, fixed_rows=True, min_capacity=SERVE.engine_min_capacity), self.model_lock, self.metrics,
-            window=window, batching=batching)
+            Engine(twin, max_rows=SERVE.stage3_rows, fixed_rows=True, min_capacity=SERVE.stage3_min_capacity),
+            self.model_lock, self.metrics, window=window, batching=batching)
         self.core = Runtime(lm, self.engine, tagger, embedder,
                             int8_engine=None if self.int8_batcher is None else SharedEngine(self.int8_batcher))
         self.lm = lm

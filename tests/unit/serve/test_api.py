@@ -8,6 +8,7 @@ import httpx
 import pytest
 from serve_helpers import DOC
 
+from dpinfer.defaults import SERVE
 from dpinfer.engine import Engine
 
 SPANS = [{"start": DOC.index("John Smith"), "end": DOC.index("John Smith") + len("John Smith"), "label": "PERSON"},
@@ -159,6 +160,7 @@ def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) ->
     svc = server.runtime
     assert svc.int8_batcher is not None and svc.int8_batcher.engine.lm.quantize == "int8"
     assert svc.int8_batcher.engine.lm.model is not svc.lm.model and svc.batcher.engine.lm.quantize is None
+    assert svc.int8_batcher.engine.scheduler.max_rows == SERVE.stage3_rows  # a small pool, not the main batch's
     steps: dict[str | None, int] = {}
     step = Engine.step
 
@@ -175,3 +177,10 @@ def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) ->
     body = r.json()
     assert body["settings"]["stage3_int8"] is True
     assert steps.get(None, 0) > 0 and steps.get("int8", 0) > 0  # stage 1 in the main batch, stage 3 in the twin's
+
+
+def test_the_queue_gauge_sums_every_shared_batch(server) -> None:
+    svc = server.runtime
+    assert svc.batcher.queue in svc.metrics.queues and svc.int8_batcher.queue in svc.metrics.queues
+    text = httpx.get(server.url + "/metrics").text
+    assert f"dpinfer_queue_length {svc.metrics.queue_length}" in text
