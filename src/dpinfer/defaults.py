@@ -142,6 +142,8 @@ class ProtectDefaults:
     max_new_tokens: int = 48
     jem_epsilon: float = 40.0
     suppress: str = "ban"
+    """Stage 3 keeps the released keywords out of the final prompt by banning them while decoding (``"ban"``), not
+    only by asking (``"instruct"``): the 135M model ignores the template's avoid-list (docs/prompt-protection.md)."""
     max_input_tokens: int = 256
     """A public cap on the prompt: a longer prompt is cut to its first 256 tokens before stage 1, silently (its length
     is private under any-two-prompts adjacency, so no message may depend on it). A rewrite has at most T_max = 48
@@ -149,8 +151,10 @@ class ProtectDefaults:
     n_exemplars: int = 5
     """Stage 3 writes one final prompt from each of the 5 lowest-perplexity rewrites and releases the one closest to
     the rewrites' consensus (MiniLM embeddings): one greedy final from the 135M model often drifts off the question."""
-    """Stage 3 keeps the released keywords out of the final prompt by banning them while decoding (``"ban"``), not
-    only by asking (``"instruct"``): the 135M model ignores the template's avoid-list (docs/prompt-protection.md)."""
+    stage3_quorum: int | None = 3
+    """Stage 3 stops a prompt's finals as soon as 3 of its 5 are complete and picks among those: the batch then decodes
+    for as long as the third-shortest final, not the longest (which is most often a run-on that never ends its line).
+    None: every final decoded to its end."""
     stage3_int8: bool = True
     """Stage 3 (greedy, public post-processing) decodes on an int8 twin of a float32 CPU model's linear layers
     (:func:`dpinfer.quantize.int8_decode_twin`: its decode steps cost about half the float32 ones; prompt processing

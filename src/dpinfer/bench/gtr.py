@@ -52,6 +52,7 @@ from dpinfer.bench.harness import Progress, quiet, write_json, write_text
 from dpinfer.bench.speed import speed_model
 from dpinfer.checks import int_at_least, positive_number
 from dpinfer.configs import Config, add_options, option
+from dpinfer.configs.protect import check_quorum, quorum_arg
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
 from dpinfer.eval.intervals import mean_interval, ratio_interval
@@ -135,7 +136,8 @@ class LMAnswerer:
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
                 seed: int, answerers: list[Any], progress: Progress = quiet, suppress: str | None = None,
-                n_exemplars: int | None = None, stage3_int8: bool = PROTECT.stage3_int8) -> dict[str, Any]:
+                n_exemplars: int | None = None, stage3_int8: bool = PROTECT.stage3_int8,
+                stage3_quorum: int | None = PROTECT.stage3_quorum) -> dict[str, Any]:
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import Engine
     from dpinfer.eval.intervals import wilson as wilson_interval
@@ -192,7 +194,8 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                     items += [(exemplars[0], ndp), (exemplars[0], jem)]
                     groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
                 finals = pp.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
-                                          suppress=suppress or PROTECT.suppress, embedder=embedder)
+                                          suppress=suppress or PROTECT.suppress, embedder=embedder,
+                                          quorum=stage3_quorum)
                 eq_rows = [ids[i] for i in chunk]
                 eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
                                                            delta=delta),
@@ -312,7 +315,8 @@ def plot(res: dict[str, Any], path: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------------------------- perf
 def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, repeats: int, seed: int,
              temperature: float = PERF_TEMPERATURE, n_keywords: int | None = None, n_exemplars: int | None = None,
-             suppress: str | None = None, stage3_int8: bool = PROTECT.stage3_int8) -> dict[str, Any]:
+             suppress: str | None = None, stage3_int8: bool = PROTECT.stage3_int8,
+             stage3_quorum: int | None = PROTECT.stage3_quorum) -> dict[str, Any]:
     """Seconds of one DP-Prompt release and one whole DP-GTR release of ``question`` (alternated, ``repeats`` pairs,
     seed ``seed + r`` for pair r), with the DP-GTR release's per-stage split; the best (smallest) of each."""
     from dpinfer.bench import machine_load
@@ -331,7 +335,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     loading = time.perf_counter() - t0  # once per process: not part of either release below
     common = dict(lm=lm, temperature=temperature, max_new_tokens=max_new_tokens)
     gtr_kwargs = dict(n_rewrites=n_rewrites, n_keywords=n_keywords or PROTECT.n_keywords, n_exemplars=n_ex,
-                      suppress=suppress or PROTECT.suppress, stage3_int8=stage3_int8)
+                      suppress=suppress or PROTECT.suppress, stage3_int8=stage3_int8, stage3_quorum=stage3_quorum)
     pp.protect_prompt(question, method="dp-prompt", seed=seed, **{**common, "max_new_tokens": 2})  # warm-up
     runs: list[dict[str, Any]] = []
     for r in range(repeats):
@@ -388,6 +392,18 @@ def perf_markdown(perf: dict[str, Any]) -> str:
     ])
 
 
+def perf_questions_markdown(perfs: list[dict[str, Any]]) -> str:
+    """``--perf-questions N``: each question's best-of times and ratio, and the median and range of the ratios."""
+    ratios = [p["ratio"] for p in perfs]
+    lines = [f"Each of the first {len(perfs)} questions (best of {perfs[0]['repeats']} alternated pairs each):"]
+    lines += [f"- question {i + 1} ({p['prompt_tokens']}-token request): one rewrite {p['best_one']:.2f} s, stage 1 "
+              f"{p['best_stage1']:.2f} s, whole DP-GTR release {p['best_gtr']:.2f} s = **{p['ratio']:.2f}×**"
+              for i, p in enumerate(perfs)]
+    lines.append(f"- median ratio **{statistics.median(ratios):.2f}×** (range {min(ratios):.2f}–{max(ratios):.2f}×; "
+                 f"{sum(r <= 2 for r in ratios)} of {len(ratios)} at most 2×)")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------------- entry
 @dataclass(frozen=True)
 class GtrBenchConfig(Config):
@@ -408,6 +424,9 @@ class GtrBenchConfig(Config):
     n_exemplars: int | None = option(None, type=int, help="stage-3 final prompts per question, the one closest to the "
                                                           "rewrites' consensus released (default: the pipeline's, 5)")
     max_new_tokens: int = option(PROTECT.max_new_tokens, help="T_max (default 48)")
+    stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all",
+                                       help="stage 3 stops a question's finals once N are complete and picks among "
+                                            "those (default: the pipeline's, 3; all: every final to its end)")
     stage3_int8: bool = option(PROTECT.stage3_int8, help="stage 3 on the int8 decode twin (default: the pipeline's, "
                                                          "on); --no-stage3-int8: stage 3 in float32")
     delta: float = option(PROTECT.delta, help="δ (default 1e-5)")
@@ -416,14 +435,17 @@ class GtrBenchConfig(Config):
                                                            "of each choice)")
     perf: bool = option(False, help="latency: one DP-Prompt rewrite, stage 1 alone and the whole DP-GTR release, "
                                     "per stage, in one run")
+    perf_questions: int = option(1, help="--perf: time each of the first N questions (default 1) and print each "
+                                         "one's ratio and their median")
     model: str | None = option(None, type=str, help="model name or local folder (default: embedded SmolLM2-135M)")
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     out: str | None = option(None, type=str, help="folder for gtr.json, gtr.md and gtr.png (default: no files)")
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "n_rewrites", "n_keywords", "batch_questions"):
+        for name in ("repeats", "n_rewrites", "n_keywords", "batch_questions", "perf_questions"):
             int_at_least(getattr(self, name), "--" + name.replace("_", "-"), 1)
         positive_number(self.jem_epsilon, "--jem-epsilon")
+        check_quorum(self.stage3_quorum, "--stage3-quorum")
         if self.perf and self.n_rewrites < 2:
             raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
 
@@ -451,19 +473,30 @@ def run(config: GtrBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     """The quality table (or, with ``perf``, the latency run); ``gtr.json``, ``gtr.md`` (and ``gtr.png``) written
     into ``config.out`` when given; the results with their Markdown (``"markdown"``)."""
     c = config
-    records = load_csqa(c.dataset, 1 if c.perf else c.n)
+    records = load_csqa(c.dataset, c.perf_questions if c.perf else c.n)
     lm = speed_model(c.model)  # the packed copies made now: the first timed release does not pay for them
     settings = {"n": len(records), "repeats": c.repeats, "temperatures": list(c.temperatures),
                 "n_rewrites": c.n_rewrites, "n_keywords": c.n_keywords, "jem_epsilon": c.jem_epsilon,
                 "max_new_tokens": c.max_new_tokens, "delta": c.delta, "model": lm.name,
                 "batch_questions": c.batch_questions, "suppress": c.suppress or PROTECT.suppress,
-                "n_exemplars": c.n_exemplars or PROTECT.n_exemplars, "stage3_int8": c.stage3_int8}  # never the seed
+                "n_exemplars": c.n_exemplars or PROTECT.n_exemplars, "stage3_int8": c.stage3_int8,
+                "stage3_quorum": c.stage3_quorum}  # never the seed
     out_dir = Path(c.out) if c.out else None
     if c.perf:
-        perf = run_perf(lm, records[0]["question"], n_rewrites=c.n_rewrites, max_new_tokens=c.max_new_tokens,
-                        repeats=c.repeats, seed=c.seed, temperature=c.temperatures[0], n_keywords=c.n_keywords,
-                        n_exemplars=settings["n_exemplars"], suppress=settings["suppress"], stage3_int8=c.stage3_int8)
-        result = {"perf": perf, "settings": settings, "markdown": perf_markdown(perf)}
+        perfs = []
+        for i, record in enumerate(records):
+            progress(f"--perf question {i + 1}/{len(records)}")
+            perfs.append(run_perf(lm, record["question"], n_rewrites=c.n_rewrites, max_new_tokens=c.max_new_tokens,
+                                  repeats=c.repeats, seed=c.seed, temperature=c.temperatures[0],
+                                  n_keywords=c.n_keywords, n_exemplars=settings["n_exemplars"],
+                                  suppress=settings["suppress"], stage3_int8=c.stage3_int8,
+                                  stage3_quorum=c.stage3_quorum))
+        markdown = perf_markdown(perfs[0])
+        result = {"perf": perfs[0], "settings": settings}
+        if len(perfs) > 1:
+            result["perf_questions"] = perfs
+            markdown += "\n" + perf_questions_markdown(perfs)
+        result["markdown"] = markdown
     else:
         from dpinfer.generation import resolve_lm
 
@@ -474,7 +507,8 @@ def run(config: GtrBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
                           n_rewrites=c.n_rewrites, n_keywords=c.n_keywords, jem_epsilon=c.jem_epsilon,
                           max_new_tokens=c.max_new_tokens, delta=c.delta, batch_questions=c.batch_questions,
                           seed=c.seed, answerers=answerers, progress=progress, suppress=settings["suppress"],
-                          n_exemplars=settings["n_exemplars"], stage3_int8=c.stage3_int8)
+                          n_exemplars=settings["n_exemplars"], stage3_int8=c.stage3_int8,
+                          stage3_quorum=c.stage3_quorum)
         result = {**res, "settings": settings, "check": issue_check(res, res["answerers"][0]),
                   "markdown": format_markdown(res, settings)}
         if out_dir is not None:

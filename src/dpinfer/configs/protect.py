@@ -14,6 +14,7 @@ dpinfer.errors.ConfigurationError: give exactly one of epsilon or temperature, n
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -21,6 +22,28 @@ from dpinfer.checks import check_delta, int_at_least, one_of, positive_number
 from dpinfer.configs.base import Config, option
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
+
+
+def quorum_arg(text: str) -> int | None:
+    """``--stage3-quorum``: an integer, or ``all`` (None: every final decoded to its end).
+
+    >>> quorum_arg("3"), quorum_arg("all")
+    (3, None)
+    """
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give an integer ≥ 1 or 'all', got {text!r}") from None
+
+
+def check_quorum(quorum: object, name: str = "stage3_quorum") -> None:
+    """``quorum`` is None or an integer ≥ 1 (a bool is refused)."""
+    if quorum is not None and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
+        whole = "all" if name.startswith("--") else "None"
+        raise ConfigurationError(f"{name} must be an integer ≥ 1 (or {whole}: every final prompt decoded to its end), "
+                                 f"got {quorum!r}")
 
 KEYWORD_METHODS = ("ndp", "jem")
 """How stage 2 releases the keywords: the top K as they are, or the Joint Exponential Mechanism."""
@@ -59,6 +82,10 @@ class ProtectConfig(Config):
                               help=f"final prompts written, one from each of the lowest-perplexity rewrites; the one "
                                    f"closest to the rewrites' consensus is released (default {PROTECT.n_exemplars}; "
                                    "1: the paper's one exemplar)")
+    stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all",
+                                       help=f"stage 3 stops a prompt's final prompts once N of them are complete and "
+                                            f"releases the one of those closest to the rewrites' consensus (default "
+                                            f"{PROTECT.stage3_quorum}; all: decode every final to its end)")
     stage3_int8: bool = option(PROTECT.stage3_int8,
                                help="decode stage 3 (the final prompts: public post-processing) on int8 copies of a "
                                     "float32 CPU model's linear layers, about 2x faster decode steps (default on; "
@@ -76,6 +103,7 @@ class ProtectConfig(Config):
             raise ConfigurationError(f"method must be a method name, got {self.method!r}")
         one_of(self.keywords, "keywords method", KEYWORD_METHODS)
         one_of(self.suppress, n("suppress"), SUPPRESS_METHODS)
+        check_quorum(self.stage3_quorum, n("stage3_quorum"))
         if not isinstance(self.stage3_int8, bool):
             raise ConfigurationError(f"{n('stage3_int8')} must be True or False, got {self.stage3_int8!r}")
         if self.epsilon is not None and self.temperature is not None:

@@ -209,13 +209,13 @@ class GroupTextRewrite:
         c = self.config
         return {"n_keywords": c.n_keywords, "keywords": c.keywords,
                 "jem_epsilon": c.jem_epsilon if c.keywords == "jem" else None, "suppress": c.suppress,
-                "n_exemplars": c.n_exemplars, "stage3_int8": c.stage3_int8}
+                "n_exemplars": c.n_exemplars, "stage3_quorum": c.stage3_quorum, "stage3_int8": c.stage3_int8}
 
     def parameters(self) -> dict[str, Any]:
         """What the guarantee's parameters record of stages 2 and 3 (JEM's ε₂ is post-processing here: not added)."""
         c = self.config
         out: dict[str, Any] = {"keywords": c.keywords, "n_keywords": c.n_keywords, "suppress": c.suppress,
-                               "n_exemplars": c.n_exemplars}
+                               "n_exemplars": c.n_exemplars, "stage3_quorum": c.stage3_quorum}
         if c.keywords == "jem":
             out["jem_epsilon"] = c.jem_epsilon
             out["jem_note"] = ("ε₂ of the keyword release against one rewrite replaced (sensitivity 2); "
@@ -244,7 +244,7 @@ class GroupTextRewrite:
         timing: dict[str, float] = {}
         s3 = engine if stage3_engine is None else stage3_engine
         chosen = stage3_choices(s3, s3.lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
-                                embedder=timed, timing=timing)
+                                embedder=timed, timing=timing, quorum=c.stage3_quorum)
         tick("stage3")
         if stages is not None and "prefill" in timing:
             stages["stage3_prefill"] = timing["prefill"]  # part of stage3: the final requests' prefill

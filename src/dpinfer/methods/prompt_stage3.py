@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.configs.protect import SUPPRESS_METHODS
+from dpinfer.configs.protect import SUPPRESS_METHODS, check_quorum
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.sampler import Sampler
@@ -131,13 +131,28 @@ class StopAfterFirstLine:
     The final prompt is :func:`strip_echoes` of the row's text, i.e. its first kept line; nothing written after that
     line's newline can change it, so stopping there releases exactly the same final prompt in fewer decode steps. It
     reads the released tokens of stage 3 and the released keywords only (post-processing), never a prompt.
+
+    ``groups`` (a group number per row) and ``quorum``: the rows of one prompt's candidates form a group; at the
+    first step at which ``quorum`` of a group's rows are complete (a kept line written, or ended by EOS), the group's
+    other rows are stopped too and marked in :attr:`cut` (they are not candidates: :func:`stage3_choices`). A group
+    then decodes for as long as its ``quorum``-th shortest final, not its longest. ``quorum=None``: no group stops
+    early.
     """
 
-    def __init__(self, lm: LM, keywords: Sequence[Sequence[str]]) -> None:
+    def __init__(self, lm: LM, keywords: Sequence[Sequence[str]], groups: Sequence[int] | None = None,
+                 quorum: int | None = None) -> None:
         self.lm = lm
         self.keywords = [list(k) for k in keywords]
         self.eos = sorted(lm.eos_token_ids)
         self.done = [False] * len(self.keywords)
+        self.cut = [False] * len(self.keywords)
+        """Rows stopped by their group's quorum before their final was complete (not candidates)."""
+        self.groups = list(range(len(self.keywords))) if groups is None else [int(g) for g in groups]
+        if len(self.groups) != len(self.keywords):
+            raise ConfigurationError(f"give one group per row ({len(self.keywords)}), got {len(self.groups)}")
+        if quorum is not None:
+            check_quorum(quorum)
+        self.quorum = quorum
         self._newline: dict[int, bool] = {}
 
     def _has_newline(self, token: int) -> bool:
@@ -145,17 +160,33 @@ class StopAfterFirstLine:
             self._newline[token] = "\n" in self.lm.decode([token])
         return self._newline[token]
 
+    def _apply_quorum(self, generated: Sequence[Sequence[int]]) -> None:
+        """Cut the unfinished rows of every group with ``quorum`` complete rows. A row that ended by EOS holds fewer
+        tokens than the rows still running (each running row gains one per step)."""
+        step = max((len(t) for t in generated), default=0)
+        complete = [not self.cut[r] and (self.done[r] or len(t) < step) for r, t in enumerate(generated)]
+        counts: dict[int, int] = {}
+        for r, ok in enumerate(complete):
+            if ok:
+                counts[self.groups[r]] = counts.get(self.groups[r], 0) + 1
+        for r, t in enumerate(generated):
+            if not complete[r] and not self.cut[r] and len(t) == step and counts.get(self.groups[r], 0) >= self.quorum:
+                self.cut[r] = True
+
     def __call__(self, generated: Sequence[Sequence[int]], logits: Any) -> Any:
         import torch
 
         if not self.eos:
             return logits
-        out = None
         for row, toks in enumerate(generated):
-            if not self.done[row] and toks and self._has_newline(toks[-1]):
+            if not self.done[row] and not self.cut[row] and toks and self._has_newline(toks[-1]):
                 text = self.lm.decode(list(toks))
                 self.done[row] = bool(strip_echoes(text[: text.rfind("\n")], self.keywords[row]))
-            if self.done[row]:
+        if self.quorum is not None:
+            self._apply_quorum(generated)
+        out = None
+        for row in range(len(generated)):
+            if self.done[row] or self.cut[row]:
                 if out is None:
                     out = logits.clone()
                 keep = out[row, self.eos].clone()
@@ -180,9 +211,20 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
 
     ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds.
     """
+    return decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing)[0]
+
+
+def decode_finals(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *, max_new_tokens: int,
+                  suppress: str = PROTECT.suppress, timing: dict[str, float] | None = None,
+                  groups: Sequence[int] | None = None, quorum: int | None = None) -> tuple[list[str], list[bool]]:
+    """:func:`stage3_prompts` with ``groups`` (a group number per item) and ``quorum`` (:class:`StopAfterFirstLine`):
+    ``(final prompts, cut)``, ``cut[i]`` when item ``i`` was stopped by its group's quorum before its final was
+    complete (not a candidate)."""
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
+    check_quorum(quorum)
     finals = [ex for ex, _ in items]
+    cut = [False] * len(items)
     rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
     fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
     if fit:
@@ -195,26 +237,36 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
                     seen[key] = keyword_ban(lm, key)
                 bans.append(seen[key])
         processors: list[Any] = [BanSequences(bans)] if any(bans) else []
-        processors.append(StopAfterFirstLine(lm, [items[i][1] for i in fit]))
+        stop = StopAfterFirstLine(lm, [items[i][1] for i in fit],
+                                  None if groups is None else [groups[i] for i in fit], quorum)
+        processors.append(stop)
         out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
                               seed=0, processors=processors)
-        for i, seq in zip(fit, out.sequences, strict=True):
+        for j, (i, seq) in enumerate(zip(fit, out.sequences, strict=True)):
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
+            cut[i] = stop.cut[j]
         if timing is not None:
             timing["prefill"] = timing.get("prefill", 0.0) + out.prefill_seconds
-    return finals
+    return finals, cut
 
 
 def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
                    max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None,
-                   timing: dict[str, float] | None = None) -> list[tuple[str, int]]:
+                   timing: dict[str, float] | None = None,
+                   quorum: int | None = PROTECT.stage3_quorum) -> list[tuple[str, int]]:
     """Stage 3 with several exemplars per prompt: for each ``(exemplars, keywords, rewrites)`` group, one final
     prompt per exemplar (all groups in one :func:`stage3_prompts` batch), and the one released is the candidate
     :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). Returns
     ``(final prompt, index of the exemplar it was written from)`` per group. With one exemplar per group this is
-    :func:`stage3_prompts` (no embedder is loaded; ``timing`` as there). Post-processing of released text only."""
+    :func:`stage3_prompts` (no embedder is loaded; ``timing`` as there). Post-processing of released text only.
+
+    ``quorum`` (default :data:`PROTECT.stage3_quorum <dpinfer.defaults.PROTECT>`): a group stops decoding as soon as
+    that many of its final prompts are complete, and the candidates are the finals complete by then
+    (:class:`StopAfterFirstLine`); None: every final decoded to its end, all of them candidates."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
-    finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing)
+    owner = [g for g, (exemplars, _, _) in enumerate(groups) for _ in exemplars]
+    finals, cut = decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
+                                groups=owner, quorum=quorum)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:
@@ -223,18 +275,20 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
         embedder = shared_embedder()
     out, at = [], 0
     for exemplars, _, rewrites in groups:
-        cands = finals[at:at + len(exemplars)]
+        keep = [j for j in range(len(exemplars)) if not cut[at + j]]
+        cands = [finals[at + j] for j in keep]
         at += len(exemplars)
-        best = closest_to_consensus(cands, rewrites, embedder)
-        out.append((cands[best], best))
+        best = keep[closest_to_consensus(cands, rewrites, embedder)]
+        out.append((finals[at - len(exemplars) + best], best))
     return out
 
 
 def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
-                  max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None) -> list[str]:
+                  max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None,
+                  quorum: int | None = PROTECT.stage3_quorum) -> list[str]:
     """The final prompts of :func:`stage3_choices` (without the exemplar each came from)."""
     return [final for final, _ in stage3_choices(engine, lm, groups, max_new_tokens=max_new_tokens,
-                                                 suppress=suppress, embedder=embedder)]
+                                                 suppress=suppress, embedder=embedder, quorum=quorum)]
 
 
 def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int,

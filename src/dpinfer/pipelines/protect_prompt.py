@@ -249,7 +249,7 @@ def _release_terms(model: LM, mech: DPPrompt, clip_source: str, config: ProtectC
                 "delta": config.delta, "n_rewrites": n, "max_new_tokens": t_max, **method.settings(),
                 "max_input_tokens": config.max_input_tokens, "model": model.name}
     order = ("method", "epsilon", "temperature", "delta", "n_rewrites", "n_keywords", "keywords", "max_new_tokens",
-             "jem_epsilon", "suppress", "n_exemplars", "stage3_int8", "max_input_tokens", "model")
+             "jem_epsilon", "suppress", "n_exemplars", "stage3_quorum", "stage3_int8", "max_input_tokens", "model")
     return guarantee, {k: settings[k] for k in order if k in settings}
 
 

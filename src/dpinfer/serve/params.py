@@ -16,7 +16,7 @@ SANITIZE_FIELDS = ("text", "spans", "epsilon", "group_epsilon", "groups", "metho
 ASK_FIELDS = ("question", "mechanism", "epsilon", "delta", "max_new_tokens", "temperature", "unit", "stream")
 SYNTH_FIELDS = ("references", "method", "epsilon", "delta", "batch_size", "max_new_tokens", "max_texts", "unit")
 PROTECT_FIELDS = ("prompt", "method", "epsilon", "delta", "n_rewrites", "n_keywords", "keywords", "max_new_tokens",
-                  "n_exemplars", "unit")
+                  "n_exemplars", "stage3_quorum", "unit")
 
 
 def get(body: Mapping[str, Any], name: str, types: tuple[type, ...], default: Any = None, *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 
 import pytest
 
@@ -82,6 +83,28 @@ def test_perf_on_the_tiny_model(tiny_lm) -> None:
         assert line in md
 
 
+def test_perf_over_several_questions(tiny_lm, tmp_path, monkeypatch) -> None:
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": r["question"], "answerKey": "A", "choices": {
+        "label": list("ABCDE"), "text": r["choices"]}}) + "\n" for r in RECORDS[:2]))
+    monkeypatch.setattr(gtr, "speed_model", lambda name: tiny_lm)
+    config = gtr.GtrBenchConfig(dataset=str(data), perf=True, perf_questions=2, repeats=1, n_rewrites=2,
+                                max_new_tokens=3, n_exemplars=2, stage3_quorum=1)
+    res = gtr.run(config)
+    assert [p["prompt_tokens"] for p in res["perf_questions"]] == [
+        len(gtr_pp_ids(tiny_lm, r["question"])) for r in RECORDS[:2]]
+    assert res["perf"] is res["perf_questions"][0] and res["settings"]["stage3_quorum"] == 1
+    ratios = [p["ratio"] for p in res["perf_questions"]]
+    assert f"median ratio **{statistics.median(ratios):.2f}×**" in res["markdown"]
+    assert "question 2 (" in res["markdown"]
+
+
+def gtr_pp_ids(lm, question):
+    from dpinfer.pipelines.protect_prompt import paraphrase_ids
+
+    return paraphrase_ids(lm, question)
+
+
 def test_csqa_loader(shared_data) -> None:
     records = gtr.load_csqa("csqa", 3)
     assert len(records) == 3 and all(len(r["choices"]) == 5 and 0 <= r["answer"] < 5 for r in records)
@@ -94,6 +117,8 @@ def test_bench_arguments_are_checked_before_the_model_loads(tmp_path, capsys) ->
     bad.write_text(json.dumps({"question": "q"}) + "\n")
     for argv, msg in ((["bench", "gtr", "--temperatures", "0,1"], "temperatures"),
                       (["bench", "gtr", "--n", "0"], "--n"),
+                      (["bench", "gtr", "--perf", "--perf-questions", "0"], "--perf-questions"),
+                      (["bench", "gtr", "--stage3-quorum", "0"], "--stage3-quorum"),
                       (["bench", "gtr", "--data", str(bad)], "not a CSQA record")):
         assert main(argv) == 2
         assert msg in capsys.readouterr().err

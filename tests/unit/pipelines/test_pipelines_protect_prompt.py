@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 
 from dpinfer.accounting import DEFAULT_ORDERS
 from dpinfer.configs.protect import ProtectConfig
+from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
@@ -296,6 +297,63 @@ def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: py
     assert pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
 
 
+def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny_lm) -> None:
+    newline = next(t for t in range(tiny_lm.vocab_size) if "\n" in tiny_lm.decode([t]))
+    word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
+                and len(tiny_lm.decode([t]).strip()) > 2)
+    eos = sorted(tiny_lm.eos_token_ids)
+    stop = pp.StopAfterFirstLine(tiny_lm, [[]] * 5, groups=[0, 0, 0, 1, 1], quorum=2)
+    logits = torch.zeros((5, tiny_lm.vocab_size), dtype=torch.float64)
+    # group 0: row 0 wrote a kept line, row 1 ended by EOS (one token short), row 2 still runs -> cut;
+    # group 1: one complete row (row 3) of the two needed, row 4 runs on
+    out = stop([[word, newline], [word], [word, word], [word, newline], [word, word]], logits)
+    assert stop.cut == [False, False, True, False, False]
+    assert out[2].isfinite().nonzero().flatten().tolist() == eos  # the cut row may only end
+    assert torch.equal(out[4], logits[4])  # another group's count is its own
+    out = stop([[word, newline], [word], [word, word], [word, newline], [word, word, newline]], logits)
+    assert stop.cut == [False, False, True, False, False]  # row 4 completed its own line: a candidate
+    with pytest.raises(ConfigurationError, match="one group per row"):
+        pp.StopAfterFirstLine(tiny_lm, [[]] * 2, groups=[0], quorum=1)
+    with pytest.raises(ConfigurationError, match="stage3_quorum"):
+        pp.StopAfterFirstLine(tiny_lm, [[]], quorum=0)
+
+
+def test_stage3_picks_among_the_finals_complete_at_the_quorum(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpinfer.methods import prompt_stage3
+
+    def finals(engine, lm, items, **kwargs):
+        assert kwargs["groups"] == [0, 0, 0, 1, 1] and kwargs["quorum"] == 2
+        return [f"final {i}" for i in range(len(items))], [True, False, False, False, False]
+
+    seen: list[list[str]] = []
+
+    def pick(cands, rewrites, embedder):
+        seen.append(list(cands))
+        return len(cands) - 1  # the last candidate offered
+
+    monkeypatch.setattr(prompt_stage3, "decode_finals", finals)
+    monkeypatch.setattr(prompt_stage3, "closest_to_consensus", pick)
+    groups = [(["a", "b", "c"], ["k"], ["r"]), (["d", "e"], ["k"], ["r"])]
+    chosen = pp.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
+    assert seen == [["final 1", "final 2"], ["final 3", "final 4"]]  # the cut final 0 is no candidate
+    assert chosen == [("final 2", 2), ("final 4", 1)]  # indices into each group's exemplars
+
+
+def test_stage3_quorum_of_the_whole_group_changes_nothing(tiny_lm) -> None:
+    from dpinfer.engine import Engine
+
+    engine = Engine(tiny_lm)
+    groups = [(["Where would you keep a violin?", "What is a kettle for?"], ["violin"], ["a", "b"])]
+
+    class First:
+        def encode(self, texts):
+            return np.eye(len(texts), 4, dtype=np.float32)
+
+    kw = dict(max_new_tokens=16, embedder=First())
+    assert (pp.stage3_choices(engine, tiny_lm, groups, quorum=2, **kw)
+            == pp.stage3_choices(engine, tiny_lm, groups, quorum=None, **kw))
+
+
 def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> None:
     context = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "", "A", "What is a kettle for, then?")]
@@ -517,3 +575,4 @@ def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypa
     assert off.guarantee == res.guarantee
     one = pp.protect_prompt(SECRET, lm=tiny_lm, method="dp-prompt", temperature=1.0, max_new_tokens=5, seed=3)
     assert "stage3_int8" not in one.settings  # no stage 3: no twin built for it
+    assert res.settings["stage3_quorum"] == PROTECT.stage3_quorum == res.guarantee.parameters["stage3_quorum"]

@@ -31,6 +31,9 @@ def test_defaults_come_from_defaults_py() -> None:
     ({"suppress": "filter"}, "suppress"),
     ({"n_exemplars": 0}, "n_exemplars"),
     ({"stage3_int8": "yes"}, "stage3_int8"),
+    ({"stage3_quorum": 0}, "stage3_quorum must be an integer ≥ 1"),
+    ({"stage3_quorum": True}, "stage3_quorum"),
+    ({"stage3_quorum": "3"}, "stage3_quorum"),
     ({"max_input_tokens": 0}, "max_input_tokens"),
     ({"delta": 1.0}, "delta"),
 ])

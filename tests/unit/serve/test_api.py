@@ -8,7 +8,7 @@ import httpx
 import pytest
 from serve_helpers import DOC
 
-from dpinfer.defaults import SERVE
+from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine
 
 SPANS = [{"start": DOC.index("John Smith"), "end": DOC.index("John Smith") + len("John Smith"), "label": "PERSON"},
@@ -177,6 +177,15 @@ def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) ->
     body = r.json()
     assert body["settings"]["stage3_int8"] is True
     assert steps.get(None, 0) > 0 and steps.get("int8", 0) > 0  # stage 1 in the main batch, stage 3 in the twin's
+    assert body["settings"]["stage3_quorum"] == PROTECT.stage3_quorum
+    r = httpx.post(server.url + "/v1/protect-prompt", headers=acme, timeout=120,
+                   json={"prompt": "Where is the kettle?", "epsilon": 200.0, "n_rewrites": 2, "n_keywords": 3,
+                         "max_new_tokens": 5, "n_exemplars": 2, "stage3_quorum": "all"})
+    assert r.status_code == 200, r.text
+    assert r.json()["settings"]["stage3_quorum"] is None  # every final decoded to its end
+    r = httpx.post(server.url + "/v1/protect-prompt", headers=acme, timeout=120,
+                   json={"prompt": "Where is the kettle?", "epsilon": 200.0, "stage3_quorum": 0})
+    assert r.status_code == 422 and "stage3_quorum must be an integer" in r.text and "kettle" not in r.text
 
 
 def test_the_queue_gauge_sums_every_shared_batch(server) -> None:
