@@ -152,9 +152,9 @@ class ProtectDefaults:
     """Stage 3 writes one final prompt from each of the 5 lowest-perplexity rewrites and releases the one closest to
     the rewrites' consensus (MiniLM embeddings): one greedy final from the 135M model often drifts off the question."""
     stage3_quorum: int | None = 3
-    """Stage 3 stops a prompt's finals as soon as 3 of its 5 are complete and picks among those: the batch then decodes
-    for as long as the third-shortest final, not the longest (which is most often a run-on that never ends its line).
-    None: every final decoded to its end."""
+    """Stage 3 stops a prompt's finals as soon as 3 of its 5 are complete (the others keep their text so far, as at
+    T_max): the batch then decodes for as long as the third-shortest final, not the longest (most often a run-on line
+    that never ends). None: every final decoded to its end."""
     stage3_int8: bool = True
     """Stage 3 (greedy, public post-processing) decodes on an int8 twin of a float32 CPU model's linear layers
     (:func:`dpinfer.quantize.int8_decode_twin`: its decode steps cost about half the float32 ones; prompt processing

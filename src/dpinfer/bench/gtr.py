@@ -425,8 +425,9 @@ class GtrBenchConfig(Config):
                                                           "rewrites' consensus released (default: the pipeline's, 5)")
     max_new_tokens: int = option(PROTECT.max_new_tokens, help="T_max (default 48)")
     stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all",
-                                       help="stage 3 stops a question's finals once N are complete and picks among "
-                                            "those (default: the pipeline's, 3; all: every final to its end)")
+                                       help="stage 3 stops decoding a question's finals once N are complete, the "
+                                            "others cut where they are (default: the pipeline's, 3; all: every "
+                                            "final to its end)")
     stage3_int8: bool = option(PROTECT.stage3_int8, help="stage 3 on the int8 decode twin (default: the pipeline's, "
                                                          "on); --no-stage3-int8: stage 3 in float32")
     delta: float = option(PROTECT.delta, help="δ (default 1e-5)")

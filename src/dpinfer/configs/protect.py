@@ -83,8 +83,8 @@ class ProtectConfig(Config):
                                    f"closest to the rewrites' consensus is released (default {PROTECT.n_exemplars}; "
                                    "1: the paper's one exemplar)")
     stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all",
-                                       help=f"stage 3 stops a prompt's final prompts once N of them are complete and "
-                                            f"releases the one of those closest to the rewrites' consensus (default "
+                                       help=f"stage 3 stops decoding a prompt's final prompts once N of them are "
+                                            f"complete, the others cut where they are (default "
                                             f"{PROTECT.stage3_quorum}; all: decode every final to its end)")
     stage3_int8: bool = option(PROTECT.stage3_int8,
                                help="decode stage 3 (the final prompts: public post-processing) on int8 copies of a "

@@ -134,9 +134,9 @@ class StopAfterFirstLine:
 
     ``groups`` (a group number per row) and ``quorum``: the rows of one prompt's candidates form a group; at the
     first step at which ``quorum`` of a group's rows are complete (a kept line written, or ended by EOS), the group's
-    other rows are stopped too and marked in :attr:`cut` (they are not candidates: :func:`stage3_choices`). A group
-    then decodes for as long as its ``quorum``-th shortest final, not its longest. ``quorum=None``: no group stops
-    early.
+    other rows are stopped too (their text so far is their final, as at ``max_new_tokens``) and marked in
+    :attr:`cut`. A group then decodes for as long as its ``quorum``-th shortest final, not its longest (most often a
+    run-on line). ``quorum=None``: no group stops early.
     """
 
     def __init__(self, lm: LM, keywords: Sequence[Sequence[str]], groups: Sequence[int] | None = None,
@@ -146,7 +146,7 @@ class StopAfterFirstLine:
         self.eos = sorted(lm.eos_token_ids)
         self.done = [False] * len(self.keywords)
         self.cut = [False] * len(self.keywords)
-        """Rows stopped by their group's quorum before their final was complete (not candidates)."""
+        """Rows stopped by their group's quorum before their final was complete."""
         self.groups = list(range(len(self.keywords))) if groups is None else [int(g) for g in groups]
         if len(self.groups) != len(self.keywords):
             raise ConfigurationError(f"give one group per row ({len(self.keywords)}), got {len(self.groups)}")
@@ -219,7 +219,7 @@ def decode_finals(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[st
                   groups: Sequence[int] | None = None, quorum: int | None = None) -> tuple[list[str], list[bool]]:
     """:func:`stage3_prompts` with ``groups`` (a group number per item) and ``quorum`` (:class:`StopAfterFirstLine`):
     ``(final prompts, cut)``, ``cut[i]`` when item ``i`` was stopped by its group's quorum before its final was
-    complete (not a candidate)."""
+    complete (its final is its text so far)."""
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
     check_quorum(quorum)
@@ -261,12 +261,12 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
     :func:`stage3_prompts` (no embedder is loaded; ``timing`` as there). Post-processing of released text only.
 
     ``quorum`` (default :data:`PROTECT.stage3_quorum <dpinfer.defaults.PROTECT>`): a group stops decoding as soon as
-    that many of its final prompts are complete, and the candidates are the finals complete by then
-    (:class:`StopAfterFirstLine`); None: every final decoded to its end, all of them candidates."""
+    that many of its final prompts are complete (:class:`StopAfterFirstLine`); every final is a candidate, one cut
+    there with its text so far (as a final cut by ``max_new_tokens`` is). None: every final decoded to its end."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
     owner = [g for g, (exemplars, _, _) in enumerate(groups) for _ in exemplars]
-    finals, cut = decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
-                                groups=owner, quorum=quorum)
+    finals, _ = decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
+                              groups=owner, quorum=quorum)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:
@@ -275,11 +275,10 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
         embedder = shared_embedder()
     out, at = [], 0
     for exemplars, _, rewrites in groups:
-        keep = [j for j in range(len(exemplars)) if not cut[at + j]]
-        cands = [finals[at + j] for j in keep]
+        cands = finals[at:at + len(exemplars)]  # a final cut at the quorum is a candidate with its text so far
         at += len(exemplars)
-        best = keep[closest_to_consensus(cands, rewrites, embedder)]
-        out.append((finals[at - len(exemplars) + best], best))
+        best = closest_to_consensus(cands, rewrites, embedder)
+        out.append((cands[best], best))
     return out
 
 
