@@ -10,6 +10,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# under pytest-xdist, each worker (and the commands it starts) gets its share of the CPUs: two workers with two torch
+# threads each on two cores stall in each other's thread barriers (a test several times slower than alone)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 CORPUS = [
     "The applicant was born in 1970 and lives in Izmir.",
