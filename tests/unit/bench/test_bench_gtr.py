@@ -76,10 +76,13 @@ def test_perf_on_the_tiny_model(tiny_lm) -> None:
     assert len(perf["runs"]) == 2 and perf["ratio"] > 0 and perf["stage1_ratio"] > 0
     assert perf["best_one"] == min(r["one"] for r in perf["runs"])
     assert perf["cpu_ratio"] == perf["best_gtr_cpu"] / perf["best_one_cpu"] > 0
+    assert perf["pair_ratios"] == [r["gtr"] / r["one"] for r in perf["runs"]]
+    assert perf["median_pair_ratio"] == statistics.median(perf["pair_ratios"])
     assert {"loading", "stage1", "ranking", "stage2", "stage3", "total"} <= set(perf["stages"])
     assert all(len(r["rewrite_tokens"]) == 3 for r in perf["runs"])
     md = gtr.perf_markdown(perf)
-    for line in ("one DP-Prompt rewrite", "stage 1 alone", "whole DP-GTR release", "in CPU time", "per stage"):
+    for line in ("one DP-Prompt rewrite", "stage 1 alone", "whole DP-GTR release", "in CPU time", "per stage",
+                 "per pair"):
         assert line in md
 
 
