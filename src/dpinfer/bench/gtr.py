@@ -451,6 +451,8 @@ class GtrBenchConfig(Config):
             int_at_least(getattr(self, name), "--" + name.replace("_", "-"), 1)
         positive_number(self.jem_epsilon, "--jem-epsilon")
         check_quorum(self.stage3_quorum, "--stage3-quorum")
+        if self.perf_questions != 1 and not self.perf:
+            raise ConfigurationError("--perf-questions times releases: give it with --perf")
         if self.perf and self.n_rewrites < 2:
             raise ConfigurationError("--perf compares --n-rewrites rows with one row: give --n-rewrites ≥ 2")
 

@@ -41,8 +41,8 @@ def quorum_arg(text: str) -> int | None:
 def check_quorum(quorum: object, name: str = "stage3_quorum") -> None:
     """``quorum`` is None or an integer ≥ 1 (a bool is refused)."""
     if quorum is not None and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
-        whole = "all" if name.startswith("--") else "None"
-        raise ConfigurationError(f"{name} must be an integer ≥ 1 (or {whole}: every final prompt decoded to its end), "
+        whole = "all" if name.startswith("--") else 'None ("all" in a service request)'
+        raise ConfigurationError(f"{name} must be an integer ≥ 1, or {whole} to decode every final prompt to its end; "
                                  f"got {quorum!r}")
 
 KEYWORD_METHODS = ("ndp", "jem")

@@ -150,8 +150,7 @@ class StopAfterFirstLine:
         self.groups = list(range(len(self.keywords))) if groups is None else [int(g) for g in groups]
         if len(self.groups) != len(self.keywords):
             raise ConfigurationError(f"give one group per row ({len(self.keywords)}), got {len(self.groups)}")
-        if quorum is not None:
-            check_quorum(quorum)
+        check_quorum(quorum)
         self.quorum = quorum
         self._newline: dict[int, bool] = {}
 
@@ -197,7 +196,8 @@ class StopAfterFirstLine:
 
 def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
                    max_new_tokens: int, suppress: str = PROTECT.suppress,
-                   timing: dict[str, float] | None = None) -> list[str]:
+                   timing: dict[str, float] | None = None, groups: Sequence[int] | None = None,
+                   quorum: int | None = None) -> list[str]:
     """Stage 3 for several ``(exemplar, keywords)`` pairs in ONE greedy engine run (independent rows, left-padded,
     the template's common prefix prefilled once): each final prompt decoded from its exemplar and keywords only,
     template echoes stripped (the exemplar when nothing is left, or when the request does not fit the context
@@ -209,22 +209,14 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     since a small model does not follow a negative instruction reliably; ``"instruct"``: the template's request only,
     as in the paper. Both are post-processing of released words.
 
-    ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds.
+    ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds. ``groups`` (a group number per
+    item) and ``quorum``: a group's rows stop once ``quorum`` of them are complete (:class:`StopAfterFirstLine`; a row
+    stopped there has its text so far as its final).
     """
-    return decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing)[0]
-
-
-def decode_finals(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *, max_new_tokens: int,
-                  suppress: str = PROTECT.suppress, timing: dict[str, float] | None = None,
-                  groups: Sequence[int] | None = None, quorum: int | None = None) -> tuple[list[str], list[bool]]:
-    """:func:`stage3_prompts` with ``groups`` (a group number per item) and ``quorum`` (:class:`StopAfterFirstLine`):
-    ``(final prompts, cut)``, ``cut[i]`` when item ``i`` was stopped by its group's quorum before its final was
-    complete (its final is its text so far)."""
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
     check_quorum(quorum)
     finals = [ex for ex, _ in items]
-    cut = [False] * len(items)
     rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
     fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
     if fit:
@@ -237,17 +229,15 @@ def decode_finals(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[st
                     seen[key] = keyword_ban(lm, key)
                 bans.append(seen[key])
         processors: list[Any] = [BanSequences(bans)] if any(bans) else []
-        stop = StopAfterFirstLine(lm, [items[i][1] for i in fit],
-                                  None if groups is None else [groups[i] for i in fit], quorum)
-        processors.append(stop)
+        processors.append(StopAfterFirstLine(lm, [items[i][1] for i in fit],
+                                             None if groups is None else [groups[i] for i in fit], quorum))
         out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
                               seed=0, processors=processors)
-        for j, (i, seq) in enumerate(zip(fit, out.sequences, strict=True)):
+        for i, seq in zip(fit, out.sequences, strict=True):
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
-            cut[i] = stop.cut[j]
         if timing is not None:
             timing["prefill"] = timing.get("prefill", 0.0) + out.prefill_seconds
-    return finals, cut
+    return finals
 
 
 def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
@@ -265,8 +255,8 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
     there with its text so far (as a final cut by ``max_new_tokens`` is). None: every final decoded to its end."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
     owner = [g for g, (exemplars, _, _) in enumerate(groups) for _ in exemplars]
-    finals, _ = decode_finals(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
-                              groups=owner, quorum=quorum)
+    finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
+                            groups=owner, quorum=quorum)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:

@@ -326,7 +326,9 @@ class Service:
                 "max_new_tokens": get(body, "max_new_tokens", (int,), PROTECT.max_new_tokens),
                 "n_exemplars": get(body, "n_exemplars", (int,), PROTECT.n_exemplars)}
         quorum = get(body, "stage3_quorum", (int, str), PROTECT.stage3_quorum)
-        opts["stage3_quorum"] = None if quorum == "all" else quorum  # "all": every final decoded to its end
+        if isinstance(quorum, str) and quorum.strip().lower() == "all":  # every final decoded to its end
+            quorum = None
+        opts["stage3_quorum"] = quorum
         check_protect_params(**opts)
         return opts
 

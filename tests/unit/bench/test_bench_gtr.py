@@ -121,6 +121,7 @@ def test_bench_arguments_are_checked_before_the_model_loads(tmp_path, capsys) ->
     for argv, msg in ((["bench", "gtr", "--temperatures", "0,1"], "temperatures"),
                       (["bench", "gtr", "--n", "0"], "--n"),
                       (["bench", "gtr", "--perf", "--perf-questions", "0"], "--perf-questions"),
+                      (["bench", "gtr", "--perf-questions", "3"], "give it with --perf"),
                       (["bench", "gtr", "--stage3-quorum", "0"], "--stage3-quorum"),
                       (["bench", "gtr", "--data", str(bad)], "not a CSQA record")):
         assert main(argv) == 2

@@ -323,7 +323,7 @@ def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: p
 
     def finals(engine, lm, items, **kwargs):
         assert kwargs["groups"] == [0, 0, 0, 1, 1] and kwargs["quorum"] == 2
-        return [f"final {i}" for i in range(len(items))], [True, False, False, False, False]
+        return [f"final {i}" for i in range(len(items))]  # final 0 as if cut at the quorum
 
     seen: list[list[str]] = []
 
@@ -331,7 +331,7 @@ def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: p
         seen.append(list(cands))
         return 0  # the first candidate offered
 
-    monkeypatch.setattr(prompt_stage3, "decode_finals", finals)
+    monkeypatch.setattr(prompt_stage3, "stage3_prompts", finals)
     monkeypatch.setattr(prompt_stage3, "closest_to_consensus", pick)
     groups = [(["a", "b", "c"], ["k"], ["r"]), (["d", "e"], ["k"], ["r"])]
     chosen = pp.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
@@ -481,7 +481,10 @@ def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_
     import json
 
     from dpinfer.cli import main
+    from dpinfer.clip_bounds import clip_bounds
+    from dpinfer.generation import resolve_lm
 
+    clip_bounds(resolve_lm(str(tiny_model_dir)))  # measured now if no earlier test did: every run reads the cache
     prompts = tmp_path / "p.jsonl"
     rows = [{"id": "a", "prompt": SECRET}, {"id": "b", "prompt": "   "}, {"id": 3, "prompt": "Why is the sky blue?"}]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))

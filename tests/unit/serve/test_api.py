@@ -180,12 +180,13 @@ def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) ->
     assert body["settings"]["stage3_quorum"] == PROTECT.stage3_quorum
     r = httpx.post(server.url + "/v1/protect-prompt", headers=acme, timeout=120,
                    json={"prompt": "Where is the kettle?", "epsilon": 200.0, "n_rewrites": 2, "n_keywords": 3,
-                         "max_new_tokens": 5, "n_exemplars": 2, "stage3_quorum": "all"})
+                         "max_new_tokens": 5, "n_exemplars": 2, "stage3_quorum": "All"})
     assert r.status_code == 200, r.text
     assert r.json()["settings"]["stage3_quorum"] is None  # every final decoded to its end
     r = httpx.post(server.url + "/v1/protect-prompt", headers=acme, timeout=120,
                    json={"prompt": "Where is the kettle?", "epsilon": 200.0, "stage3_quorum": 0})
     assert r.status_code == 422 and "stage3_quorum must be an integer" in r.text and "kettle" not in r.text
+    assert "in a service request" in r.text  # the message names the service's spelling of "every final"
 
 
 def test_the_queue_gauge_sums_every_shared_batch(server) -> None:
