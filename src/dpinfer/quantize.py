@@ -270,7 +270,18 @@ def int8_decode_twin(model: Any) -> Any:
 
     twin = _shared_tree(model, (torch.nn.Linear,))
     quantize_int8(twin)
+    _SOURCES[twin] = model
     return twin
+
+
+_SOURCES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""Per int8 decode twin, the float32 model whose layers run its prompt processing."""
+
+
+def prompt_model(model: Any) -> Any:
+    """The model whose layers process ``model``'s prompts: the float32 original of an :func:`int8_decode_twin`,
+    else ``model`` itself. Two models with the same one compute the same keys and values for a prompt."""
+    return _SOURCES.get(model, model)
 
 
 _TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

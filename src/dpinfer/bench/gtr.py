@@ -139,7 +139,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 n_exemplars: int | None = None, stage3_int8: bool = PROTECT.stage3_int8,
                 stage3_quorum: int | None = PROTECT.stage3_quorum) -> dict[str, Any]:
     from dpinfer.clip_bounds import clip_bounds
-    from dpinfer.engine import Engine
+    from dpinfer.engine import Engine, PrefixStore
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import SeededRandom
@@ -185,8 +185,10 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 per_q = [texts[j * n_rewrites:(j + 1) * n_rewrites] for j in range(len(chunk))]
                 items = []
                 groups = []
+                prefixes = PrefixStore(lm.model)  # the ranking's pass over the exemplars, reused by stage 3
                 for rewrites in per_q:
-                    exemplars = pp.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars)
+                    exemplars = pp.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars,
+                                                    prefixes=prefixes)
                     ndp = pp.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
                                               generator=source)
                     jem = pp.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
@@ -195,7 +197,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                     groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
                 finals = pp.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
                                           suppress=suppress or PROTECT.suppress, embedder=embedder,
-                                          quorum=stage3_quorum)
+                                          quorum=stage3_quorum, prefixes=prefixes)
                 eq_rows = [ids[i] for i in chunk]
                 eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
                                                            delta=delta),

@@ -11,7 +11,7 @@ from dpinfer.engine.cache import COMPILE_CPU_DEFAULT, DecodeStep, SlotCache, res
 from dpinfer.engine.core import Engine, EngineStream, StepOutput
 from dpinfer.engine.head import SPLIT_HEAD_MODEL_TYPES
 from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent
-from dpinfer.engine.prefill import MIN_SHARED_PREFIX, PER_ROW_PREFILL, common_prefix_length
+from dpinfer.engine.prefill import MIN_SHARED_PREFIX, PER_ROW_PREFILL, PrefixKV, PrefixStore, common_prefix_length
 from dpinfer.engine.scheduler import CAPACITY_STEP, DEFAULT_MAX_ROWS, Pool, Scheduler, bucket_capacity, public_width
 
 EngineJob = Job
@@ -22,6 +22,6 @@ _common_prefix_length = common_prefix_length
 __all__ = [
     "CAPACITY_STEP", "COMPILE_CPU_DEFAULT", "DEFAULT_MAX_ROWS", "MIN_SHARED_PREFIX", "PER_ROW_PREFILL",
     "SPLIT_HEAD_MODEL_TYPES", "DecodeStep", "Engine", "EngineJob", "EngineOutput", "EngineStream", "Job", "JobStatus",
-    "Pool", "Scheduler", "SlotCache", "StepEvent", "StepOutput", "bucket_capacity", "public_width",
-    "resolve_compile",
+    "Pool", "PrefixKV", "PrefixStore", "Scheduler", "SlotCache", "StepEvent", "StepOutput", "bucket_capacity",
+    "public_width", "resolve_compile",
 ]

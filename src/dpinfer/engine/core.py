@@ -33,6 +33,7 @@ import torch
 from dpinfer.engine.cache import resolve_compile
 from dpinfer.engine.dynamic import DynamicRunner
 from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent, Vocabulary, checked_copies
+from dpinfer.engine.prefill import PrefixKV, check_prefix_kv
 from dpinfer.engine.runner import SlotRunner
 from dpinfer.engine.scheduler import Scheduler, check_max_rows, public_width
 from dpinfer.errors import ConfigurationError
@@ -101,6 +102,8 @@ class Engine:
         """Check ``job`` (before the model runs; refused with :class:`~dpinfer.errors.ConfigurationError` or
         :class:`~dpinfer.errors.InvalidInputError`) and queue it; it joins the batch at a later :meth:`step`."""
         job.check(self.lm.context_window)
+        if job.prefix_kv is not None:
+            check_prefix_kv(job.prefix_kv, job.rows, self.lm.model.config.num_hidden_layers)
         job.width = public_width(job, job.rows)
         job.status = JobStatus.WAITING
         self.scheduler.add(job)
@@ -185,6 +188,7 @@ class Engine:
         stop_on_eos: bool = True,
         processors: Sequence[LogitsProcessor] = (),
         pad_width: int | None = None,
+        prefix_kv: Sequence[PrefixKV | None] | None = None,
         result: list[EngineOutput] | None = None,
     ) -> EngineStream:
         """Generate step by step: an :class:`EngineStream` that yields a :class:`StepEvent` per token and, once
@@ -207,11 +211,14 @@ class Engine:
                 With a public row (:attr:`Mechanism.public_row`, K > 1) the job's public width is
                 ``max(len(row 0), pad_width)``; without one, ``pad_width`` lets the job share the batch with others.
                 A private row longer than it is decoded in a side batch (slower, still exact).
+            prefix_kv: per row, the keys and values of its first tokens already computed by this model's prompt
+                processing (:class:`~dpinfer.engine.prefill.PrefixKV`), or None: those tokens are not run again
+                (:func:`~dpinfer.engine.prefill.prefill_seeded`). Public text only; not for a job with a public row.
             result: deprecated; the output is also appended to this list when the stream ends (use
                 :attr:`EngineStream.output`).
         """
         job = Job(contexts, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos, processors,
-                  pad_width)
+                  pad_width, prefix_kv)
         self.submit(job)
         job.events = deque()
         return EngineStream(self._events(job), result)

@@ -7,6 +7,8 @@ its own forward per step; jobs share nothing, so a job's tokens are those it get
 Layout of a job's rows:
 
 * no public row: :func:`~dpinfer.engine.prefill.prefill_rows` (left-padded, exact).
+* rows given the keys of their first tokens (``prefix_kv``): :func:`~dpinfer.engine.prefill.prefill_seeded`, then
+  the rows decoded in one batch, right-aligned.
 * a public row 0 (joint, K > 1): each row prefilled alone (:func:`~dpinfer.engine.prefill.prefill_public`), then the
   K rows decoded in one batch left-padded to a PUBLIC width ``max(len(row 0), pad_width)``; the public row's padding
   holds zeros and every shape of the batch (K, width, step) is public. A private row longer than that width keeps its
@@ -24,7 +26,7 @@ import torch
 
 from dpinfer.engine.cache import cache_kwargs
 from dpinfer.engine.head import head_splits, split_logits
-from dpinfer.engine.prefill import forward, prefill_public, prefill_rows
+from dpinfer.engine.prefill import forward, prefill_public, prefill_rows, prefill_seeded
 from dpinfer.engine.scheduler import Pool
 
 
@@ -80,7 +82,12 @@ class DynamicRunner:
     def admit(self, job: Any, slots: Sequence[int], side_rows: Sequence[int]) -> None:
         t0 = time.perf_counter()
         rows, k = job.rows, job.k
-        if job.joint and k > 1 and job.mechanism.public_row:
+        if job.prefix_kv is not None:
+            logits, kv = prefill_seeded(self.lm, rows, job.prefix_kv)
+            lengths = [len(r) for r in rows]
+            batches = [self._batch(list(range(k)), [[(key[None], value[None]) for key, value in row] for row in kv],
+                                   lengths, max(lengths), job.max_new_tokens)]
+        elif job.joint and k > 1 and job.mechanism.public_row:
             logits, batches, job.shared = self._prefill_public(rows, job.max_new_tokens, job.pad_width or 0)
         else:
             logits, cache, mask, pos, job.shared = prefill_rows(

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dpinfer.engine.prefill import PrefixKV, check_prefix_kv
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.randomness import Randomness, as_random_source, random_source
@@ -101,6 +102,7 @@ class Job:
     stop_on_eos: bool = True
     processors: Sequence[LogitsProcessor] = ()
     pad_width: int | None = None
+    prefix_kv: Sequence[PrefixKV | None] | None = None
 
     status: JobStatus = field(default=JobStatus.NEW, init=False)
     output: EngineOutput | None = field(default=None, init=False, repr=False)
@@ -134,7 +136,7 @@ class Job:
     def fresh(self) -> Job:
         """A new job with the same arguments (the mechanism object is shared: it is restarted when the job starts)."""
         return Job(self.contexts, self.mechanism, self.max_new_tokens, self.min_new_tokens, self.seed, self.generator,
-                   self.stop_on_eos, self.processors, self.pad_width)
+                   self.stop_on_eos, self.processors, self.pad_width, self.prefix_kv)
 
     # -------------------------------------------------------------- checks
     def check(self, context_window: int) -> None:
@@ -159,6 +161,11 @@ class Job:
                 f"prompt of {longest} tokens plus max_new_tokens={self.max_new_tokens} exceeds the model's context "
                 f"window of {context_window} tokens; shorten the input or lower max_new_tokens"
             )
+        if self.prefix_kv is not None:
+            if len(rows) > 1 and self.mechanism.mode == "joint" and self.mechanism.public_row:
+                raise ConfigurationError("prefix_kv is for jobs without a public row (a public row is prefilled "
+                                         "alone, from its own tokens); drop prefix_kv")
+            check_prefix_kv(self.prefix_kv, rows)
         self.procs = check_processors(self.processors)
         self.rows = rows
 

@@ -7,16 +7,21 @@
 * :func:`prefill_public` (a mechanism with a public row 0, K > 1): the public row is prefilled alone, in one forward
   pass over its own tokens (no shared-prefix split, no padding); each private row is prefilled alone too, reusing the
   public row's keys for the prefix it shares with it. Nothing the public row computes reads a private row.
+* :func:`prefill_seeded` (a job given :class:`PrefixKV` for some rows): each such row's first tokens are not run again;
+  only the rest of every row is, in one batch on top of the given keys and values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dpinfer.engine.cache import cache_kwargs
+from dpinfer.errors import ConfigurationError
+from dpinfer.quantize import prompt_model
 
 MIN_SHARED_PREFIX = 8
 """Shortest common prefix worth a separate prefill (below it, batching everything is as fast)."""
@@ -27,6 +32,78 @@ left-padded batch (e.g. references of very different lengths): the padding would
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 """One row's cache: per layer (keys, values)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixKV:
+    """The keys and values of a row's first tokens, already computed by the prompt processing of the model that will
+    decode the row (a job's ``prefix_kv``): ``layers[j] = (keys (H, n, D), values (H, n, D))`` for ``n = len(tokens)``.
+
+    Whoever builds one vouches that these are the model's own keys and values of ``tokens`` at positions ``0 … n−1``
+    (the engine checks the tokens against the row and the shapes, not the numbers). Public text only: the engine keeps
+    nothing of it after the job's prefill (DP-GTR's stage 3 reuses the ranking's pass over released rewrites).
+    """
+
+    tokens: tuple[int, ...]
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not n or not self.layers:
+            raise ConfigurationError("a PrefixKV needs at least one token and one layer")
+        for keys, values in self.layers:
+            if keys.dim() != 3 or values.dim() != 3 or keys.shape[1] != n or values.shape[1] != n:
+                raise ConfigurationError(f"a PrefixKV of {n} tokens needs keys and values of shape (heads, {n}, "
+                                         f"head size) in every layer, got {tuple(keys.shape)} / {tuple(values.shape)}")
+
+
+class PrefixStore:
+    """Public :class:`PrefixKV` entries computed on one model, found by their tokens: what one caller computed in an
+    earlier pass (DP-GTR's ranking over released rewrites) for a later job to reuse (its stage 3). Built per call and
+    dropped with it; nothing private may be put in it.
+
+    >>> # store = PrefixStore(lm.model); store.put(entry)
+    >>> # seed = store.get(row[:n]) if store.serves(engine.lm.model) else None
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = prompt_model(model)
+        self._entries: dict[tuple[int, ...], PrefixKV] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, entry: PrefixKV) -> None:
+        self._entries[entry.tokens] = entry
+
+    def get(self, tokens: Sequence[int]) -> PrefixKV | None:
+        return self._entries.get(tuple(tokens))
+
+    def serves(self, model: Any) -> bool:
+        """Whether ``model`` processes prompts with the layers these entries were computed on (the same model, or its
+        int8 decode twin: :func:`dpinfer.quantize.prompt_model`)."""
+        return prompt_model(model) is self.model
+
+
+def check_prefix_kv(prefix_kv: Sequence[PrefixKV | None], rows: Sequence[Sequence[int]],
+                    num_layers: int | None = None) -> None:
+    """Refuse a ``prefix_kv`` that does not fit the job: one entry per row, each None or a :class:`PrefixKV` of the
+    row's own first tokens (at least one token of the row left to run) with one entry per layer of the model (checked
+    when ``num_layers`` is given)."""
+    if len(prefix_kv) != len(rows):
+        raise ConfigurationError(f"prefix_kv needs one entry (a PrefixKV or None) per row ({len(rows)}), "
+                                 f"got {len(prefix_kv)}")
+    for i, (seed, row) in enumerate(zip(prefix_kv, rows, strict=True)):
+        if seed is None:
+            continue
+        if not isinstance(seed, PrefixKV):
+            raise ConfigurationError(f"prefix_kv[{i}] must be a PrefixKV or None, got {type(seed).__name__}")
+        n = len(seed.tokens)
+        if n >= len(row) or tuple(row[:n]) != seed.tokens:
+            raise ConfigurationError(f"prefix_kv[{i}] must hold the first tokens of row {i} and leave at least one "
+                                     "to run (its tokens differ from the row's, or cover all of it)")
+        if num_layers is not None and len(seed.layers) != num_layers:
+            raise ConfigurationError(f"prefix_kv[{i}] has {len(seed.layers)} layers; the model has {num_layers}")
 
 
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
@@ -172,10 +249,55 @@ def _prefill_one_by_one(lm: Any, suffixes: Sequence[Sequence[int]], shared: int,
     return torch.stack(last)
 
 
+def prefill_seeded(lm: Any, rows: Sequence[Sequence[int]], seeds: Sequence[PrefixKV | None]
+                   ) -> tuple[torch.Tensor, list[KV]]:
+    """Prefill rows of which some come with the keys and values of their first tokens (:class:`PrefixKV`, checked by
+    :func:`check_prefix_kv`): (last logits (K, V), per row its cache with keys (H, L, D)).
+
+    Only the rest of each row (its tail) runs, all tails in one forward: the given keys sit right-aligned in a first
+    block of ``max n`` positions, the tails left-padded in a second block, so a row's tail attends to its own prefix
+    and its own earlier tail tokens only (a 2-D mask with a gap between the blocks; each tail's position ids continue
+    from its prefix). Exact up to floating-point rounding: the same keys and logits as running each row whole."""
+    from transformers import DynamicCache
+
+    device, config = lm.device, lm.model.config
+    k = len(rows)
+    lengths = [0 if s is None else len(s.tokens) for s in seeds]
+    width = max(lengths)
+    cache = DynamicCache(config=config)
+    given = [s for s in seeds if s is not None]
+    if given:
+        for j, (k0, v0) in enumerate(given[0].layers):
+            keys = k0.new_zeros((k, k0.shape[0], width, k0.shape[-1]), device=device)
+            values = v0.new_zeros((k, v0.shape[0], width, v0.shape[-1]), device=device)
+            for i, seed in enumerate(seeds):
+                if seed is not None:
+                    keys[i, :, width - lengths[i]:] = seed.layers[j][0]
+                    values[i, :, width - lengths[i]:] = seed.layers[j][1]
+            cache.update(keys, values, j)
+    ids, tail_mask = left_pad([r[n:] for r, n in zip(rows, lengths, strict=True)], lm.pad_token_id, device)
+    seed_mask = torch.zeros((k, width), dtype=tail_mask.dtype, device=device)
+    for i, n in enumerate(lengths):
+        seed_mask[i, width - n:] = 1
+    mask = torch.cat([seed_mask, tail_mask], dim=1)
+    positions = (tail_mask.cumsum(-1) - 1).clamp(min=0) + torch.as_tensor(lengths, device=device).unsqueeze(1)
+    out = forward(lm, input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+    cache = out.get("cache") if out.get("cache") is not None else out.past_key_values
+    kv = []
+    for i in range(k):
+        keep = mask[i].bool()
+        kv.append([(layer.keys[i][:, keep], layer.values[i][:, keep]) for layer in cache.layers])
+    return out.logits[:, -1, :], kv
+
+
 def prefill_job(lm: Any, job: Any, prefix_sharing: bool, static_cache: bool) -> tuple[torch.Tensor, list[KV], int]:
     """A job's prefill for the slot cache: (last logits (K, V), per row its cache with keys (H, L, D), shared
-    prefix): :func:`prefill_public` for a public-row mechanism, :func:`prefill_rows` otherwise."""
+    prefix): :func:`prefill_seeded` for a job given ``prefix_kv``, :func:`prefill_public` for a public-row mechanism,
+    :func:`prefill_rows` otherwise."""
     rows = job.rows
+    if job.prefix_kv is not None:
+        logits, kv = prefill_seeded(lm, rows, job.prefix_kv)
+        return logits, kv, 0
     if job.joint and job.k > 1 and job.mechanism.public_row:
         last, layers, shared = prefill_public(lm, rows, prefix_sharing)
         return torch.stack(last), [[(k[0], v[0]) for k, v in row] for row in layers], shared

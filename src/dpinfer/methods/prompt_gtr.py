@@ -1,8 +1,9 @@
 """DP-GTR (Li et al. 2025) after stage 1: the exemplars, the keywords and the final prompt, from the rewrites only.
 
 Stage 2 (post-processing of the released rewrites): the *exemplars* are the rewrites with the lowest perplexity
-under a PUBLIC instruction (:data:`EXEMPLAR_INSTRUCTION`, no private text) among those with at least
-:data:`MIN_CONTENT_WORDS` content words (:func:`choose_exemplars`, one packed forward: :func:`perplexities`); the
+after the PUBLIC head of stage 3's request (:func:`~dpinfer.methods.prompt_stage3.final_prompt_head`, no private text)
+among those with at least :data:`MIN_CONTENT_WORDS` content words (:func:`choose_exemplars`, one packed forward:
+:func:`perplexities`; stage 3 reuses that forward's keys and values for each exemplar's request); the
 *keywords* are counted over the rewrites and released as the top K (``ndp``) or by the Joint Exponential Mechanism
 (``jem``: :mod:`dpinfer.methods.prompt_keywords`). Stage 3: :mod:`dpinfer.methods.prompt_stage3`.
 
@@ -22,24 +23,20 @@ from typing import TYPE_CHECKING, Any
 from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT
 from dpinfer.methods.prompt_keywords import keyword_counts, top_k_jem, top_k_ndp, words
-from dpinfer.methods.prompt_stage3 import stage3_choices
+from dpinfer.methods.prompt_stage3 import final_prompt_head, stage3_choices
 
 if TYPE_CHECKING:
-    from dpinfer.engine import Engine
+    from dpinfer.engine import Engine, PrefixKV, PrefixStore
     from dpinfer.mechanisms.randomness import RandomSource
     from dpinfer.models import LM
 
 MIN_CONTENT_WORDS = 3
 
-EXEMPLAR_INSTRUCTION = "Write a short question."
-"""The PUBLIC instruction under which stage 2 scores the rewrites' perplexity (no private text)."""
-
-
 _PUBLIC_CONTEXTS: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], tuple[Any, Any, Any]]] = (
     weakref.WeakKeyDictionary())
 """Per model, the context pass of :func:`perplexities` for PUBLIC contexts (``reuse_context=True``): per layer its
-keys and values, its last logits (float64) and their log-normaliser. Kept for the process, so that stage 2's public
-instruction is run once per process, not once per release."""
+keys and values, its last logits (float64) and their log-normaliser. Kept for the process, so that the ranking's
+public head is run once per process, not once per release."""
 
 PUBLIC_CONTEXTS_PER_MODEL = 4
 """Public contexts kept per model (the oldest dropped first)."""
@@ -87,22 +84,50 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
     so each output's score is what it would be alone (up to float rounding). Only the log-probability of each
     realised token is formed (``logsumexp − logit``), never a full float64 log-softmax.
 
-    ``reuse_context``: the context is PUBLIC (stage 2's instruction): its pass is kept for the process and reused by
+    ``reuse_context``: the context is PUBLIC (the ranking's head): its pass is kept for the process and reused by
     later calls with the same model and tokens (the same scores, without running it again). Never for a context that
     holds private text (it would stay in memory).
     """
+    return _score(lm, context, outputs, reuse_context=reuse_context, keep_kv=False)[0]
+
+
+def _score(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]], *, reuse_context: bool,
+           keep_kv: bool) -> tuple[list[float], Callable[[int], PrefixKV]]:
+    """:func:`perplexities`, and a function that gives the keys and values of ``context + outputs[i]``
+    (:class:`~dpinfer.engine.PrefixKV`) for a non-empty output. With ``keep_kv`` the packed forward runs each
+    output's last token too (its logits are not computed), so that a later request that starts with the same tokens
+    can reuse them; without, that function refuses."""
     import torch
     from transformers import DynamicCache
 
     from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
+    from dpinfer.engine.prefill import PrefixKV
 
     result = [math.inf] * len(outputs)
     rows = [(i, list(o)) for i, o in enumerate(outputs) if o]
+    spans: dict[int, tuple[int, int]] = {}
+    cache: Any = None
+
+    def entry(i: int) -> PrefixKV:
+        if not keep_kv or i not in spans:
+            raise ValueError("keys and values are kept for the non-empty outputs of a keep_kv pass only")
+        lo, hi = spans[i]
+        return PrefixKV(tuple(int(t) for t in context) + tuple(int(t) for t in outputs[i]), tuple(
+            (torch.cat([layer.keys[0, :, :start], layer.keys[0, :, lo:hi]], dim=1),
+             torch.cat([layer.values[0, :, :start], layer.values[0, :, lo:hi]], dim=1))
+            for layer in cache.layers))
+
     if not rows:
-        return result
+        return result, entry
     device = lm.device
     start = len(context)
-    packed = [t for _, o in rows for t in o[:-1]]  # a row's last token predicts nothing
+    runs = [o if keep_kv else o[:-1] for _, o in rows]  # a row's last token predicts nothing: run only to keep it
+    packed = [t for r in runs for t in r]
+    scored = []  # packed positions whose logits score a next token
+    at = 0
+    for (_, o), r in zip(rows, runs, strict=True):
+        scored.extend(range(at, at + len(o) - 1))
+        at += len(r)
     with torch.inference_mode():
         layers, first, first_lse = _context_pass(lm, context, reuse_context)
         cache = DynamicCache(config=lm.model.config)
@@ -116,17 +141,18 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
             seen[:, :start] = True
             positions = torch.empty(n, dtype=torch.long)
             at = 0
-            for _, o in rows:
-                m = len(o) - 1
+            for r in runs:
+                m = len(r)
                 seen[at:at + m, start + at:start + at + m] = torch.ones((m, m), dtype=torch.bool).tril()
                 positions[at:at + m] = torch.arange(start, start + m)
                 at += m
             mask = torch.where(seen, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)[None, None]
             logits = lm.model(**_cache_kwargs(lm.model, dict(
                 input_ids=torch.as_tensor([packed], dtype=torch.long, device=device), attention_mask=mask.to(device),
-                position_ids=positions[None].to(device), past_key_values=cache)), use_cache=True).logits[0]
-    at = 0
-    for i, o in rows:
+                position_ids=positions[None].to(device), past_key_values=cache)), use_cache=True,
+                logits_to_keep=torch.as_tensor(scored, dtype=torch.long, device=device)).logits[0]
+    at = at_run = 0
+    for (i, o), r in zip(rows, runs, strict=True):
         toks = torch.as_tensor(o, dtype=torch.long)
         nll = float(first_lse - first[toks[0]])
         m = len(o) - 1
@@ -135,23 +161,39 @@ def perplexities(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]
             nll += float((torch.logsumexp(z, dim=-1) - z.gather(1, toks[1:, None])[:, 0]).sum())
         at += m
         result[i] = math.exp(nll / len(o))
-    return result
+        spans[i] = (start + at_run, start + at_run + len(r))
+        at_run += len(r)
+    return result, entry
 
 
 def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
-                     min_content_words: int = MIN_CONTENT_WORDS) -> list[str]:
-    """Stage 2: the ``k`` rewrites with the lowest perplexity under :data:`EXEMPLAR_INSTRUCTION` (public), best
-    first, among those with at least ``min_content_words`` content words (else among the non-empty ones; ``[""]`` if
-    every rewrite is empty)."""
+                     min_content_words: int = MIN_CONTENT_WORDS, prefixes: PrefixStore | None = None) -> list[str]:
+    """Stage 2: the ``k`` rewrites with the lowest perplexity after stage 3's request head
+    (:func:`~dpinfer.methods.prompt_stage3.final_prompt_head`: public), best first, among those with at least
+    ``min_content_words`` content words (else among the non-empty ones; ``[""]`` if every rewrite is empty).
+
+    ``prefixes``: receives the keys and values of the head and each chosen exemplar, which stage 3's request for
+    that exemplar starts with (:func:`~dpinfer.methods.prompt_stage3.stage3_prompts` reuses them)."""
     nonempty = [r for r in rewrites if r.strip()]
     candidates = [r for r in nonempty if len(words(r)) >= min_content_words] or nonempty
     if not candidates:
         return [""]
-    context = lm.encode(lm.instruction_prompt(EXEMPLAR_INSTRUCTION))
+    context = final_prompt_head(lm)
     room = max(1, lm.context_window - len(context))
-    scores = perplexities(lm, context, [lm.encode(r)[:room] for r in candidates], reuse_context=True)
-    order = sorted(range(len(candidates)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
-    return [candidates[i] for i in order[:k]]
+    ids = [lm.encode(r)[:room] for r in candidates]
+    keep = prefixes is not None and prefixes.serves(lm.model)
+    scores, entry = _score(lm, context, ids, reuse_context=True, keep_kv=keep)
+    best = _best(scores)[:k]
+    if prefixes is not None and keep:
+        for i in best:
+            if ids[i]:
+                prefixes.put(entry(i))
+    return [candidates[i] for i in best]
+
+
+def _best(scores: Sequence[float]) -> list[int]:
+    """Indices by increasing perplexity (ties and non-finite scores by index)."""
+    return sorted(range(len(scores)), key=lambda i: (scores[i] if math.isfinite(scores[i]) else math.inf, i))
 
 
 def choose_exemplar(lm: LM, rewrites: Sequence[str], *, min_content_words: int = MIN_CONTENT_WORDS) -> str:
@@ -231,20 +273,23 @@ class GroupTextRewrite:
         (the runtime's int8 engine, :attr:`dpinfer.runtime.Runtime.int8_engine`) when given, else on ``engine``.
         The ranking always runs on ``lm``'s float32 layers. ``lap`` / ``stages``: diagnostics only (seconds per
         stage)."""
+        from dpinfer.engine.prefill import PrefixStore  # torch: imported once stage 1 has run
+
         c = self.config
         tick = lap or (lambda name: None)
         groups = []
+        s3 = engine if stage3_engine is None else stage3_engine
+        prefixes = PrefixStore(lm.model)  # the ranking's pass over each exemplar, for stage 3's prefill; this call only
         for rw, src in zip(rewrites, sources, strict=True):
-            exemplars = choose_exemplars(lm, rw, c.n_exemplars)
+            exemplars = choose_exemplars(lm, rw, c.n_exemplars, prefixes=prefixes)
             tick("ranking")
             kws = release_keywords(rw, method=c.keywords, k=c.n_keywords, jem_epsilon=c.jem_epsilon, generator=src)
             tick("stage2")
             groups.append((exemplars, kws, list(rw)))
         timed = _TimedEmbedder(embedder, stages) if embedder is not None and stages is not None else embedder
         timing: dict[str, float] = {}
-        s3 = engine if stage3_engine is None else stage3_engine
         chosen = stage3_choices(s3, s3.lm, groups, max_new_tokens=c.max_new_tokens, suppress=c.suppress,
-                                embedder=timed, timing=timing, quorum=c.stage3_quorum)
+                                embedder=timed, timing=timing, quorum=c.stage3_quorum, prefixes=prefixes)
         tick("stage3")
         if stages is not None and "prefill" in timing:
             stages["stage3_prefill"] = timing["prefill"]  # part of stage3: the final requests' prefill

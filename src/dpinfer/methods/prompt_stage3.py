@@ -14,6 +14,8 @@ Post-processing of released text only (the rewrites, the exemplars, the keywords
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +26,7 @@ from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.mechanisms.transforms import BanSequences
 
 if TYPE_CHECKING:
-    from dpinfer.engine import Engine
+    from dpinfer.engine import Engine, PrefixStore
     from dpinfer.models import LM
 
 FINAL_TEMPLATE = ("Refer to the following question to generate a new question:\n{exemplar}\n"
@@ -92,10 +94,60 @@ def closest_to_consensus(candidates: Sequence[str], rewrites: Sequence[str], emb
     return int(np.argmax(sims))
 
 
+_MARK = "\x00exemplar\x00"
+"""A stand-in for the exemplar, to split the rendered request into the text before it and after it."""
+
+_PARTS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], str, str] | None] = weakref.WeakKeyDictionary()
+_PARTS_LOCK = threading.Lock()
+
+
+def _request_parts(lm: LM) -> tuple[tuple[int, ...], str, str] | None:
+    """The request of :data:`FINAL_TEMPLATE` in ``lm``'s chat template, split around the exemplar: (the token ids of
+    the head before it, the text after it up to the keywords, the text after the keywords); rendered and tokenised
+    once per tokenizer. None when the chat template does not hold the exemplar once, as given."""
+    with _PARTS_LOCK:
+        if lm.tokenizer in _PARTS:
+            return _PARTS[lm.tokenizer]
+    mark = "\x01keywords\x01"
+    text = lm.instruction_prompt(FINAL_TEMPLATE.format(exemplar=_MARK, keywords=mark))
+    parts = None
+    if text.count(_MARK) == 1 and text.count(mark) == 1 and text.index(_MARK) < text.index(mark):
+        head, tail = text.split(_MARK)
+        before, after = tail.split(mark)
+        parts = (tuple(lm.encode(head)), before, after)
+    with _PARTS_LOCK:
+        _PARTS[lm.tokenizer] = parts
+    return parts
+
+
+def final_prompt_head(lm: LM) -> list[int]:
+    """The token ids of stage 3's request before the exemplar (public: the chat template and the template's first
+    line). The ranking scores the rewrites after it (:func:`dpinfer.methods.prompt_gtr.choose_exemplars`), so that
+    stage 3 reuses that pass for each exemplar's row (:class:`~dpinfer.engine.PrefixStore`)."""
+    parts = _request_parts(lm)
+    if parts is not None:
+        return list(parts[0])
+    text = lm.instruction_prompt(FINAL_TEMPLATE.format(exemplar=_MARK, keywords=""))
+    return lm.encode(text.split(_MARK)[0]) if _MARK in text else lm.encode(lm.instruction_prompt(""))
+
+
 def final_prompt_ids(lm: LM, exemplar: str, keywords: Sequence[str]) -> list[int]:
-    """Token ids of stage 3's request (:data:`FINAL_TEMPLATE` in the chat template)."""
-    text = FINAL_TEMPLATE.format(exemplar=exemplar, keywords=", ".join(keywords))
-    return lm.encode(lm.instruction_prompt(text))
+    """Token ids of stage 3's request (:data:`FINAL_TEMPLATE` in the chat template): the head
+    (:func:`final_prompt_head`), the exemplar's own tokens, then the rest with the keywords, each part tokenised
+    apart (so the exemplar's tokens are those the ranking scored; for SmolLM2 the same ids as the whole text
+    tokenised at once). A chat template that does not hold the exemplar once, as given: the whole text tokenised."""
+    return _request_ids(lm, exemplar, keywords)[0]
+
+
+def _request_ids(lm: LM, exemplar: str, keywords: Sequence[str]) -> tuple[list[int], int]:
+    """:func:`final_prompt_ids` and how many of its first tokens are the head and the exemplar (0: not split)."""
+    parts = _request_parts(lm)
+    if parts is None:
+        text = FINAL_TEMPLATE.format(exemplar=exemplar, keywords=", ".join(keywords))
+        return lm.encode(lm.instruction_prompt(text)), 0
+    head, before, after = parts
+    ids = [*head, *lm.encode(exemplar)]
+    return [*ids, *lm.encode(before + ", ".join(keywords) + after)], len(ids)
 
 
 def keyword_variants(keyword: str) -> list[str]:
@@ -197,7 +249,7 @@ class StopAfterFirstLine:
 def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[str]]], *,
                    max_new_tokens: int, suppress: str = PROTECT.suppress,
                    timing: dict[str, float] | None = None, groups: Sequence[int] | None = None,
-                   quorum: int | None = None) -> list[str]:
+                   quorum: int | None = None, prefixes: PrefixStore | None = None) -> list[str]:
     """Stage 3 for several ``(exemplar, keywords)`` pairs in ONE greedy engine run (independent rows, left-padded,
     the template's common prefix prefilled once): each final prompt decoded from its exemplar and keywords only,
     template echoes stripped (the exemplar when nothing is left, or when the request does not fit the context
@@ -211,15 +263,22 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
 
     ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds. ``groups`` (a group number per
     item) and ``quorum``: a group's rows stop once ``quorum`` of them are complete (:class:`StopAfterFirstLine`; a row
-    stopped there has its text so far as its final).
+    stopped there has its text so far as its final). ``prefixes``: the ranking's keys and values of the request's head
+    and exemplar (:func:`dpinfer.methods.prompt_gtr.choose_exemplars`), for the rows whose exemplar it scored: only
+    the rest of those rows is prefilled (the same request, up to floating-point rounding).
     """
     if suppress not in SUPPRESS_METHODS:
         raise ConfigurationError(f"suppress must be one of {', '.join(SUPPRESS_METHODS)}, got {suppress!r}")
     check_quorum(quorum)
     finals = [ex for ex, _ in items]
-    rows = [final_prompt_ids(lm, ex, kws) for ex, kws in items]
+    requests = [_request_ids(lm, ex, kws) for ex, kws in items]
+    rows = [r for r, _ in requests]
     fit = [i for i, r in enumerate(rows) if len(r) + max_new_tokens <= lm.context_window]
     if fit:
+        seeds = None
+        if prefixes is not None and len(prefixes) and prefixes.serves(engine.lm.model):
+            seeds = [prefixes.get(rows[i][:requests[i][1]]) if requests[i][1] else None for i in fit]
+            seeds = seeds if any(s is not None for s in seeds) else None
         bans: list[list[tuple[int, ...]]] = []
         if suppress == "ban":
             seen: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
@@ -232,7 +291,7 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
         processors.append(StopAfterFirstLine(lm, [items[i][1] for i in fit],
                                              None if groups is None else [groups[i] for i in fit], quorum))
         out = engine.generate([rows[i] for i in fit], Sampler(temperature=0.0), max_new_tokens=max_new_tokens,
-                              seed=0, processors=processors)
+                              seed=0, processors=processors, prefix_kv=seeds)
         for i, seq in zip(fit, out.sequences, strict=True):
             finals[i] = strip_echoes(lm.decode(seq), items[i][1]) or items[i][0]
         if timing is not None:
@@ -243,7 +302,8 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
 def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
                    max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None,
                    timing: dict[str, float] | None = None,
-                   quorum: int | None = PROTECT.stage3_quorum) -> list[tuple[str, int]]:
+                   quorum: int | None = PROTECT.stage3_quorum,
+                   prefixes: PrefixStore | None = None) -> list[tuple[str, int]]:
     """Stage 3 with several exemplars per prompt: for each ``(exemplars, keywords, rewrites)`` group, one final
     prompt per exemplar (all groups in one :func:`stage3_prompts` batch), and the one released is the candidate
     :func:`closest_to_consensus` of the group's rewrites (``embedder``: default the offline all-MiniLM-L6-v2). Returns
@@ -252,11 +312,12 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
 
     ``quorum`` (default :data:`PROTECT.stage3_quorum <dpinfer.defaults.PROTECT>`): a group stops decoding as soon as
     that many of its final prompts are complete (:class:`StopAfterFirstLine`); every final is a candidate, one cut
-    there with its text so far (as a final cut by ``max_new_tokens`` is). None: every final decoded to its end."""
+    there with its text so far (as a final cut by ``max_new_tokens`` is). None: every final decoded to its end.
+    ``prefixes``: the ranking's pass over the exemplars, reused by the prefill (:func:`stage3_prompts`)."""
     items = [(ex, kws) for exemplars, kws, _ in groups for ex in exemplars]
     owner = [g for g, (exemplars, _, _) in enumerate(groups) for _ in exemplars]
     finals = stage3_prompts(engine, lm, items, max_new_tokens=max_new_tokens, suppress=suppress, timing=timing,
-                            groups=owner, quorum=quorum)
+                            groups=owner, quorum=quorum, prefixes=prefixes)
     if all(len(exemplars) <= 1 for exemplars, _, _ in groups):
         return [(f, 0) for f in finals]
     if embedder is None:
@@ -274,10 +335,11 @@ def stage3_choices(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str],
 
 def stage3_select(engine: Engine, lm: LM, groups: Sequence[tuple[Sequence[str], Sequence[str], Sequence[str]]], *,
                   max_new_tokens: int, suppress: str = PROTECT.suppress, embedder: Any = None,
-                  quorum: int | None = PROTECT.stage3_quorum) -> list[str]:
+                  quorum: int | None = PROTECT.stage3_quorum, prefixes: PrefixStore | None = None) -> list[str]:
     """The final prompts of :func:`stage3_choices` (without the exemplar each came from)."""
     return [final for final, _ in stage3_choices(engine, lm, groups, max_new_tokens=max_new_tokens,
-                                                 suppress=suppress, embedder=embedder, quorum=quorum)]
+                                                 suppress=suppress, embedder=embedder, quorum=quorum,
+                                                 prefixes=prefixes)]
 
 
 def stage3_prompt(engine: Engine, lm: LM, exemplar: str, keywords: Sequence[str], *, max_new_tokens: int,

@@ -38,7 +38,6 @@ from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, DPInferError
 from dpinfer.methods.prompt import TABLE
 from dpinfer.methods.prompt_gtr import (
-    EXEMPLAR_INSTRUCTION,
     MIN_CONTENT_WORDS,
     choose_exemplar,
     choose_exemplars,
@@ -49,6 +48,7 @@ from dpinfer.methods.prompt_stage3 import (
     FINAL_TEMPLATE,
     StopAfterFirstLine,
     closest_to_consensus,
+    final_prompt_head,
     final_prompt_ids,
     keyword_ban,
     keyword_variants,
@@ -439,10 +439,11 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 
 __all__ = [
-    "ADJACENCY", "EXEMPLAR_INSTRUCTION", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS",
+    "ADJACENCY", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS",
     "SUPPRESS_METHODS", "ProtectConfig", "ProtectedPrompt", "StopAfterFirstLine", "capped_paraphrase_ids",
     "check_protect_params", "check_request_fits", "choose_exemplar", "choose_exemplars", "closest_to_consensus",
-    "final_prompt_ids", "guarantee_lines", "keyword_ban", "keyword_variants", "paraphrase_ids", "perplexities",
+    "final_prompt_head", "final_prompt_ids", "guarantee_lines", "keyword_ban", "keyword_variants", "paraphrase_ids",
+    "perplexities",
     "protect_config", "protect_prompt", "protect_prompts", "release_keywords", "request_bound", "stage1_mechanism",
     "stage1_rewrites", "stage3_choices", "stage3_prompt", "stage3_prompts", "stage3_select", "strip_echoes",
     "truncate_tokens",

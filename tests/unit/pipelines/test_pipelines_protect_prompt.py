@@ -201,7 +201,7 @@ def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
     rewrites = ["", "ok", "The applicant was born in 1970 and lives in Izmir.", "zq xv kk ww pp qq"]
     ex = pp.choose_exemplar(tiny_lm, rewrites)
     assert ex in rewrites[2:]
-    ctx = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    ctx = pp.final_prompt_head(tiny_lm)
     from dpinfer.eval.metrics import perplexity
 
     scores = pp.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
@@ -355,7 +355,7 @@ def test_stage3_quorum_of_the_whole_group_changes_nothing(tiny_lm) -> None:
 
 
 def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> None:
-    context = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    context = pp.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "", "A", "What is a kettle for, then?")]
     batched = pp.perplexities(tiny_lm, context, outputs)
     assert batched[1] == math.inf
@@ -371,7 +371,7 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
 def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpinfer.methods import prompt_gtr
 
-    context = tiny_lm.encode(tiny_lm.instruction_prompt(pp.EXEMPLAR_INSTRUCTION))
+    context = pp.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
     fresh = pp.perplexities(tiny_lm, context, outputs)
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
