@@ -582,3 +582,52 @@ def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypa
     one = pp.protect_prompt(SECRET, lm=tiny_lm, method="dp-prompt", temperature=1.0, max_new_tokens=5, seed=3)
     assert "stage3_int8" not in one.settings  # no stage 3: no twin built for it
     assert res.settings["stage3_quorum"] == PROTECT.stage3_quorum == res.guarantee.parameters["stage3_quorum"]
+
+
+def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import DynamicCache
+
+    from dpinfer.clip_bounds import clip_bounds
+    from dpinfer.engine import Engine, PrefixStore
+    from dpinfer.engine.prefill import forward
+    from dpinfer.models import int8_twin
+
+    rewrites = ["Where is the violin kept in the house?", "What is a kettle used for?", "ok",
+                "Who wrote the ledger and where was it hidden?"]
+    store = PrefixStore(tiny_lm.model)
+    chosen = pp.choose_exemplars(tiny_lm, rewrites, 2, prefixes=store)
+    assert chosen == pp.choose_exemplars(tiny_lm, rewrites, 2)  # the same ranking with or without keeping the pass
+    head = pp.final_prompt_head(tiny_lm)
+    assert len(store) == 2  # the chosen exemplars only
+    for ex in chosen:
+        entry = store.get(head + tiny_lm.encode(ex))
+        cache = DynamicCache(config=tiny_lm.model.config)
+        ids = torch.as_tensor([list(entry.tokens)])
+        with torch.inference_mode():
+            forward(tiny_lm, input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
+        for (k, v), layer in zip(entry.layers, cache.layers, strict=True):  # what a plain pass of those tokens gives
+            torch.testing.assert_close(k, layer.keys[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(v, layer.values[0], rtol=1e-4, atol=1e-4)
+        assert pp.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
+    # stage 3 on the int8 twin reads them: each seeded row skips its head and exemplar, and the finals are the same
+    seen: list = []
+    generate = Engine.generate
+
+    def record(self, contexts, mechanism, **kwargs):
+        seen.append(kwargs.get("prefix_kv"))
+        return generate(self, contexts, mechanism, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", record)
+    twin = Engine(int8_twin(tiny_lm))
+    items = [(ex, ["kettle"]) for ex in chosen] + [("Not ranked: a question?", [])]
+    seeded = pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
+    assert [s is not None for s in seen[-1]] == [True, True, False]
+    assert pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10) == seeded and seen[-1] is None
+    other = PrefixStore(torch.nn.Linear(2, 2))  # computed on other layers: never read
+    pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=other)
+    assert seen[-1] is None
+    # a release passes the ranking's pass to stage 3 (and nothing of the prompt: the spy test above)
+    clip_bounds(tiny_lm)
+    seen.clear()
+    pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, max_new_tokens=5, seed=3, n_exemplars=2)
+    assert seen[0] is None and seen[-1] is not None and any(s is not None for s in seen[-1])
