@@ -270,18 +270,22 @@ def int8_decode_twin(model: Any) -> Any:
 
     twin = _shared_tree(model, (torch.nn.Linear,))
     quantize_int8(twin)
-    _SOURCES[twin] = model
+    _SOURCES[twin] = weakref.ref(model)
     return twin
 
 
-_SOURCES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-"""Per int8 decode twin, the float32 model whose layers run its prompt processing."""
+_SOURCES: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+"""Per int8 decode twin, a weak reference to the float32 model whose layers run its prompt processing (weak both
+ways: :data:`_TWINS` keeps each twin as long as its model lives, so a strong reference back would keep both
+forever)."""
 
 
 def prompt_model(model: Any) -> Any:
     """The model whose layers process ``model``'s prompts: the float32 original of an :func:`int8_decode_twin`,
     else ``model`` itself. Two models with the same one compute the same keys and values for a prompt."""
-    return _SOURCES.get(model, model)
+    source = _SOURCES.get(model)
+    original = None if source is None else source()
+    return model if original is None else original
 
 
 _TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -101,3 +101,19 @@ def test_a_store_serves_its_model_and_that_models_int8_twin_only(tiny_lm) -> Non
     entry = own_kv(tiny_lm, tiny_lm.encode(TEXTS[1]))
     store.put(entry)
     assert len(store) == 1 and store.get(list(entry.tokens)) is entry and store.get(entry.tokens[:-1]) is None
+
+
+def test_a_twin_does_not_keep_its_model_alive(tiny_model_dir) -> None:
+    import gc
+    import weakref
+
+    from dpinfer.models import load_model
+    from dpinfer.quantize import prompt_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu")
+    twin = shared_int8_twin(lm.model)
+    assert prompt_model(twin) is lm.model and prompt_model(lm.model) is lm.model
+    gone = weakref.ref(lm.model)
+    del lm, twin
+    gc.collect()
+    assert gone() is None  # the model and its twin are freed together (no strong reference back from the twin)
