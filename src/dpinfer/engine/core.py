@@ -33,7 +33,7 @@ import torch
 from dpinfer.engine.cache import resolve_compile
 from dpinfer.engine.dynamic import DynamicRunner
 from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent, Vocabulary, checked_copies
-from dpinfer.engine.prefill import PrefixKV, check_prefix_kv
+from dpinfer.engine.prefill import PrefixKV
 from dpinfer.engine.runner import SlotRunner
 from dpinfer.engine.scheduler import Scheduler, check_max_rows, public_width
 from dpinfer.errors import ConfigurationError
@@ -101,9 +101,7 @@ class Engine:
     def submit(self, job: Job) -> Job:
         """Check ``job`` (before the model runs; refused with :class:`~dpinfer.errors.ConfigurationError` or
         :class:`~dpinfer.errors.InvalidInputError`) and queue it; it joins the batch at a later :meth:`step`."""
-        job.check(self.lm.context_window)
-        if job.prefix_kv is not None:
-            check_prefix_kv(job.prefix_kv, job.rows, self.lm.model.config.num_hidden_layers)
+        job.check(self.lm.context_window, self.lm.model.config.num_hidden_layers)
         job.width = public_width(job, job.rows)
         job.status = JobStatus.WAITING
         self.scheduler.add(job)

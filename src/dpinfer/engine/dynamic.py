@@ -26,7 +26,7 @@ import torch
 
 from dpinfer.engine.cache import cache_kwargs
 from dpinfer.engine.head import head_splits, split_logits
-from dpinfer.engine.prefill import forward, prefill_public, prefill_rows, prefill_seeded
+from dpinfer.engine.prefill import forward, prefill_public, prefill_rows, prefill_seeded, right_aligned
 from dpinfer.engine.scheduler import Pool
 
 
@@ -85,8 +85,7 @@ class DynamicRunner:
         if job.prefix_kv is not None:
             logits, kv = prefill_seeded(self.lm, rows, job.prefix_kv)
             lengths = [len(r) for r in rows]
-            batches = [self._batch(list(range(k)), [[(key[None], value[None]) for key, value in row] for row in kv],
-                                   lengths, max(lengths), job.max_new_tokens)]
+            batches = [self._batch(list(range(k)), kv, lengths, max(lengths), job.max_new_tokens)]
         elif job.joint and k > 1 and job.mechanism.public_row:
             logits, batches, job.shared = self._prefill_public(rows, job.max_new_tokens, job.pad_width or 0)
         else:
@@ -119,7 +118,8 @@ class DynamicRunner:
     def _prefill_public(self, rows: Sequence[Sequence[int]], max_new_tokens: int, pad_width: int
                         ) -> tuple[torch.Tensor, list[Batch], int]:
         """(last logits (K, V), the decode batches, the shortest prefix a private row reuses from the public row)."""
-        last, layers, reused = prefill_public(self.lm, rows, self.prefix_sharing)
+        last, batched, reused = prefill_public(self.lm, rows, self.prefix_sharing)
+        layers = [[(key[0], value[0]) for key, value in row] for row in batched]  # per row (H, L, D)
         width = max(len(rows[0]), pad_width)
         lengths = [len(r) for r in rows]
         main = [i if i == 0 or lengths[i] <= width else None for i in range(len(rows))]
@@ -133,24 +133,16 @@ class DynamicRunner:
 
     def _batch(self, dest: list[int | None], layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
                lengths: Sequence[int], width: int, max_new_tokens: int) -> Batch:
-        """A decode batch from per-row caches: keys and values right-aligned in ``width`` slots (zeros before), in a
-        static cache of ``width + max_new_tokens`` slots (or a dynamic cache)."""
+        """A decode batch from per-row caches (per layer keys ``(H, L, D)``): keys and values right-aligned in
+        ``width`` slots (zeros before, :func:`~dpinfer.engine.prefill.right_aligned`), in a static cache of
+        ``width + max_new_tokens`` slots (or a dynamic cache)."""
         from transformers import DynamicCache, StaticCache
 
         device, config = self.lm.device, self.lm.model.config
-        n = len(dest)
         cache = (StaticCache(config=config, max_cache_len=width + max_new_tokens) if self.static_cache
                  else DynamicCache(config=config))
-        for j in range(len(layers[0])):
-            k0, v0 = layers[0][j]
-            keys = k0.new_zeros((n, k0.shape[1], width, k0.shape[-1]))
-            values = v0.new_zeros((n, v0.shape[1], width, v0.shape[-1]))
-            for i, row in enumerate(layers):
-                keys[i, :, width - lengths[i]:] = row[j][0][0]
-                values[i, :, width - lengths[i]:] = row[j][1][0]
+        batched, mask = right_aligned(layers, width)
+        for j, (keys, values) in enumerate(batched):
             cache.update(keys, values, j)
-        mask = torch.zeros((n, width), dtype=torch.long, device=device)
-        for i, length in enumerate(lengths):
-            mask[i, width - length:] = 1
-        return Batch(dest=dest, cache=cache, mask=mask,
+        return Batch(dest=dest, cache=cache, mask=mask.to(device),
                      pos=torch.as_tensor(list(lengths), dtype=torch.long, device=device))

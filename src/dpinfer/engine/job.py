@@ -139,8 +139,9 @@ class Job:
                    self.stop_on_eos, self.processors, self.pad_width, self.prefix_kv)
 
     # -------------------------------------------------------------- checks
-    def check(self, context_window: int) -> None:
-        """Check every argument (before the model runs) and keep the contexts as lists of ints."""
+    def check(self, context_window: int, num_layers: int | None = None) -> None:
+        """Check every argument (before the model runs) and keep the contexts as lists of ints (``num_layers``: the
+        model's, checked against ``prefix_kv`` when given)."""
         if self.status is not JobStatus.NEW:
             raise ConfigurationError("this job was already submitted: a job runs once (submit job.fresh())")
         rows = [list(map(int, c)) for c in self.contexts]
@@ -165,7 +166,7 @@ class Job:
             if len(rows) > 1 and self.mechanism.mode == "joint" and self.mechanism.public_row:
                 raise ConfigurationError("prefix_kv is for jobs without a public row (a public row is prefilled "
                                          "alone, from its own tokens); drop prefix_kv")
-            check_prefix_kv(self.prefix_kv, rows)
+            check_prefix_kv(self.prefix_kv, rows, num_layers)
         self.procs = check_processors(self.processors)
         self.rows = rows
 

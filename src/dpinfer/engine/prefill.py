@@ -106,6 +106,27 @@ def check_prefix_kv(prefix_kv: Sequence[PrefixKV | None], rows: Sequence[Sequenc
             raise ConfigurationError(f"prefix_kv[{i}] has {len(seed.layers)} layers; the model has {num_layers}")
 
 
+def right_aligned(rows: Sequence[KV | None], width: int) -> tuple[KV, torch.Tensor]:
+    """Several rows' caches (per layer keys and values ``(H, L_i, D)``) as one batch: per layer keys and values
+    ``(K, H, width, D)``, each row right-aligned (zeros before it; a None row all zeros, at least one row given), and
+    the ``(K, width)`` mask of the real positions."""
+    first = next(r for r in rows if r is not None)
+    lengths = [0 if r is None else int(r[0][0].shape[1]) for r in rows]
+    out: KV = []
+    for j, (k0, v0) in enumerate(first):
+        keys = k0.new_zeros((len(rows), k0.shape[0], width, k0.shape[-1]))
+        values = v0.new_zeros((len(rows), v0.shape[0], width, v0.shape[-1]))
+        for i, row in enumerate(rows):
+            if row is not None:
+                keys[i, :, width - lengths[i]:] = row[j][0]
+                values[i, :, width - lengths[i]:] = row[j][1]
+        out.append((keys, values))
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=first[0][0].device)
+    for i, n in enumerate(lengths):
+        mask[i, width - n:] = 1  # n = 0: an empty slice
+    return out, mask
+
+
 def common_prefix_length(rows: Sequence[Sequence[int]]) -> int:
     first = rows[0]
     n = min(len(r) for r in rows)
@@ -263,23 +284,14 @@ def prefill_seeded(lm: Any, rows: Sequence[Sequence[int]], seeds: Sequence[Prefi
     device, config = lm.device, lm.model.config
     k = len(rows)
     lengths = [0 if s is None else len(s.tokens) for s in seeds]
-    width = max(lengths)
     cache = DynamicCache(config=config)
-    given = [s for s in seeds if s is not None]
-    if given:
-        for j, (k0, v0) in enumerate(given[0].layers):
-            keys = k0.new_zeros((k, k0.shape[0], width, k0.shape[-1]), device=device)
-            values = v0.new_zeros((k, v0.shape[0], width, v0.shape[-1]), device=device)
-            for i, seed in enumerate(seeds):
-                if seed is not None:
-                    keys[i, :, width - lengths[i]:] = seed.layers[j][0]
-                    values[i, :, width - lengths[i]:] = seed.layers[j][1]
-            cache.update(keys, values, j)
     ids, tail_mask = left_pad([r[n:] for r, n in zip(rows, lengths, strict=True)], lm.pad_token_id, device)
-    seed_mask = torch.zeros((k, width), dtype=tail_mask.dtype, device=device)
-    for i, n in enumerate(lengths):
-        seed_mask[i, width - n:] = 1
-    mask = torch.cat([seed_mask, tail_mask], dim=1)
+    seed_mask = tail_mask.new_zeros((k, 0))
+    if any(lengths):
+        layers, seed_mask = right_aligned([None if s is None else list(s.layers) for s in seeds], max(lengths))
+        for j, (keys, values) in enumerate(layers):
+            cache.update(keys, values, j)
+    mask = torch.cat([seed_mask.to(device), tail_mask], dim=1)
     positions = (tail_mask.cumsum(-1) - 1).clamp(min=0) + torch.as_tensor(lengths, device=device).unsqueeze(1)
     out = forward(lm, input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
     cache = out.get("cache") if out.get("cache") is not None else out.past_key_values

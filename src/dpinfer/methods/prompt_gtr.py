@@ -181,13 +181,13 @@ def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
     context = final_prompt_head(lm)
     room = max(1, lm.context_window - len(context))
     ids = [lm.encode(r)[:room] for r in candidates]
-    keep = prefixes is not None and prefixes.serves(lm.model)
-    scores, entry = _score(lm, context, ids, reuse_context=True, keep_kv=keep)
+    store = prefixes if prefixes is not None and prefixes.serves(lm.model) else None
+    scores, entry = _score(lm, context, ids, reuse_context=True, keep_kv=store is not None)
     best = _best(scores)[:k]
-    if prefixes is not None and keep:
+    if store is not None:
         for i in best:
             if ids[i]:
-                prefixes.put(entry(i))
+                store.put(entry(i))
     return [candidates[i] for i in best]
 
 
