@@ -94,7 +94,7 @@ def check_sanitize_config(config: SanitizeConfig, *, cli: bool = False, check_ta
         check_group_labels(config.groups)
     for name in config.group_epsilon or {}:
         if name not in TAB_LABELS and name not in (config.groups or {}):
-            raise InvalidInputError(f"{n('group_epsilon')} names {name!r}, which is neither a group nor a label; "
+            raise InvalidInputError(f"{n('group_epsilon')} names a key that is neither a group nor a label; "
                                     f"labels: {', '.join(TAB_LABELS)}")
     if check_tagger and isinstance(config.tagger, str):
         from dpinfer.taggers.registry import available_taggers

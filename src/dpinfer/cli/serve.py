@@ -54,15 +54,65 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--batch-window", type=float, default=SERVE.batch_window_s,
                     help=f"seconds the batcher waits for more requests to join a batch (default "
                          f"{show(SERVE.batch_window_s)})")
+    sp.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                    help="a name the Host header may give besides the bind address, localhost, 127.0.0.1 and [::1] "
+                         "(repeatable; '*': any, with --keys only). Other Host headers are refused (DNS rebinding)")
+    sp.add_argument("--forward", default="", metavar="ROLES",
+                    help="roles of messages dpinfer-protect forwards upstream UNPROTECTED for every request, e.g. "
+                         "system,assistant (default: none; only the protected prompt goes upstream)")
+    sp.add_argument("--docs", action="store_true",
+                    help="serve the OpenAPI page /docs (Swagger UI, whose assets the browser loads from a CDN: off "
+                         "by default; /openapi.json is always served)")
     add_model_arguments(sp)
     sp.set_defaults(func=run)
-    ssub = sp.add_subparsers(dest="serve_command", metavar="keys")
+    ssub = sp.add_subparsers(dest="serve_command", metavar="keys|adopt")
     kp = ssub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", metavar="create", required=True)
     kc = kp.add_parser("create", parents=[common], help="make an API key for a tenant (printed once, stored hashed)")
     kc.add_argument("--keys", required=True, help="the keys file (created if missing, mode 0600)")
     kc.add_argument("--tenant", required=True, help="the tenant the key spends for")
     kc.add_argument("--role", default="user", choices=["user", "admin"], help="user (default) or admin (sets budgets)")
     kc.set_defaults(func=run_keys_create)
+    ad = ssub.add_parser("adopt", parents=[common], help="give a tenant a unit of the ledger or a store folder made "
+                                                         "outside the service (dpinfer budget, dpinfer rag add)",
+                         description="Units made by the command line and store folders made by 'dpinfer rag add' "
+                                     "are reached by no tenant until an admin adopts them for one (here, or with "
+                                     "POST /v1/admin/adopt and an admin key). Each is adopted by one tenant at most.")
+    ad.add_argument("--tenant", required=True, help="the tenant that gets it")
+    what = ad.add_mutually_exclusive_group(required=True)
+    what.add_argument("--unit", help="a unit of the ledger, by its name there")
+    what.add_argument("--store", help="a folder of the stores folder, by its name")
+    ad.add_argument("--as", dest="as_name", default=None, help="its name for the tenant (default: the same)")
+    ad.add_argument("--ledger", default=None, help="the service's ledger (default: serve/ledger.db in dpinfer's data "
+                                                   "folder)")
+    ad.add_argument("--stores", default=None, help="the service's stores folder (default: serve/stores in dpinfer's "
+                                                   "data folder)")
+    ad.set_defaults(func=run_adopt)
+
+
+def run_adopt(args: argparse.Namespace) -> int:
+    from dpinfer.serve.budget import LedgerBudgets, adopt_store, adopt_unit
+    from dpinfer.serve.keys import check_name, check_unit_name
+
+    check_name(args.tenant, "--tenant")
+    home = default_home()
+    ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
+    if not ledger.exists():
+        raise ConfigurationError(f"no ledger at {ledger}; give the service's --ledger")
+    budgets = LedgerBudgets(ledger)
+    if args.unit is not None:
+        name = check_unit_name(args.as_name or args.unit)
+        adopt_unit(budgets, args.tenant, name, check_unit_name(args.unit))
+        out = {"adopted": "unit", "tenant": args.tenant, "unit": name}
+    else:
+        name = check_name(args.as_name or args.store, "--as")
+        adopt_store(budgets, Path(args.stores) if args.stores else home / "stores", args.tenant, name,
+                    check_name(args.store, "--store"))
+        out = {"adopted": "store", "tenant": args.tenant, "store": name}
+    if args.json:
+        print_json(out)
+    else:
+        print(f"dpinfer: the {out['adopted']} is now tenant {args.tenant}'s, under the name {name}", file=sys.stderr)
+    return 0
 
 
 def run_keys_create(args: argparse.Namespace) -> int:
@@ -113,6 +163,15 @@ def check_serve_args(args: argparse.Namespace) -> Any:
     if keys is None and not is_loopback(args.host):
         raise ConfigurationError(f"refusing to serve {args.host} without keys: anyone who can reach it would spend "
                                  "every budget; give --keys PATH (dpinfer serve keys create) or bind 127.0.0.1")
+    if "*" in args.allowed_host and keys is None:
+        raise ConfigurationError("--allowed-host '*' needs --keys: without keys any web page could drive the server")
+    from dpinfer.serve.app import FORWARDABLE
+
+    roles = [r.strip() for r in args.forward.split(",") if r.strip()]
+    if any(r not in FORWARDABLE for r in roles):
+        raise ConfigurationError(f"--forward takes roles among {', '.join(FORWARDABLE)}, comma-separated (an "
+                                 "earlier user turn is never forwarded)")
+    args.forward_roles = roles
     if args.upstream is not None and not args.upstream.startswith(("http://", "https://")):
         raise ConfigurationError("--upstream must be an http:// or https:// base URL, e.g. http://127.0.0.1:8001/v1")
     return keys
@@ -121,7 +180,7 @@ def check_serve_args(args: argparse.Namespace) -> Any:
 def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.models import load_model
     from dpinfer.packed import pack_now
-    from dpinfer.serve.app import create_app
+    from dpinfer.serve.app import allowed_hosts, create_app
     from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.runtime import Service
 
@@ -133,7 +192,8 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     pack_now(lm.model)  # the packed linears' copies now, not during the first request
     runtime = Service(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
                       window=args.batch_window)  # resumes the synthesis jobs a stopped server left unfinished
-    return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model)
+    return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model,
+                      hosts=allowed_hosts(args.host, args.allowed_host), docs=args.docs, forward=args.forward_roles)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(config)
     print(f"dpinfer: serving on http://{args.host}:{args.port}/ ({'keys required' if keys else 'no keys: loopback'}"
           ")", file=sys.stderr)
+    if not is_loopback(args.host) and not args.allowed_host:
+        print("dpinfer: requests must give this server's address in their Host header; add --allowed-host NAME for "
+              "each name clients use to reach it", file=sys.stderr)
     server.run()
     app.state.runtime.close()
     return 0

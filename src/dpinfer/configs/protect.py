@@ -42,8 +42,10 @@ def check_quorum(quorum: object, name: str = "stage3_quorum") -> None:
     """``quorum`` is None or an integer ≥ 1 (a bool is refused)."""
     if quorum is not None and (isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1):
         whole = "all" if name.startswith("--") else 'None ("all" in a service request)'
+        got = "an integer < 1" if isinstance(quorum, int) and not isinstance(quorum, bool) else (
+            f"a {type(quorum).__name__}")
         raise ConfigurationError(f"{name} must be an integer ≥ 1, or {whole} to decode every final prompt to its end; "
-                                 f"got {quorum!r}")
+                                 f"got {got}")
 
 KEYWORD_METHODS = ("ndp", "jem")
 """How stage 2 releases the keywords: the top K as they are, or the Joint Exponential Mechanism."""

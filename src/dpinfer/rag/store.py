@@ -40,6 +40,17 @@ BATCH_SIZE = 256
 CHROMA_INSTALL = install_hint("rag") + " (or: bash scripts/setup.sh)"
 
 
+def private_tree(path: Path) -> None:
+    """The store's folders mode 0700 and its files 0600 (Chroma creates them with the process's umask; they hold
+    the documents' text)."""
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o700)
+        for name in files:
+            f = os.path.join(root, name)
+            if not os.path.islink(f):
+                os.chmod(f, 0o600)
+
+
 class TextEncoder(Protocol):
     """What the store needs from an embedder: L2-normalised vectors for a list of texts."""
 
@@ -135,11 +146,12 @@ class DocumentStore:
     def _open(self) -> Any:
         if self._collection is None:
             chromadb, settings_cls = _chromadb()
-            self.path.mkdir(exist_ok=True)
+            self.path.mkdir(mode=0o700, exist_ok=True)
             settings = settings_cls(anonymized_telemetry=False, allow_reset=False, is_persistent=True)
             self._client = chromadb.PersistentClient(path=str(self.path), settings=settings)
             self._collection = self._client.get_or_create_collection(
                 COLLECTION, embedding_function=None, metadata={"hnsw:space": "l2"})
+            private_tree(self.path)
         return self._collection
 
     def _embed(self, texts: Sequence[str]) -> Any:
@@ -211,7 +223,8 @@ class DocumentStore:
                 first[d] = i
                 keep.append(i)
             elif texts[j] != t:
-                raise InvalidInputError(f"documents {j} and {i} have the same id {d!r} but different texts")
+                raise InvalidInputError(f"documents {j} and {i} have the same id but different texts; give each "
+                                        "text its own id")
         col = self._open()
         existing: set[str] = set()
         for start in range(0, len(keep), 1000):
@@ -229,6 +242,7 @@ class DocumentStore:
                 kwargs["metadatas"] = [dict(metadatas[i]) or None for i in batch]
             col.upsert(**kwargs)
             added += len(batch)
+        private_tree(self.path)  # Chroma's files hold the document text: the owner's only
         return AddReport(given=len(texts), added=added, skipped=len(texts) - added, total=int(col.count()))
 
     def query(self, question: str, k: int = 6) -> list[Hit]:

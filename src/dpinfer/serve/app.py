@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,13 +23,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from dpinfer import __version__
 from dpinfer.defaults import SERVE
 from dpinfer.errors import DPInferError
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import LOCAL, Forbidden, KeyStore, NotFound, Principal
-from dpinfer.serve.runtime import Service, replace_last_user
+from dpinfer.serve.runtime import Service
 
 access_log = logging.getLogger("dpinfer.serve.access")
 log = logging.getLogger("dpinfer.serve")
@@ -59,14 +60,84 @@ def error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": one_line(message), **extra}, status_code=status)
 
 
-class Guard:
-    """Pure ASGI middleware: the body limit (Content-Length checked before reading; a chunked body counted as it
-    arrives) and the access log (method, route template, status, milliseconds; nothing else)."""
+JSON_METHODS = ("POST", "PUT", "PATCH")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
-    def __init__(self, app: Any, limit: int, on_request: Callable[[str, str, int], None]) -> None:
+
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header or an origin's netloc, lower-cased, without the port or IPv6 brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def page_csp(html: str) -> str:
+    """The page's Content-Security-Policy: its own inline script and style by hash, requests to this origin only,
+    nothing loaded from anywhere else, no framing."""
+    import base64
+    import hashlib
+    import re
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.S)
+        return " ".join("'sha256-" + base64.b64encode(hashlib.sha256(b.encode("utf-8")).digest()).decode() + "'"
+                        for b in blocks)
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+DOCS_CSP = ("default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; style-src "
+            "https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+"""``/docs`` (only with ``--docs``): FastAPI's Swagger UI, whose assets come from a CDN (no package ships them)."""
+
+
+class Guard:
+    """Pure ASGI middleware, around every route:
+
+    - a local server no web page can drive: the ``Host`` header must name one of ``hosts`` (the bind address,
+      localhost, 127.0.0.1, [::1] and the ``--allowed-host`` names; None: any, a server with keys told ``*``), else
+      403 (DNS rebinding); a request with an ``Origin`` other than its own ``Host`` is refused (403: a cross-site
+      page); a POST/PUT/PATCH body must be ``application/json`` (415: a cross-site form cannot send one without a
+      preflight the server never answers);
+    - every response carries a Content-Security-Policy with ``frame-ancestors 'none'`` (the page's: its own inline
+      script and style by hash, nothing from outside), ``X-Frame-Options: DENY`` and ``nosniff``;
+    - the body limit (Content-Length checked before reading; a chunked body counted as it arrives);
+    - no traceback for anything: a client that hangs up is logged as status 499 by the access log, nothing else;
+      an unexpected error is one line (its type, the route template), answered 500 if nothing was sent yet;
+    - the access log (method, route template, status, milliseconds; nothing else).
+    """
+
+    def __init__(self, app: Any, limit: int, on_request: Callable[[str, str, int], None],
+                 hosts: frozenset[str] | None = None, page_csp: str = API_CSP) -> None:
         self.app = app
         self.limit = limit
         self.on_request = on_request
+        self.hosts = hosts
+        self.page_csp = page_csp
+
+    def refuse(self, scope: dict[str, Any]) -> JSONResponse | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        host = headers.get("host", "")
+        if self.hosts is not None and host_name(host) not in self.hosts:
+            return error(403, "the Host header does not name this server; use http://127.0.0.1:PORT/ or start the "
+                              "server with --allowed-host NAME")
+        origin = headers.get("origin")
+        if origin is not None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.strip().lower():
+                return error(403, "cross-origin requests are refused: use the page this server serves, or a client "
+                                  "that sends no Origin header")
+        if scope.get("method") in JSON_METHODS:
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype != "application/json":
+                return error(415, "send the request body as JSON with 'Content-Type: application/json'")
+        return None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -74,13 +145,28 @@ class Guard:
             return
         t0 = time.perf_counter()
         status = [500]
+        started = [False]
+        csp = (self.page_csp if scope.get("path") == "/" else DOCS_CSP if scope.get("path") == "/docs"
+               else API_CSP).encode()
 
         async def send_status(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-            await send(message)
+                started[0] = True
+                message = {**message, "headers": [
+                    *[(k, v) for k, v in message.get("headers", []) if k.lower() != b"content-security-policy"],
+                    (b"content-security-policy", csp), (b"x-frame-options", b"DENY"),
+                    (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]}
+            try:
+                await send(message)
+            except OSError:
+                raise ClientGone from None
 
         try:
+            refused = self.refuse(scope)
+            if refused is not None:
+                await refused(scope, receive, send_status)
+                return
             length = dict(scope.get("headers") or []).get(b"content-length")
             if length is not None and (not length.isdigit() or int(length) > self.limit):
                 await error(413, f"the request body is over the limit of {self.limit} bytes; send a smaller "
@@ -95,9 +181,25 @@ class Guard:
                     seen += len(message.get("body", b""))
                     if seen > self.limit:
                         raise BodyTooLarge
+                elif message["type"] == "http.disconnect":
+                    gone[0] = True
                 return message
 
+            gone = [False]
             await self.app(scope, limited, send_status)
+            if gone[0] and status[0] == 500:
+                status[0] = 499
+        except (ClientGone, ClientDisconnect):
+            status[0] = 499  # the client hung up: not an error of the server
+        except Exception as exc:  # one line, no traceback (it may quote the input)
+            log.error("unexpected %s on %s (message withheld: it may quote the input)", type(exc).__name__,
+                      getattr(scope.get("route"), "path", "(no route)"))
+            if not started[0]:
+                try:
+                    await error(500, f"unexpected {type(exc).__name__} (message withheld: it may quote the input)"
+                                )(scope, receive, send_status)
+                except (ClientGone, OSError):
+                    status[0] = 499
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "(no route)"
@@ -106,15 +208,35 @@ class Guard:
             self.on_request(scope.get("method", "?"), template, status[0])
 
 
+class ClientGone(Exception):
+    """The client hung up (its connection closed before or while the reply was sent)."""
+
+
+def allowed_hosts(bind: str, extra: Sequence[str] = ()) -> frozenset[str] | None:
+    """The names a request's ``Host`` may give: the bind address, localhost, 127.0.0.1, ::1 and ``extra``
+    (``--allowed-host``; ``*``: any, None)."""
+    if "*" in extra:
+        return None
+    return frozenset(host_name(h) for h in (bind, *LOCAL_HOSTS, *extra))
+
+
 def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None = None,
-               upstream_model: str | None = None, max_body_bytes: int = SERVE.max_body_bytes) -> FastAPI:
+               upstream_model: str | None = None, max_body_bytes: int = SERVE.max_body_bytes,
+               hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS), docs: bool = False,
+               forward: Sequence[str] = ()) -> FastAPI:
     """The application over one :class:`~dpinfer.serve.runtime.Service`. ``keys=None``: no keys (every request is
-    the local admin; the command line allows it on loopback only)."""
-    app = FastAPI(title="dpinfer", version=__version__,
+    the local admin; the command line allows it on loopback only). ``hosts``: the names the ``Host`` header may give
+    (:func:`allowed_hosts`; None: any). ``docs``: serve ``/docs`` (Swagger UI, whose assets come from a CDN).
+    ``forward``: the roles of the messages ``dpinfer-protect`` forwards upstream unprotected for every request
+    (``--forward``; a request may add its own)."""
+    app = FastAPI(title="dpinfer", version=__version__, docs_url="/docs" if docs else None, redoc_url=None,
                   description="Differentially private inference: sanitise, synthesise, ask a private store, protect a "
                               "prompt; every release with its ex-ante guarantee and the budget left.")
-    app.add_middleware(Guard, limit=max_body_bytes, on_request=runtime.metrics.request)
+    html = resources.files("dpinfer.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+    app.add_middleware(Guard, limit=max_body_bytes, on_request=runtime.metrics.request, hosts=hosts,
+                       page_csp=page_csp(html))
     app.state.runtime = runtime
+    operator_forward = check_forward(list(forward), "--forward")
 
     # ---------------------------------------------------------------- errors
     @app.exception_handler(BodyTooLarge)
@@ -149,11 +271,11 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unexpected %s on %s (message withheld: it may quote the input)", type(exc).__name__,
-                  getattr(request.scope.get("route"), "path", "?"))
-        return error(500, f"unexpected {type(exc).__name__} (message withheld: it may quote the input)")
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        return error(499, "the client closed the connection")  # nobody reads it; the access log says 499
+
+    # anything else unexpected: one line in the log and a 500 (Guard), never a traceback
 
     # ---------------------------------------------------------------- auth and bodies
     def principal(request: Request) -> Principal:
@@ -178,8 +300,11 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(422, "the request body is not valid JSON") from None
+        except RecursionError:
+            raise ApiError(422, "the request body is nested too deeply") from None
         if not isinstance(data, dict):
             raise ApiError(422, "the request body must be a JSON object")
+        check_unicode(data)
         return data
 
     User = Depends(principal)
@@ -192,7 +317,7 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
         return {"status": "ok", "model": runtime.lm.name, "version": __version__}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> str:
+    def metrics(who: Principal = Admin) -> str:  # an admin key (without keys: the local admin, loopback only)
         return runtime.metrics.text()
 
     @app.get("/v1/methods")
@@ -215,7 +340,8 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     async def sanitize(who: Principal = User, data: dict[str, Any] = Body) -> Any:
         if data.get("stream") is True:  # server-sent events: the released tokens, then the release
             prepared = await run_in_threadpool(runtime.prepare_sanitize_stream, who, data)
-            return event_stream(in_thread(runtime.sanitize_stream(prepared)))
+            source = runtime.sanitize_stream(prepared)
+            return event_stream(in_thread(source), prepared[2], source)
         return await run_in_threadpool(runtime.sanitize, who, data)
 
     @app.post("/v1/protect-prompt")
@@ -226,6 +352,14 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     def list_stores(who: Principal = User) -> dict[str, Any]:
         return {"stores": runtime.stores(who)}
 
+    @app.get("/v1/rag/{store}")
+    def get_store(store: str, who: Principal = User) -> dict[str, Any]:
+        return runtime.store_info(who, store)
+
+    @app.post("/v1/admin/adopt")
+    async def adopt(who: Principal = Admin, data: dict[str, Any] = Body) -> Any:
+        return await run_in_threadpool(runtime.adopt, who, data)
+
     @app.post("/v1/rag/{store}/documents")
     async def rag_add(store: str, who: Principal = User, data: dict[str, Any] = Body) -> Any:
         return await run_in_threadpool(runtime.rag_add, who, store, data)
@@ -234,7 +368,8 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     async def rag_ask(store: str, who: Principal = User, data: dict[str, Any] = Body) -> Any:
         if data.get("stream") is True:  # server-sent events: PAD's released tokens, then the answer
             prepared = await run_in_threadpool(runtime.prepare_rag_stream, who, store, data)
-            return event_stream(in_thread(runtime.rag_stream(prepared)))
+            source = runtime.rag_stream(prepared)
+            return event_stream(in_thread(source), prepared["charge"], source)
         return await run_in_threadpool(runtime.rag_ask, who, store, data)
 
     @app.get("/v1/budget/{unit}")
@@ -302,23 +437,41 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
             ask["question"] = question
             if stream:  # PAD releases token by token: each piece leaves as it is released
                 prep = await run_in_threadpool(runtime.prepare_rag_stream, who, store, ask)
-                extension = {k: prep[k] for k in ("guarantee", "unit", "budget", "mechanism")}
-                return sse(cid, model, in_thread(deltas(runtime.rag_stream(prep))), extension)
+                extension = {k: prep[k] for k in ("guarantee", "unit", "budget", "units", "mechanism")}
+                source = deltas(runtime.rag_stream(prep))
+                return sse(cid, model, in_thread(source), extension, prep["charge"], source)
             res = await run_in_threadpool(runtime.rag_ask, who, store, ask)
             extension = {"guarantee": res["guarantee"], "unit": res["unit"], "budget": res["budget"],
-                         "mechanism": res["mechanism"]}
+                         "units": res["units"], "mechanism": res["mechanism"]}
             return completion(cid, model, res["text"], "stop", extension)
         if model == PROTECT:
             if not upstream:
                 raise ApiError(422, "dpinfer-protect needs an upstream: start the server with --upstream URL")
-            prompt = next((m["content"] for m in reversed(msgs) if m["role"] == "user"), None)
-            if prompt is None:
+            opted = check_forward(ext.get("forward") or [], "dpinfer.forward")
+            roles = set(operator_forward) | set(opted)
+            users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+            if not users:
                 raise ApiError(422, "the messages have no user message (the prompt to protect)")
-            res = await run_in_threadpool(runtime.protect, who, ext, prompt=prompt)
-            forwarded = replace_last_user(msgs, res["prompt"])
+            if len(users) > 1:
+                raise ApiError(422, "dpinfer-protect protects one user message per request and never forwards an "
+                                    "earlier user turn: send the conversation's context inside that one message "
+                                    "(it is protected whole), one request per prompt")
+            last = users[0]
+            options = {k: v for k, v in ext.items() if k != "forward"}
+            res = await run_in_threadpool(runtime.protect, who, options, prompt=msgs[last]["content"])
+            forwarded, unprotected, dropped = [], [], []
+            for i, m in enumerate(msgs):
+                if i == last:
+                    forwarded.append({"role": "user", "content": res["prompt"]})
+                elif m["role"] in roles:
+                    forwarded.append(m)
+                    unprotected.append({"index": i, "role": m["role"]})
+                else:
+                    dropped.append({"index": i, "role": m["role"]})
             extension = {"protected_prompt": res["prompt"], "guarantee": res["guarantee"], "unit": res["unit"],
-                         "budget": res["budget"], "upstream": upstream}
-            reply = await forward(upstream, upstream_model, forwarded, data)
+                         "budget": res["budget"], "units": res["units"], "upstream": upstream,
+                         "unprotected": unprotected, "dropped": dropped}
+            reply = await forward_upstream(upstream, upstream_model, forwarded, data)
             choice = reply["choices"][0]
             if stream:
                 return sse(cid, model, one_piece(choice["message"]["content"] or ""), extension)
@@ -329,7 +482,7 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     # ---------------------------------------------------------------- web page
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> str:
-        return resources.files("dpinfer.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+        return html
 
     return app
 
@@ -350,7 +503,74 @@ def completion(cid: str, model: str, text: str, finish: str, extension: dict[str
     return out
 
 
-def event_stream(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+FORWARDABLE = ("system", "developer", "assistant", "tool")
+"""Roles whose messages dpinfer-protect forwards upstream, unprotected, when the operator (``--forward``) or the
+request (``dpinfer.forward``) opts in; by default none is forwarded."""
+
+
+def check_forward(roles: object, what: str) -> list[str]:
+    """A list of roles among :data:`FORWARDABLE` (the message names none of the values)."""
+    if not isinstance(roles, list) or not all(isinstance(r, str) and r in FORWARDABLE for r in roles):
+        raise ApiError(422, f"{what} must be a list of roles among {', '.join(FORWARDABLE)} (an earlier user turn "
+                            "is never forwarded)")
+    return roles
+
+
+def check_unicode(data: Any) -> None:
+    """Refuse a body whose strings hold a lone surrogate (JSON's \\ud800 escapes): not text any tokeniser, log or
+    file can hold (422, one line)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(422, "the request body holds a lone surrogate (\\uD800-\\uDFFF): send valid "
+                                    "Unicode text") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def close_when_idle(items: Any, timeout: float = 600.0) -> None:
+    """Close a blocking generator, waiting for the step another thread may be running in it to end."""
+    close = getattr(items, "close", None)
+    deadline = time.monotonic() + timeout
+    while close is not None:
+        try:
+            close()
+            return
+        except ValueError:  # "generator already executing": its current step ends with the next token
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+
+class SettledStream(StreamingResponse):
+    """A stream that settles its reservation however it ends: ``source`` (the blocking generator of the release)
+    is closed, which commits the reservation if a piece was released and cancels it otherwise; a client that hung up
+    before the first byte (the generator never started) leaves no pending reservation either: it is cancelled."""
+
+    def __init__(self, content: Any, charge: Any = None, source: Any = None, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.charge = charge
+        self.source = source
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.charge is not None and self.charge.state == "pending":
+                await run_in_threadpool(close_when_idle, self.source)  # commit if a piece left, else cancel
+                if self.charge.state == "pending":  # never started: nothing was released
+                    await run_in_threadpool(self.charge.cancel)
+
+
+def event_stream(events: AsyncIterator[dict[str, Any]], charge: Any = None, source: Any = None
+                 ) -> StreamingResponse:
     """Server-sent events, one JSON object each; an error after the start is one in-band line (no input quoted)."""
 
     async def body() -> AsyncIterator[str]:
@@ -361,7 +581,7 @@ def event_stream(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
             msg = one_line(str(exc)) if isinstance(exc, DPInferError) else f"unexpected {type(exc).__name__}"
             yield f"data: {json.dumps({'error': msg})}\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return SettledStream(body(), charge, source, media_type="text/event-stream")
 
 
 async def one_piece(text: str) -> AsyncIterator[str]:
@@ -390,7 +610,8 @@ async def in_thread(items: Iterator[Any]) -> AsyncIterator[Any]:
             await run_in_threadpool(close)
 
 
-def sse(cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, Any]) -> StreamingResponse:
+def sse(cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, Any], charge: Any = None,
+        source: Any = None) -> StreamingResponse:
     """Server-sent events in the OpenAI chunk format; the first chunk carries the ``dpinfer`` extension."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
@@ -410,10 +631,10 @@ def sse(cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, A
         yield chunk({}, "stop")
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return SettledStream(events(), charge, source, media_type="text/event-stream")
 
 
-async def forward(upstream: str, model: str | None, messages: list[dict[str, Any]], data: Mapping[str, Any]
+async def forward_upstream(upstream: str, model: str | None, messages: list[dict[str, Any]], data: Mapping[str, Any]
                   ) -> dict[str, Any]:
     """Send the protected messages to the upstream OpenAI-compatible server (its key from ``DPINFER_UPSTREAM_KEY``)."""
     import os

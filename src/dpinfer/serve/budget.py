@@ -1,23 +1,28 @@
-"""Budgets of ``dpinfer serve``: every release is charged to a unit of :class:`dpinfer.Ledger` (reserve before
-generating, commit after the release, cancel on failure), and each unit and store belongs to one tenant.
+"""Budgets of ``dpinfer serve``: every release is charged to units of :class:`dpinfer.Ledger` (reserve before
+generating, commit after the release, cancel on failure), each unit keyed by (tenant, name).
 
 :class:`LedgerBudgets` is the small interface the service uses. Costs are ex ante (the guarantee of a planned release,
 from its parameters and ``T_max``, before any token is generated) and compose in the ledger by the accountant (Rényi
-losses per privacy group, converted once at the unit's δ). A reservation whose process died before its commit stays
-counted (fail closed; ``dpinfer budget show`` lists it as pending). Which tenant owns which unit and store is kept in
-a small SQLite file beside the ledger (``LEDGER.tenants``): names only, never text.
+losses per privacy group, converted once at the unit's δ). A release is reserved on every unit it is charged to (the
+entity's own unit, and a unit the request names) or on none (:class:`Reservation`). A reservation whose process died
+before its commit stays counted (fail closed; ``dpinfer budget show`` lists it as pending). A tenant's unit ``NAME``
+is the ledger's unit ``TENANT/NAME`` (:func:`ledger_unit`); units and store folders made outside the service are
+reached only through an admin's adoption, kept in a small SQLite file beside the ledger (``LEDGER.adopted``): names
+only, never text.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, LedgerError
+from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, InvalidInputError, LedgerError
 
 
 class BudgetRefused(DPInferError):
@@ -28,15 +33,29 @@ class BudgetRefused(DPInferError):
         self.state = state
 
 
-class Owners:
-    """Which tenant owns each resource (``unit:NAME``, ``store:NAME``), in one SQLite file (WAL, one transaction per
-    claim: two tenants claiming the same name at once get one owner)."""
+def ledger_unit(tenant: str, name: str) -> str:
+    """The ledger's name of the tenant's unit ``name``: ``TENANT/NAME``; ``TENANT/~`` + a SHA-256 prefix of the name
+    when that would pass the ledger's limit of 128 characters. Tenant names hold no ``/``, so two tenants' units
+    never share a ledger name, and no name a client sends reaches a unit made outside the service (those are
+    reachable only once an admin adopts them: :meth:`Tenancy.adopt`)."""
+    full = f"{tenant}/{name}"
+    if len(full) <= 128:
+        return full
+    return f"{tenant}/~" + hashlib.sha256(name.encode("utf-8")).hexdigest()[:40]
+
+
+class Tenancy:
+    """The resources made outside the service that an admin adopted for a tenant (``adopt``: a unit of the ledger
+    by its own name, a store folder by its path), in one SQLite file (WAL, one transaction each: a resource is
+    adopted by one tenant at most). Names only, never text."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
             with self._tx() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS owners (resource TEXT PRIMARY KEY, tenant TEXT NOT NULL)")
+                db.execute("CREATE TABLE IF NOT EXISTS adopted (kind TEXT NOT NULL, tenant TEXT NOT NULL, "
+                           "name TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (kind, tenant, name), "
+                           "UNIQUE (kind, target))")
         except sqlite3.DatabaseError:
             raise ConfigurationError(f"{self.path} is not a dpinfer tenants file (SQLite); move it away") from None
         os.chmod(self.path, 0o600)
@@ -56,14 +75,55 @@ class Owners:
         finally:
             db.close()
 
-    def owner(self, resource: str, tenant: str | None = None) -> str | None:
-        """The tenant owning ``resource``; with ``tenant``, claim it for that tenant if no one owns it yet."""
+    def adopted(self, kind: str, tenant: str, name: str) -> str | None:
+        """The target (a ledger unit's name, a store's folder) the tenant's ``kind`` ``name`` stands for, or None."""
         with self._tx() as db:
-            row = db.execute("SELECT tenant FROM owners WHERE resource = ?", (resource,)).fetchone()
-            if row is None and tenant is not None:
-                db.execute("INSERT INTO owners VALUES (?, ?)", (resource, tenant))
-                return tenant
-            return row[0] if row else None
+            row = db.execute("SELECT target FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
+                             (kind, tenant, name)).fetchone()
+        return row[0] if row else None
+
+    def names(self, kind: str, tenant: str) -> dict[str, str]:
+        with self._tx() as db:
+            rows = db.execute("SELECT name, target FROM adopted WHERE kind = ? AND tenant = ?", (kind, tenant))
+            return dict(rows.fetchall())
+
+    def adopt(self, kind: str, tenant: str, name: str, target: str) -> None:
+        """Give the tenant ``kind`` ``name`` standing for ``target``; refused if the target or the name is taken."""
+        with self._tx() as db:
+            row = db.execute("SELECT tenant, name FROM adopted WHERE kind = ? AND target = ?",
+                             (kind, target)).fetchone()
+            if row is not None and tuple(row) != (tenant, name):
+                raise InvalidInputError(f"that {kind} is already adopted; each is adopted by one tenant at most")
+            if row is None:
+                if db.execute("SELECT 1 FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
+                              (kind, tenant, name)).fetchone():
+                    raise InvalidInputError(f"the tenant already has a {kind} of that name; adopt under another name")
+                db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?)", (kind, tenant, name, target))
+
+
+class Reservation:
+    """One release's reservations, one per unit it is charged to (all reserved or none); committed or cancelled
+    together, once (a second call is a no-op). ``units``: (the tenant's name, the ledger's name) per unit."""
+
+    def __init__(self, charges: list[Any], units: list[tuple[str, str]]) -> None:
+        self.charges = charges
+        self.units = units
+        self.state = "pending"
+        self.lock = threading.Lock()
+
+    def commit(self) -> None:
+        with self.lock:
+            if self.state == "pending":
+                for c in self.charges:
+                    c.commit()
+                self.state = "committed"
+
+    def cancel(self) -> None:
+        with self.lock:
+            if self.state == "pending":
+                for c in self.charges:
+                    c.cancel()
+                self.state = "cancelled"
 
 
 class LedgerBudgets:
@@ -85,32 +145,55 @@ class LedgerBudgets:
         if default_epsilon is not None:
             delta = default_delta if default_delta is not None else self.ledger.default_budget()[1]
             self.ledger.set_default(default_epsilon, delta)
-        self.owners = Owners(self.path.with_name(self.path.name + ".tenants"))
+        self.tenancy = Tenancy(self.path.with_name(self.path.name + ".adopted"))
 
-    def owner(self, resource: str, tenant: str | None = None) -> str | None:
-        return self.owners.owner(resource, tenant)
-
-    def state(self, unit: str) -> dict[str, Any]:
-        """The unit's budget, spent (composed, pending included), left, releases, pending, and its guarantee."""
+    def state(self, unit: str, name: str | None = None) -> dict[str, Any]:
+        """The unit's budget, spent (composed, pending included), left, releases, pending, and its guarantee;
+        ``name``: the tenant's name of the unit, shown instead of the ledger's."""
         try:
-            return self.ledger.status(unit).to_dict()
+            out = self.ledger.status(unit).to_dict()
         except LedgerError:  # no charge and no budget yet: the default applies
             eps, delta = self.ledger.default_budget()
-            return {"unit": unit, "budget": {"epsilon": eps, "delta": delta}, "spent": 0.0, "committed": 0.0,
-                    "left": eps, "releases": 0, "pending": 0, "scope": None, "groups": {},
-                    "guarantee": f"unit {unit!r}: nothing released yet."}
+            out = {"unit": unit, "budget": {"epsilon": eps, "delta": delta}, "spent": 0.0, "committed": 0.0,
+                   "left": eps, "releases": 0, "pending": 0, "scope": None, "groups": {},
+                   "guarantee": f"unit {unit!r}: nothing released yet."}
+        if name is not None:
+            out["unit"] = name
+            if isinstance(out.get("guarantee"), str):
+                out["guarantee"] = out["guarantee"].replace(repr(unit), repr(name))
+        return out
 
     def set_budget(self, unit: str, epsilon: float, delta: float | None = None) -> dict[str, Any]:
         return self.ledger.set_budget(unit, epsilon, delta).to_dict()
 
-    def reserve(self, unit: str, guarantee: Any, *, scope: str, resume_key: str | None = None) -> Any:
-        """Reserve the release's cost on ``unit`` (one transaction), or raise :class:`BudgetRefused` (nothing
-        reserved, nothing generated). ``resume_key``: a pending charge under that key, left by a server killed
-        mid-job, is taken over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
+    def reserve(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str,
+                resume_key: str | None = None) -> Reservation:
+        """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each), or
+        raise :class:`BudgetRefused` (the ones already reserved cancelled: nothing reserved, nothing generated).
+        ``resume_key``: pending charges under that key (one per unit), left by a server killed mid-job, are taken
+        over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
+        charges: list[Any] = []
         try:
-            return self.ledger.reserve(unit, guarantee, scope=scope, resume_key=resume_key)
-        except BudgetExceededError as exc:
-            raise BudgetRefused(str(exc), self.state(unit)) from None
+            for name, key in units:
+                try:
+                    charges.append(self.ledger.reserve(key, guarantee, scope=scope,
+                                                       resume_key=None if resume_key is None
+                                                       else self.ledger.resume_key(resume_key, key)))
+                except BudgetExceededError as exc:
+                    message = str(exc).replace(f"unit {key!r}", "the unit").replace(
+                        f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT")
+                    raise BudgetRefused(message + " (the unit is the reply's budget.unit)",
+                                        self.state(key, name)) from None
+        except BaseException:
+            for c in charges:
+                c.cancel()
+            raise
+        return Reservation(charges, units)
+
+    def pending(self, units: list[tuple[str, str]], resume_key: str) -> list[Any]:
+        """The pending charges a killed job left under ``resume_key`` (:meth:`reserve`)."""
+        found = (self.ledger.pending_charge(self.ledger.resume_key(resume_key, key)) for _, key in units)
+        return [c for c in found if c is not None]
 
     @staticmethod
     def commit(charge: Any) -> None:
@@ -119,3 +202,31 @@ class LedgerBudgets:
     @staticmethod
     def cancel(charge: Any) -> None:
         charge.cancel()
+
+
+TENANTS = "tenants"
+"""The sub-folder of the stores folder that holds each tenant's own stores (``STORES/tenants/TENANT/STORE``); any
+other folder of the stores folder was made outside the service (``dpinfer rag add``) and is reached only once
+adopted."""
+
+
+def adopt_unit(budgets: LedgerBudgets, tenant: str, name: str, target: str) -> None:
+    """The tenant's unit ``name`` becomes the ledger's existing unit ``target`` (made outside the service, e.g. by
+    ``dpinfer sanitize --unit case-42``). Refused if the ledger has no such unit or another tenant adopted it."""
+    try:
+        budgets.ledger.status(target)
+    except LedgerError:
+        raise InvalidInputError("the ledger has no unit of that name; nothing to adopt") from None
+    budgets.tenancy.adopt("unit", tenant, name, target)
+
+
+def adopt_store(budgets: LedgerBudgets, root: Path, tenant: str, name: str, folder: str) -> None:
+    """The tenant's store ``name`` becomes the store folder ``root/folder`` (made by ``dpinfer rag add``); its folders
+    become mode 0700 and its files 0600. Refused if there is no such folder or another tenant adopted it."""
+    from dpinfer.rag.store import private_tree
+
+    path = root / folder
+    if folder == TENANTS or not path.is_dir():
+        raise InvalidInputError("the stores folder has no store folder of that name; nothing to adopt")
+    budgets.tenancy.adopt("store", tenant, name, folder)
+    private_tree(path)

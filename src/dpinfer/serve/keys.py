@@ -27,9 +27,22 @@ PREFIX = "dpk_"
 
 
 def check_name(value: object, what: str) -> str:
-    """A tenant, unit or store name (one line naming the rule; the value is quoted only when short and plain)."""
+    """A tenant or store name (one line naming the rule; the value is never quoted)."""
     if not isinstance(value, str) or not NAME.match(value):
         raise InvalidInputError(f"{what} must be 1-64 letters, digits, '_', '.' or '-' (not starting with '.' or '-')")
+    return value
+
+
+UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+"""A unit's name in a tenant's namespace: as :data:`NAME`, up to 96 characters (a store's unit ``store.STORE``
+fits)."""
+
+
+def check_unit_name(value: object) -> str:
+    """A unit's name (one line naming the rule; the value is never quoted)."""
+    if not isinstance(value, str) or not UNIT.match(value):
+        raise InvalidInputError("the unit must be 1-96 letters, digits, '_', '.' or '-' (not starting with '.' or "
+                                "'-')")
     return value
 
 

@@ -51,7 +51,8 @@ def start(model: str | None, ledger: Path, log: Path, port: int) -> subprocess.P
     import httpx
 
     args = [sys.executable, "-m", "dpinfer", "serve", "--host", "127.0.0.1", "--port", str(port), "--ledger",
-            str(ledger), "--stores", str(ledger.parent / "stores"), "--tagger", "regex"]
+            str(ledger), "--stores", str(ledger.parent / "stores"), "--tagger", "regex",
+            "--default-epsilon", "1e9"]  # the document's own unit (charged with every release) never refuses here
     if model:
         args += ["--model", model]
     with open(log, "ab") as fh:
@@ -137,7 +138,7 @@ def run(model: str | None, *, clients: int = 50, admits: int = 3, max_new_tokens
         statuses = fire(url, sanitize_body("load-1", max_new_tokens), clients)
         p1 = {"ok": statuses.count(200), "refused": statuses.count(402),
               "other": len(statuses) - statuses.count(200) - statuses.count(402), "ledger": None}
-        p1["ledger"] = ledger_state(ledger, "load-1")
+        p1["ledger"] = ledger_state(ledger, "local/load-1")
         out["phase1"] = p1
 
         # phase 2: kill -9 in the middle of the load, restart, the clients whose connection died send again
@@ -153,16 +154,16 @@ def run(model: str | None, *, clients: int = 50, admits: int = 3, max_new_tokens
         # kill once the ledger holds a charge of this unit (a reservation or a commit), or after kill_after seconds
         until = time.monotonic() + max(kill_after, 60.0)
         time.sleep(kill_after)
-        while time.monotonic() < until and _charges(ledger, "load-2") == 0:
+        while time.monotonic() < until and _charges(ledger, "local/load-2") == 0:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         th.join(timeout=600)
-        before = ledger_state(ledger, "load-2")
+        before = ledger_state(ledger, "local/load-2")
         ok_before = results.count(200)
         proc = start(model, ledger, log, port)
         retry = fire(url, sanitize_body("load-2", max_new_tokens), results.count(0)) if results.count(0) else []
-        after = ledger_state(ledger, "load-2")
+        after = ledger_state(ledger, "local/load-2")
         out["phase2"] = {"ok_before_kill": ok_before, "refused_before_kill": results.count(402),
                          "connections_cut": results.count(0), "ledger_at_restart": before,
                          "ok_after_restart": retry.count(200), "refused_after_restart": retry.count(402),

@@ -1,5 +1,7 @@
-"""The counters of ``GET /metrics`` (Prometheus text format): requests by route template and status, released
-tokens, engine time and steps, queue length, budget refusals. Labels are route templates and status codes only."""
+"""The counters of ``GET /metrics`` (Prometheus text format, an admin key): requests by route template and status,
+jobs batched, queue length, budget refusals. Labels are route templates and status codes only. No figure that depends
+on what a release holds (its realised token count, its decoding time, the engine steps it took) is published: two
+scrapes around one request would read it off. Those counters are kept in the process for the benchmarks only."""
 
 from __future__ import annotations
 
@@ -48,21 +50,11 @@ class Metrics:
                      "# TYPE dpinfer_requests_total counter"]
             for (m, r, s), n in sorted(self.requests.items()):
                 lines.append(f'dpinfer_requests_total{{method="{m}",route="{r}",status="{s}"}} {n}')
-            rate = self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
             lines += [
                 "# HELP dpinfer_budget_refusals_total Requests refused because they would overspend a unit.",
                 "# TYPE dpinfer_budget_refusals_total counter", f"dpinfer_budget_refusals_total {self.refusals}",
-                "# HELP dpinfer_generated_tokens_total Tokens released by the engine.",
-                "# TYPE dpinfer_generated_tokens_total counter", f"dpinfer_generated_tokens_total {self.tokens}",
-                "# HELP dpinfer_decode_seconds_total Wall time the engine spent on batches and exclusive runs.",
-                "# TYPE dpinfer_decode_seconds_total counter",
-                f"dpinfer_decode_seconds_total {self.decode_seconds:.3f}",
-                "# HELP dpinfer_tokens_per_second Tokens released per second of engine time (since start).",
-                "# TYPE dpinfer_tokens_per_second gauge", f"dpinfer_tokens_per_second {rate:.3f}",
                 "# HELP dpinfer_queue_length Jobs waiting for an engine (every shared batch).",
                 "# TYPE dpinfer_queue_length gauge", f"dpinfer_queue_length {self.queue_length}",
-                "# HELP dpinfer_engine_steps_total Engine steps of the batcher (one token for every running job).",
-                "# TYPE dpinfer_engine_steps_total counter", f"dpinfer_engine_steps_total {self.batches}",
                 "# HELP dpinfer_batched_jobs_total Jobs the batcher submitted to the engine.",
                 "# TYPE dpinfer_batched_jobs_total counter", f"dpinfer_batched_jobs_total {self.batched_jobs}",
             ]

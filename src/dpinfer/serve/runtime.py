@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,16 @@ from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
-from dpinfer.serve.budget import BudgetRefused, LedgerBudgets
-from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name
+from dpinfer.serve.budget import (
+    TENANTS,
+    BudgetRefused,
+    LedgerBudgets,
+    Reservation,
+    adopt_store,
+    adopt_unit,
+    ledger_unit,
+)
+from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name, check_unit_name
 from dpinfer.serve.metrics import Metrics
 from dpinfer.serve.params import (
     ASK_FIELDS,
@@ -87,7 +96,7 @@ class Service:
         self.tagger_name = tagger
         self.stores_dir = Path(stores) if stores is not None else None
         if self.stores_dir is not None:
-            self.stores_dir.mkdir(parents=True, exist_ok=True)
+            self.stores_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._rags: dict[str, tuple[PrivateRAG, threading.Lock]] = {}
         self.min_new_tokens = int(min_new_tokens)
         """Benchmarks only: EOS masked for every rewrite until this many tokens (a public transform)."""
@@ -100,51 +109,86 @@ class Service:
             self.int8_batcher.close()
 
     # ---------------------------------------------------------------- tenants and budgets
-    def claim(self, principal: Principal, kind: str, name: str, *, create: bool = True) -> None:
-        """Check that ``principal``'s tenant owns the ``kind`` (unit or store) ``name``, claiming it if no one does."""
-        owner = self.budgets.owner(f"{kind}:{name}", principal.tenant if create else None)
-        if owner is not None and owner != principal.tenant:
-            raise Forbidden(f"the {kind} {name} belongs to another tenant; use a {kind} of your own")
+    def unit_ref(self, principal: Principal, name: object) -> tuple[str, str]:
+        """(the tenant's name of the unit, the ledger's name): the unit an admin adopted under that name for the
+        tenant, else ``TENANT/NAME`` (:func:`~dpinfer.serve.budget.ledger_unit`). Never another tenant's."""
+        name = check_unit_name(name)
+        adopted = self.budgets.tenancy.adopted("unit", principal.tenant, name)
+        return name, adopted if adopted is not None else ledger_unit(principal.tenant, name)
 
-    def unit_key(self, principal: Principal, unit: object, default: str = "default", *, create: bool = True
-                 ) -> tuple[str, str]:
-        """(the unit's name, its key in the budgets), after checking the tenant owns it. Units without a name get
-        the tenant's own default (``TENANT.default``, ``TENANT.prompts``, ``TENANT.corpus``)."""
-        name = check_name(f"{principal.tenant}.{default}" if unit is None else unit, "the unit")
-        self.claim(principal, "unit", name, create=create)
-        return name, name
+    def units_for(self, principal: Principal, entity: str, named: object) -> list[tuple[str, str]]:
+        """The units a release is charged to: the unit of the entity it reads (always), then the unit the request
+        names (in addition, never instead)."""
+        units = [self.unit_ref(principal, entity)]
+        if named is not None:
+            extra = self.unit_ref(principal, named)
+            if extra[1] != units[0][1]:
+                units.append(extra)
+        return units
+
+    def document_unit(self, text: str) -> str:
+        """A document's unit: a keyed hash of its text, as the command line names it (``Ledger.unit_for_text``)."""
+        return self.budgets.ledger.unit_for_text(text)
+
+    def prompts_unit(self, principal: Principal) -> str:
+        """The prompt source of a key (every prompt sent with it): ``prompts.KEYID``."""
+        return f"prompts.{principal.key_id}"
+
+    def charged(self, units: list[tuple[str, str]]) -> dict[str, Any]:
+        """The reply's budget fields: ``unit`` and ``budget`` (the named unit, else the entity's) and ``units`` (every
+        unit charged, the entity's first)."""
+        states = [self.budgets.state(key, name) for name, key in units]
+        return {"unit": units[-1][0], "budget": states[-1], "units": states}
 
     def budget(self, principal: Principal, unit: str) -> dict[str, Any]:
-        name, key = self.unit_key(principal, unit, create=False)
-        return {"unit": name, **self.budgets.state(key)}
+        name, key = self.unit_ref(principal, unit)
+        return {"unit": name, **self.budgets.state(key, name)}
 
     def set_budget(self, principal: Principal, unit: str, body: Mapping[str, Any]) -> dict[str, Any]:
         unknown(body, ("epsilon", "delta"))
-        name, key = self.unit_key(principal, unit)
+        name, key = self.unit_ref(principal, unit)
         eps = non_negative_number(body.get("epsilon"), "epsilon", " (the unit's total ε budget)")
         delta = None if body.get("delta") is None else check_delta(body.get("delta"), "delta")
-        return {"unit": name, **self.budgets.set_budget(key, eps, delta)}
+        self.budgets.set_budget(key, eps, delta)
+        return {"unit": name, **self.budgets.state(key, name)}
 
-    def reserve(self, key: str, guarantee: Any, scope: str, **kw: Any) -> Any:
-        """Reserve a release's ex-ante cost on ``key`` (a refusal is counted in the metrics)."""
+    def adopt(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
+        """An admin adopts, for its own tenant, a unit of the ledger or a store folder made outside the service
+        (``{"unit": NAME}`` or ``{"store": NAME}``, optionally ``"as": NAME``)."""
+        unknown(body, ("unit", "store", "as"))
+        if (body.get("unit") is None) == (body.get("store") is None):
+            raise InvalidInputError("give one of unit (a unit of the ledger) or store (a folder in the stores folder)")
+        if body.get("unit") is not None:
+            target = check_unit_name(body.get("unit"))
+            name = check_unit_name(body.get("as", target))
+            adopt_unit(self.budgets, principal.tenant, name, target)
+            return {"adopted": "unit", "unit": name, **self.budgets.state(target, name)}
+        folder = check_name(body.get("store"), "the store name")
+        name = check_name(body.get("as", folder), "the store name")
+        adopt_store(self.budgets, self._stores_root(), principal.tenant, name, folder)
+        return {"adopted": "store", "store": name}
+
+    def reserve(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
+        """Reserve a release's ex-ante cost on every unit (a refusal is counted in the metrics)."""
         try:
-            return self.budgets.reserve(key, guarantee, scope=scope, **kw)
+            return self.budgets.reserve(units, guarantee, scope=scope, **kw)
         except BudgetRefused:
             self.metrics.refused()
             raise
 
-    def _charged(self, key: str, guarantee: Any, scope: str, work: Callable[[], Any]) -> Any:
-        """Reserve the release's cost on ``key``, run ``work``, commit; cancel if ``work`` fails (nothing released)."""
-        charge = self.reserve(key, guarantee, scope)
+    def _charged(self, units: list[tuple[str, str]], guarantee: Any, scope: str, work: Callable[[], Any]) -> Any:
+        """Reserve the release's cost on ``units``, run ``work``, commit; cancel if ``work`` fails (nothing
+        released)."""
+        charge = self.reserve(units, guarantee, scope)
         try:
             result = work()
         except BaseException:
-            self.budgets.cancel(charge)
+            charge.cancel()
             raise
-        self.budgets.commit(charge)
+        charge.commit()
         return result
 
-    def _streamed(self, ticket: Ticket, charge: Any, on_text: Callable[[str], None] | None = None,
+    def _streamed(self, ticket: Ticket, charge: Reservation | None, on_text: Callable[[str], None] | None = None,
                   opening: Sequence[int] = ()) -> Iterator[str]:
         """The text of ``ticket``'s job piece by piece as its tokens are released (row 0; EOS left out), after the
         public ``opening`` the release starts with (forced, not decoded); the charge is committed once a decoded
@@ -172,10 +216,10 @@ class Service:
         except BaseException:
             self.batcher.cancel(ticket)
             if charge is not None:
-                (self.budgets.commit if released else self.budgets.cancel)(charge)
+                (charge.commit if released else charge.cancel)()
             raise
         if charge is not None:
-            self.budgets.commit(charge)
+            charge.commit()
 
     # ---------------------------------------------------------------- tag and sanitise
     def tag(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,64 +249,92 @@ class Service:
                               tagger=None, **opts)
         check_sanitize_budget(method=method, epsilon=epsilon, group_epsilon=group_eps, delta=opts["delta"],
                               alpha=opts["alpha"])
-        name, key = self.unit_key(principal, body.get("unit"))
+        units = self.units_for(principal, self.document_unit(text), body.get("unit"))
         with self.plan_lock:
             plan = plan_sanitize(text, lm=self.lm, method=method, epsilon=epsilon, group_epsilon=group_eps,
                                  spans=spans, tagger=self.core.tagger if spans is None else None, groups=groups,
                                  top_k=top_k, allow_untagged=allow_untagged, checked=True,
                                  min_new_tokens=min(self.min_new_tokens, opts["max_new_tokens"] or
                                                     self.min_new_tokens), **opts)
-        return plan, name, key
+        return plan, units
 
     def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        plan, name, key = self._plan_sanitize(principal, body)
+        plan, units = self._plan_sanitize(principal, body)
 
         def work() -> Any:
             out = self.batcher.run(plan.job)
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
-        res = self._charged(key, plan.guarantee, "document", work)
-        return {**res.release(), "unit": name, "budget": self.budgets.state(key)}
+        res = self._charged(units, plan.guarantee, "document", work)
+        return {**res.release(), **self.charged(units)}
 
-    def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str, Any]:
+    def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]
+                                ) -> tuple[Any, list[tuple[str, str]], Reservation]:
         """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
-        plan, name, key = self._plan_sanitize(principal, body)
-        return plan, name, key, self.reserve(key, plan.guarantee, "document")
+        plan, units = self._plan_sanitize(principal, body)
+        return plan, units, self.reserve(units, plan.guarantee, "document")
 
-    def sanitize_stream(self, prepared: tuple[Any, str, str, Any]) -> Iterator[dict[str, Any]]:
+    def sanitize_stream(self, prepared: tuple[Any, list[tuple[str, str]], Reservation]) -> Iterator[dict[str, Any]]:
         """The released tokens as they are chosen, decoded in the shared batch (DP-Fusion releases token by token:
         each is covered by the guarantee), then the release."""
-        plan, name, key, charge = prepared
+        plan, units, charge = prepared
         t0 = time.perf_counter()
         ticket = self.batcher.submit(plan.job, listen=True)
-        for piece in self._streamed(ticket, charge, opening=plan.opening):
-            yield {"delta": piece}
+        with closing(self._streamed(ticket, charge, opening=plan.opening)) as pieces:
+            for piece in pieces:
+                yield {"delta": piece}
         res = finish_sanitize(plan, ticket.result(), seconds=time.perf_counter() - t0)
-        yield {"done": True, **res.release(), "unit": name, "budget": self.budgets.state(key)}
+        yield {"done": True, **res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- rag
-    def rag(self, principal: Principal, store: str, *, create: bool = False) -> tuple[PrivateRAG, threading.Lock]:
-        """The store ``store`` (owned by the principal's tenant; created on the first documents) and its lock."""
-        check_name(store, "the store name")
+    def _stores_root(self) -> Path:
         if self.stores_dir is None:
             raise ConfigurationError("this server has no stores folder (start it with --stores DIR)")
-        owner = self.budgets.owner(f"store:{store}", principal.tenant if create else None)
-        if owner is None:
-            raise NotFound(f"no store named {store}; add documents first with POST /v1/rag/{store}/documents")
-        if owner != principal.tenant:
-            raise Forbidden(f"the store {store} belongs to another tenant")
+        return self.stores_dir
+
+    def store_path(self, principal: Principal, store: str) -> Path:
+        """The folder of the tenant's store ``store``: one an admin adopted under that name, else
+        ``STORES/tenants/TENANT/STORE`` (a tenant's stores live in its own folder; folders made outside the service
+        are reached only once adopted)."""
+        check_name(store, "the store name")
+        root = self._stores_root()
+        adopted = self.budgets.tenancy.adopted("store", principal.tenant, store)
+        return root / adopted if adopted is not None else root / TENANTS / principal.tenant / store
+
+    def rag(self, principal: Principal, store: str, *, create: bool = False) -> tuple[PrivateRAG, threading.Lock]:
+        """The tenant's store ``store`` (created on the first documents) and its lock. Another tenant's store is a
+        missing one: the same 404, the same message."""
+        folder = self.store_path(principal, store)
+        if not create and not folder.is_dir():
+            raise NotFound("no store of that name for this key; add documents first with POST "
+                           "/v1/rag/STORE/documents")
+        if create:
+            folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self.plan_lock:
-            if store not in self._rags:
+            if str(folder) not in self._rags:
                 # the one runtime of this process: summaries and answers are decoded in the shared batch
-                rag = PrivateRAG(self.stores_dir / store, runtime=self.core)
-                self._rags[store] = (rag, threading.Lock())
-        return self._rags[store]
+                rag = PrivateRAG(folder, runtime=self.core)
+                self._rags[str(folder)] = (rag, threading.Lock())
+        return self._rags[str(folder)]
 
     def stores(self, principal: Principal) -> list[str]:
-        if self.stores_dir is None or not self.stores_dir.exists():
+        if self.stores_dir is None:
             return []
-        return sorted(p.name for p in self.stores_dir.iterdir()
-                      if p.is_dir() and self.budgets.owner(f"store:{p.name}") == principal.tenant)
+        own = self.stores_dir / TENANTS / principal.tenant
+        names = {p.name for p in own.iterdir() if p.is_dir()} if own.is_dir() else set()
+        names |= {n for n, target in self.budgets.tenancy.names("store", principal.tenant).items()
+                  if (self.stores_dir / target).is_dir()}
+        return sorted(names)
+
+    def store_unit(self, store: str) -> str:
+        """A store's unit (every answer from it is charged there): ``store.STORE``."""
+        return f"store.{store}"
+
+    def store_info(self, principal: Principal, store: str) -> dict[str, Any]:
+        """``GET /v1/rag/{store}``: the store's unit (its name and budget)."""
+        self.rag(principal, store)
+        name, key = self.unit_ref(principal, self.store_unit(store))
+        return {"store": store, "unit": name, "budget": self.budgets.state(key, name)}
 
     def rag_add(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         unknown(body, ("documents",))
@@ -285,37 +357,37 @@ class Service:
                 "temperature": get(body, "temperature", NUM, RAG.temperature)}
         check_ask_params(**opts)
         rag, lock = self.rag(principal, store)
-        name, key = self.unit_key(principal, body.get("unit"), default=f"store.{store}")
+        units = self.units_for(principal, self.store_unit(store), body.get("unit"))
         with lock:  # a summary runs on the shared engine: other requests go on meanwhile
             plan = rag.plan_ask(question, checked=True, **opts)
-        return rag, plan, name, key
+        return rag, plan, units
 
-    def _answer(self, rag: PrivateRAG, plan: Any, out: EngineOutput, store: str, name: str, key: str
+    def _answer(self, rag: PrivateRAG, plan: Any, out: EngineOutput, store: str, units: list[tuple[str, str]]
                 ) -> dict[str, Any]:
         answer = rag.finish_ask(plan, out)
-        return {**answer.release(), "store": store, "unit": name, "budget": self.budgets.state(key)}
+        return {**answer.release(), "store": store, **self.charged(units)}
 
     def rag_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        rag, plan, name, key = self._plan_ask(principal, store, body)
-        out = self._charged(key, plan.guarantee, "store", lambda: self.batcher.run(plan.job))
-        return self._answer(rag, plan, out, store, name, key)
+        rag, plan, units = self._plan_ask(principal, store, body)
+        out = self._charged(units, plan.guarantee, "store", lambda: self.batcher.run(plan.job))
+        return self._answer(rag, plan, out, store, units)
 
     def prepare_rag_stream(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Plan and reserve a streamed answer (refusals come here); the guarantee and the budget as reserved."""
-        rag, plan, name, key = self._plan_ask(principal, store, body)
-        charge = self.reserve(key, plan.guarantee, "store")
-        return {"rag": rag, "plan": plan, "store": store, "unit": name, "key": key, "charge": charge,
-                "guarantee": plan.guarantee.to_dict(), "mechanism": plan.mechanism,
-                "budget": self.budgets.state(key)}
+        rag, plan, units = self._plan_ask(principal, store, body)
+        charge = self.reserve(units, plan.guarantee, "store")
+        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": charge,
+                "guarantee": plan.guarantee.to_dict(), "mechanism": plan.mechanism, **self.charged(units)}
 
     def rag_stream(self, prepared: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         """PAD's released tokens as they are released (each is covered by the answer's guarantee), then the
         answer."""
         ticket = self.batcher.submit(prepared["plan"].job, listen=True)
-        for piece in self._streamed(ticket, prepared["charge"]):
-            yield {"delta": piece}
+        with closing(self._streamed(ticket, prepared["charge"])) as pieces:
+            for piece in pieces:
+                yield {"delta": piece}
         p = prepared
-        yield {"done": True, **self._answer(p["rag"], p["plan"], ticket.result(), p["store"], p["unit"], p["key"])}
+        yield {"done": True, **self._answer(p["rag"], p["plan"], ticket.result(), p["store"], p["unit_refs"])}
 
     # ---------------------------------------------------------------- protect-prompt
     def _protect_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,7 +422,7 @@ class Service:
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidInputError("prompt must be a non-empty string")
         opts = self._protect_options(body)
-        name, key = self.unit_key(principal, body.get("unit"), default="prompts")
+        units = self.units_for(principal, self.prompts_unit(principal), body.get("unit"))
         cost = self.protect_guarantee(opts)
         text = prompt
         del prompt
@@ -358,10 +430,10 @@ class Service:
         def work() -> Any:  # its three stages' jobs join the shared batch
             return protect_prompt(text, runtime=self.core, **opts)
 
-        res = self._charged(key, cost, "prompt-source", work)
+        res = self._charged(units, cost, "prompt-source", work)
         if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
             log.warning("prompt protection's guarantee differs from the reserved cost")
-        return {**res.release(), "unit": name, "budget": self.budgets.state(key)}
+        return {**res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:
@@ -371,7 +443,7 @@ class Service:
         if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
             raise InvalidInputError("references must be a non-empty list of non-empty strings (the private records)")
         if body.get("unit") is not None:
-            check_name(body.get("unit"), "the unit")
+            check_unit_name(body.get("unit"))
         return plan_synthesis(refs, method=get(body, "method", (str,), SYNTH.method),
                               epsilon=get(body, "epsilon", NUM), delta=get(body, "delta", NUM, SYNTH.delta),
                               batch_size=get(body, "batch_size", (int,), SYNTH.batch_size),

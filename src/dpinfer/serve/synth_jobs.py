@@ -4,7 +4,7 @@ releases a finished text a second time.
 
 Each job lives in ``STATE/jobs/ID/`` (``STATE``: the folder of the server's ledger; folders and files mode 0700/0600):
 
-- ``job.json``: the job's tenant, unit and status (``queued``, ``running``, ``done``, ``refused``, ``failed``) with a
+- ``job.json``: the job's tenant, units and status (``queued``, ``running``, ``done``, ``refused``, ``failed``) with a
   one-line error; rewritten atomically at each change; never any text.
 - ``request.json``: the request (the private references and the parameters), kept only while the job has not ended,
   so that a restarted server can plan it again; deleted when it ends.
@@ -13,7 +13,8 @@ Each job lives in ``STATE/jobs/ID/`` (``STATE``: the folder of the server's ledg
   settings, counts), then each text as its batch finishes, one durable line each (a torn last line is settled by the
   same rule as the command's); its private partition sidecar exists while the job is unfinished.
 
-Budget: a job is charged once, its plan's ex-ante guarantee on its unit (scope ``corpus``), reserved before anything
+Budget: a job is charged once, its plan's ex-ante guarantee on the corpus's unit (``c-`` + a keyed hash of the
+references) and on the unit the request names, if any (scope ``corpus``), reserved before anything
 is generated under the job's resume key (:meth:`Ledger.resume_key <dpinfer.accounting.ledger.Ledger.resume_key>`):
 a server killed before the commit leaves the reservation pending (counted as spent); the resumed job takes it over
 instead of reserving again. It is committed once a text is in ``out.jsonl`` and cancelled if the job released
@@ -38,7 +39,7 @@ from dpinfer.jobs import run_resumable
 from dpinfer.jobs.synth import SynthesisOutput
 from dpinfer.pipelines.synthesize import synthesize_iter
 from dpinfer.serve.budget import BudgetRefused
-from dpinfer.serve.keys import Forbidden, NotFound, Principal
+from dpinfer.serve.keys import NotFound, Principal
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -64,26 +65,25 @@ class SynthJobs:
     def submit(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
         """Check the request (a bad one is refused now, 422), keep it, start the job; ``{id, status, poll}``."""
         self.service.check_synth(body)
-        name, _ = self.service.unit_key(principal, body.get("unit"), default="corpus")
+        corpus = "c-" + self.service.budgets.ledger.unit_for_text(json.dumps(body["references"]))[2:]
+        units = self.service.units_for(principal, corpus, body.get("unit"))
         job_id = uuid.uuid4().hex
         folder = self.root / job_id
         folder.mkdir(mode=0o700)
         _write(folder / "request.json", {"body": dict(body)})
-        _write(folder / "job.json", {"id": job_id, "tenant": principal.tenant, "unit": name, "status": "queued"})
+        _write(folder / "job.json", {"id": job_id, "tenant": principal.tenant, "units": units, "status": "queued"})
         self._start(job_id)
         return {"id": job_id, "status": "queued", "poll": f"/v1/jobs/{job_id}"}
 
     def get(self, principal: Principal, job_id: str) -> dict[str, Any]:
         """The job's status; once done, its result (the header's release fields, the texts, the unit's budget)."""
         state = self._state(job_id) if _ID.fullmatch(job_id) else None
-        if state is None:
+        if state is None or state.get("tenant") != principal.tenant:  # another tenant's job is a missing one
             raise NotFound("no such job")
-        if state["tenant"] != principal.tenant:
-            raise Forbidden("this job belongs to another tenant")
-        out = {k: v for k, v in state.items() if k not in ("tenant", "unit")}
+        out = {k: v for k, v in state.items() if k not in ("tenant", "units")}
         if state["status"] == "done":
-            out["result"] = {**self.release(job_id), "unit": state["unit"],
-                             "budget": self.service.budgets.state(state["unit"])}
+            units = job_units(state)
+            out["result"] = {**self.release(job_id), **self.service.charged(units)}
         return out
 
     def release(self, job_id: str) -> dict[str, Any]:
@@ -163,19 +163,18 @@ class SynthJobs:
         header = plan.header(svc.lm.name)
         digest = plan.partition_sha256()
         out = SynthesisOutput(self.root / job_id / "out.jsonl")
-        unit = state["unit"]
+        units = job_units(state)
         total = len(plan.batches)
         resume_key = svc.budgets.ledger.resume_key(JOB, job_id)
 
         def generate(todo: Iterator[int]) -> Iterator[dict[str, Any]]:
             batches = set(todo)
-            if out.done:  # a resumed job that released texts: its charge (pending if the server died) is spent
-                charge = svc.budgets.ledger.pending_charge(resume_key)
-                if charge is not None:
-                    charge.commit()
+            if out.done:  # a resumed job that released texts: its charges (pending if the server died) are spent
+                for pending in svc.budgets.pending(units, resume_key):
+                    pending.commit()
                 charge = None
             else:
-                charge = svc.reserve(unit, plan.guarantee, "corpus", resume_key=resume_key)
+                charge = svc.reserve(units, plan.guarantee, "corpus", resume_key=resume_key)
             released = 0
             try:
                 out.start(header, digest)  # the private partition file, then the header line (before any text)
@@ -185,10 +184,18 @@ class SynthJobs:
                     yield {k: record[k] for k in TEXT_FIELDS}
             finally:
                 if charge is not None:  # a text in out.jsonl (or part of one) is released: committed
-                    (svc.budgets.commit if released else svc.budgets.cancel)(charge)
+                    (charge.commit if released else charge.cancel)()
 
         run_resumable(out, range(total), generate, job=JOB, key=lambda b: b,
                       check=lambda todo: out.check(header, digest))
+
+
+def job_units(state: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The units a job is charged to ((the tenant's name, the ledger's) each); a job written by an earlier server
+    (one ``unit``, the ledger's own name) keeps its unit."""
+    if "units" in state:
+        return [(str(u[0]), str(u[1])) for u in state["units"]]
+    return [(str(state["unit"]), str(state["unit"]))]
 
 
 def _line(message: str) -> str:

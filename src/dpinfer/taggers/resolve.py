@@ -106,9 +106,9 @@ def check_group_labels(groups: Mapping[str, Sequence[str]]) -> None:
     for gname, labels in groups.items():
         for label in labels:
             if label not in TAB_LABELS:
-                raise InvalidInputError(f"unknown label in group {gname!r}; labels: {', '.join(TAB_LABELS)}")
+                raise InvalidInputError(f"unknown label in a group; labels: {', '.join(TAB_LABELS)}")
             if label in seen:
-                raise InvalidInputError(f"label {label} is in two groups ({seen[label]!r} and {gname!r})")
+                raise InvalidInputError("a label is in two groups; give each label to one group only")
             seen[label] = gname
 
 
@@ -121,7 +121,7 @@ def resolve_group_epsilon(group_names: Sequence[str], groups: Mapping[str, Seque
     for key in given:
         if key not in TAB_LABELS and key not in group_names and key not in groups:
             raise InvalidInputError(
-                f"--group-epsilon names {key!r}, which is neither a group nor a label; labels: {', '.join(TAB_LABELS)}"
+                f"--group-epsilon names a key that is neither a group nor a label; labels: {', '.join(TAB_LABELS)}"
             )
     for name in group_names:
         value = given.get(name)

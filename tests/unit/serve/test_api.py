@@ -21,10 +21,12 @@ def auth(key: str) -> dict[str, str]:
 
 def test_health_metrics_and_methods(server) -> None:
     assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
-    assert "dpinfer_budget_refusals_total" in httpx.get(server.url + "/metrics").text
+    assert "dpinfer_budget_refusals_total" in httpx.get(server.url + "/metrics",
+                                                        headers=auth(server.keys["acme-admin"])).text
     methods = httpx.get(server.url + "/v1/methods", headers=auth(server.keys["acme"])).json()
     assert "dp-fusion" in methods["sanitize"]["methods"]
-    assert httpx.get(server.url + "/docs").status_code == 200
+    assert httpx.get(server.url + "/docs").status_code == 404  # off without --docs (its assets come from a CDN)
+    assert httpx.get(server.url + "/openapi.json").status_code == 200
 
 
 def test_sanitize_returns_the_release_its_guarantee_and_the_budget_left(server) -> None:
@@ -52,8 +54,9 @@ def test_sanitize_returns_the_release_its_guarantee_and_the_budget_left(server) 
             break
     assert r.status_code == 402, r.text
     refused = r.json()
-    assert refused["error"].startswith("budget exceeded for unit 'acme-case-1'") and "\n" not in refused["error"]
-    assert "nothing was generated" in refused["error"]
+    assert refused["error"].startswith("budget exceeded for the unit:") and "\n" not in refused["error"]
+    assert "nothing was generated" in refused["error"] and "acme-case-1" not in refused["error"]
+    assert refused["budget"]["unit"] == "acme-case-1"
     assert refused["budget"]["left"] < 100 and refused["budget"]["pending"] == 0
     assert server.runtime.metrics.tokens == before  # refused before the engine
     got = httpx.get(server.url + "/v1/budget/acme-case-1", headers=auth(server.keys["acme"])).json()
@@ -72,11 +75,9 @@ def test_budget_put_needs_an_admin_and_units_belong_to_one_tenant(server) -> Non
     assert r.status_code == 403 and "admin" in r.json()["error"]
     assert httpx.put(server.url + "/v1/budget/acme-owned", json={"epsilon": 5},
                      headers=auth(server.keys["acme-admin"])).status_code == 200
+    # globex's unit of that name is its own (names are per tenant): the default budget, nothing of acme's
     r = httpx.get(server.url + "/v1/budget/acme-owned", headers=auth(server.keys["globex"]))
-    assert r.status_code == 403 and "another tenant" in r.json()["error"]
-    r = httpx.post(server.url + "/v1/sanitize", json={"text": DOC, "spans": SPANS, "unit": "acme-owned"},
-                   headers=auth(server.keys["globex"]))
-    assert r.status_code == 403
+    assert r.status_code == 200 and r.json()["budget"]["epsilon"] == 1000.0 and r.json()["releases"] == 0
 
 
 def test_rag_documents_and_ask_with_the_pad_guarantee(server) -> None:
@@ -92,7 +93,7 @@ def test_rag_documents_and_ask_with_the_pad_guarantee(server) -> None:
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["mechanism"] == "pad" and out["guarantee"]["epsilon"] <= 64 + 1e-9
-    assert out["unit"] == "acme.store.clinic" and out["budget"]["releases"] == 1
+    assert out["unit"] == "store.clinic" and out["budget"]["releases"] == 1
     assert "doc_ids" not in out and "seconds" not in out
     # streamed: PAD's tokens leave one by one as they are released, then the answer (charged once)
     events = []
@@ -101,13 +102,16 @@ def test_rag_documents_and_ask_with_the_pad_guarantee(server) -> None:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     final = events[-1]
-    assert final["done"] is True and final["mechanism"] == "pad" and final["budget"]["releases"] == 2
+    assert final.get("done") is True, final
+    assert final["mechanism"] == "pad" and final["budget"]["releases"] == 2
     assert "".join(e["delta"] for e in events[:-1]).strip() == final["text"]
     assert len(events) - 1 >= min(2, len(final["text"].split()))  # token by token, not one chunk at the end
-    r = httpx.post(server.url + "/v1/rag/clinic/ask", json={"question": "x"}, headers=auth(server.keys["globex"]))
-    assert r.status_code == 403
-    r = httpx.post(server.url + "/v1/rag/nostore/ask", json={"question": "x"}, headers=key)
-    assert r.status_code == 404 and "no store named nostore" in r.json()["error"]
+    theirs = httpx.post(server.url + "/v1/rag/clinic/ask", json={"question": "x"}, headers=auth(server.keys["globex"]))
+    missing = httpx.post(server.url + "/v1/rag/nostore/ask", json={"question": "x"}, headers=key)
+    assert theirs.status_code == missing.status_code == 404 and theirs.json() == missing.json()  # one answer
+    assert "nostore" not in missing.text
+    info = httpx.get(server.url + "/v1/rag/clinic", headers=key).json()
+    assert info["unit"] == "store.clinic" and info["budget"]["releases"] == 2
     models = httpx.get(server.url + "/v1/models", headers=key).json()
     assert "dpinfer-rag/clinic" in {m["id"] for m in models["data"]}
 
@@ -129,7 +133,7 @@ def test_synth_job_is_submitted_then_polled(server) -> None:
         time.sleep(0.3)
     assert got["status"] == "done", got
     assert len(got["result"]["texts"]) == 2 and got["result"]["guarantee"]["epsilon"] <= 8 + 1e-9
-    assert httpx.get(server.url + f"/v1/jobs/{job}", headers=auth(server.keys["globex"])).status_code == 403
+    assert httpx.get(server.url + f"/v1/jobs/{job}", headers=auth(server.keys["globex"])).status_code == 404
     r = httpx.post(server.url + "/v1/synth", json={"references": refs, "epsilon": -1}, headers=key)
     assert r.status_code == 422
 
@@ -192,5 +196,5 @@ def test_protect_prompt_decodes_stage3_in_the_int8_batch(server, monkeypatch) ->
 def test_the_queue_gauge_sums_every_shared_batch(server) -> None:
     svc = server.runtime
     assert svc.batcher.queue in svc.metrics.queues and svc.int8_batcher.queue in svc.metrics.queues
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=auth(server.keys["acme-admin"])).text
     assert f"dpinfer_queue_length {svc.metrics.queue_length}" in text

@@ -60,9 +60,11 @@ def test_a_job_stopped_after_one_text_is_resumed_by_the_next_server(tiny_lm, tmp
     assert held[1] in texts  # the text released before the stop is the one kept, not generated again
     assert all("data_dependent" not in t and "private_tokens" not in t for t in texts)
     assert got["result"]["budget"]["releases"] == 1 and got["result"]["budget"]["pending"] == 0  # charged once
+    corpus = got["result"]["units"][0]  # and once on the corpus's own unit
+    assert corpus["unit"].startswith("c-") and corpus["releases"] == 1 and corpus["pending"] == 0
     assert not (folder / "request.json").exists() and not (folder / "out.jsonl.partition").exists()
     assert second.jobs.resume() == []  # nothing left to resume
-    with pytest.raises(Exception, match="another tenant"):
+    with pytest.raises(Exception, match="no such job"):  # another tenant's job is a missing one
         second.jobs.get(Principal(tenant="globex", role="user", key_id="k2"), job)
     second.close()
 
