@@ -362,3 +362,21 @@ def test_serve_adopt_gives_one_tenant_a_cli_unit_and_a_rag_add_folder(tmp_path, 
     assert stat.S_IMODE(os.stat(tmp_path / "stores" / "notes").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "stores" / "notes" / "chroma.sqlite3").st_mode) == 0o600
     assert main([*common, "--tenant", "acme", "--unit", "no-such-unit"]) != 0
+
+
+def test_the_command_line_checks_forward_and_allowed_host_before_the_model_loads() -> None:
+    from dpinfer.cli import build_parser
+    from dpinfer.cli.serve import check_serve_args
+    from dpinfer.errors import ConfigurationError
+
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigurationError, match="--forward takes roles"):
+        check_serve_args(parse(["serve", "--forward", "system,user"]))  # an earlier user turn is never forwarded
+    with pytest.raises(ConfigurationError, match="needs --keys"):
+        check_serve_args(parse(["serve", "--allowed-host", "*"]))
+    args = parse(["serve", "--forward", "system, assistant", "--allowed-host", "box.lan"])
+    check_serve_args(args)
+    assert args.forward_roles == ["system", "assistant"]
+    from dpinfer.serve.app import allowed_hosts
+
+    assert allowed_hosts(args.host, args.allowed_host) == {"127.0.0.1", "localhost", "::1", "box.lan"}
