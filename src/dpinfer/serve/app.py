@@ -1,11 +1,17 @@
 """The FastAPI application of ``dpinfer serve``: routes, keys and tenants, errors, limits and the access log.
 
-Errors are JSON ``{"error": "<one line>"}`` (a budget refusal adds ``"budget"``): 401 without a valid key, 403 for
-another tenant's resource or an admin-only route, 404 for a missing store or job, 402 for a budget refusal (nothing
-generated), 413 for a body over the limit (4 MiB), 422 for bad parameters with the command line's messages, 500 for
-anything unexpected (its message withheld: it may quote the input). No log line carries a request body, a header, a
-query string or a release: the access log (logger ``dpinfer.serve.access``) writes method, route template, status
-and milliseconds only; uvicorn's own access log is off.
+Errors are JSON ``{"error": "<one line>"}`` quoting no client value (a budget refusal adds ``"budget"``): 401
+without a valid key, 403 for an admin-only route, a foreign ``Host`` or ``Origin`` (:class:`Guard`), 404 for a store
+or job that does not exist for this tenant (another tenant's answers the same), 402 for a budget refusal (nothing
+generated), 413 for a body over the limit (4 MiB), 415 for a body that is not ``application/json``, 422 for bad JSON
+or bad parameters with the command line's messages, 500 for anything unexpected (its message withheld: it may quote
+the input; one log line, no traceback). No log line carries a request body, a header, a query string or a release:
+the access log (logger ``dpinfer.serve.access``) writes method, route template, status and milliseconds only;
+uvicorn's own access log is off.
+
+Units (:meth:`~dpinfer.serve.runtime.Service.units_for`): a release is charged to the unit of the entity it reads and,
+in addition, to a unit the request names. ``dpinfer-protect`` forwards the protected prompt and nothing else unless
+the request (``dpinfer.forward``) or the operator (``forward``) opts roles in; a second user turn is refused.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError
 
 
 class BudgetRefused(DPInferError):
-    """A release would overspend its unit: nothing was generated. ``state`` is the unit's budget (public)."""
+    """A release would overspend one of its units: nothing was generated. ``state`` is that unit's budget (public),
+    under the tenant's name of the unit."""
 
     def __init__(self, message: str, state: dict[str, Any]) -> None:
         super().__init__(message)

@@ -3,9 +3,12 @@ the batcher that decodes the jobs of every request together, the budgets, the RA
 metrics.
 
 Every operation runs in a worker thread of the web server; each one checks its parameters, plans its release (tags,
-tokenises, calibrates: the ex-ante guarantee is known here), **reserves its cost** on its unit (refused: nothing is
-generated), decodes, builds the release and commits the reservation; a failure in between cancels it. A stream
-commits once its first token has left.
+tokenises, calibrates: the ex-ante guarantee is known here), **reserves its cost** on its units (the unit of the
+entity it reads, always, and a unit the request names, in addition; any refusal: all cancelled, nothing generated),
+decodes, builds the release and commits the reservation; a failure in between cancels it. A stream commits once a
+piece of the release has left, and cancels when it ends with none (a client gone before the first byte included).
+Units, stores and jobs are keyed by (tenant, name): a tenant's unit ``NAME`` is the ledger's ``TENANT/NAME``, its
+store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once an admin adopts it.
 
 Decoding: the runtime's engine is a :class:`~dpinfer.serve.batcher.SharedEngine`, so every pipeline run on it
 (sanitisation, the three stages of prompt protection, a synthesis job's batches, a RAG answer, a chat completion)
