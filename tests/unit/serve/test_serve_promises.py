@@ -337,6 +337,17 @@ def test_protect_forwards_the_protected_prompt_and_nothing_else(tiny_lm, tmp_pat
                                             {"role": "user", "content": ext["protected_prompt"]}]
         assert ext["unprotected"] == [{"index": 0, "role": "system"}]
         assert hiv not in json.dumps(rec.seen)
+        # opted in by the operator (--forward assistant) for every request
+        with ThreadServer(create_app(runtime, KeyStore(keys_file[0]), upstream=upstream.url + "/v1",
+                                     forward=["assistant"])) as front2:
+            c2 = openai.OpenAI(base_url=front2.url + "/v1", api_key=keys_file[1]["acme"], max_retries=0,
+                               timeout=300)
+            r = c2.chat.completions.create(model="dpinfer-protect", messages=last, max_tokens=4,
+                                           extra_body={"dpinfer": {**SHORT, "epsilon": 200.0}})
+            ext = r.model_extra["dpinfer"]
+            assert rec.seen[-1]["messages"] == [{"role": "assistant", "content": "Noted."},
+                                                {"role": "user", "content": ext["protected_prompt"]}]
+            assert ext["unprotected"] == [{"index": 1, "role": "assistant"}]
     runtime.close()
 
 
