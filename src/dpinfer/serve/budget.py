@@ -182,7 +182,8 @@ class LedgerBudgets:
                                                        else self.ledger.resume_key(resume_key, key)))
                 except BudgetExceededError as exc:
                     message = str(exc).replace(f"unit {key!r}", "the unit").replace(
-                        f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT")
+                        f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
+                        key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
                     raise BudgetRefused(message + " (the unit is the reply's budget.unit)",
                                         self.state(key, name)) from None
         except BaseException:
