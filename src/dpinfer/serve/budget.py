@@ -167,19 +167,23 @@ class LedgerBudgets:
     def set_budget(self, unit: str, epsilon: float, delta: float | None = None) -> dict[str, Any]:
         return self.ledger.set_budget(unit, epsilon, delta).to_dict()
 
+    def resume_keys(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> list[str]:
+        """The resume key of each unit's charge (``per_unit=False``: a job of an earlier server, one unit, the key
+        itself)."""
+        return [self.ledger.resume_key(resume_key, key) if per_unit else resume_key for _, key in units]
+
     def reserve(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str,
-                resume_key: str | None = None) -> Reservation:
+                resume_key: str | None = None, per_unit: bool = True) -> Reservation:
         """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each), or
         raise :class:`BudgetRefused` (the ones already reserved cancelled: nothing reserved, nothing generated).
         ``resume_key``: pending charges under that key (one per unit), left by a server killed mid-job, are taken
         over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
         charges: list[Any] = []
+        keys = [None] * len(units) if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
         try:
-            for name, key in units:
+            for (name, key), rkey in zip(units, keys, strict=True):
                 try:
-                    charges.append(self.ledger.reserve(key, guarantee, scope=scope,
-                                                       resume_key=None if resume_key is None
-                                                       else self.ledger.resume_key(resume_key, key)))
+                    charges.append(self.ledger.reserve(key, guarantee, scope=scope, resume_key=rkey))
                 except BudgetExceededError as exc:
                     message = str(exc).replace(f"unit {key!r}", "the unit").replace(
                         f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
@@ -192,9 +196,9 @@ class LedgerBudgets:
             raise
         return Reservation(charges, units)
 
-    def pending(self, units: list[tuple[str, str]], resume_key: str) -> list[Any]:
+    def pending(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> list[Any]:
         """The pending charges a killed job left under ``resume_key`` (:meth:`reserve`)."""
-        found = (self.ledger.pending_charge(self.ledger.resume_key(resume_key, key)) for _, key in units)
+        found = (self.ledger.pending_charge(k) for k in self.resume_keys(units, resume_key, per_unit=per_unit))
         return [c for c in found if c is not None]
 
     @staticmethod

@@ -164,17 +164,18 @@ class SynthJobs:
         digest = plan.partition_sha256()
         out = SynthesisOutput(self.root / job_id / "out.jsonl")
         units = job_units(state)
+        legacy = "units" not in state  # a job of an earlier server: its one charge under the job's own resume key
         total = len(plan.batches)
         resume_key = svc.budgets.ledger.resume_key(JOB, job_id)
 
         def generate(todo: Iterator[int]) -> Iterator[dict[str, Any]]:
             batches = set(todo)
             if out.done:  # a resumed job that released texts: its charges (pending if the server died) are spent
-                for pending in svc.budgets.pending(units, resume_key):
+                for pending in svc.budgets.pending(units, resume_key, per_unit=legacy is False):
                     pending.commit()
                 charge = None
             else:
-                charge = svc.reserve(units, plan.guarantee, "corpus", resume_key=resume_key)
+                charge = svc.reserve(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
             released = 0
             try:
                 out.start(header, digest)  # the private partition file, then the header line (before any text)

@@ -111,3 +111,30 @@ def test_kill_9_mid_job_then_restart(tiny_model_dir, tmp_path) -> None:
     finally:
         stop(proc)
     assert "headache" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_job_of_an_earlier_server_is_resumed_on_its_own_unit_and_reservation(tiny_lm, tmp_path) -> None:
+    """A job written before units were keyed by tenant (``job.json`` with one ``unit``, its reservation under the
+    job's own resume key) is resumed on that unit, taking its pending reservation over: charged once."""
+    import uuid
+
+    from dpinfer.accounting.ledger import Ledger
+    from dpinfer.pipelines.synthesize import plan_synthesis
+    from dpinfer.serve.synth_jobs import JOB
+
+    body = {**BODY, "references": REFS[:4], "unit": "acme-corpus-old"}
+    job = uuid.uuid4().hex
+    folder = tmp_path / "jobs" / job
+    folder.mkdir(parents=True)
+    (folder / "request.json").write_text(json.dumps({"body": body}))
+    (folder / "job.json").write_text(json.dumps({"id": job, "tenant": "acme", "unit": "acme-corpus-old",
+                                                 "status": "running"}))
+    ledger = Ledger.init(tmp_path / "ledger.db", epsilon=1000.0, delta=1e-3)
+    plan = plan_synthesis(body["references"], epsilon=8, batch_size=2, max_new_tokens=6)
+    ledger.reserve("acme-corpus-old", plan.guarantee, scope="corpus", resume_key=ledger.resume_key(JOB, job))
+    svc = make_runtime(tiny_lm, tmp_path)  # resumes it at start
+    svc.jobs.wait(120)
+    svc.close()
+    assert json.loads((folder / "job.json").read_text())["status"] == "done"
+    st = ledger.status("acme-corpus-old")
+    assert st.releases == 1 and st.pending == 0  # the old reservation taken over, not a second one
