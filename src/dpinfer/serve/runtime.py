@@ -311,8 +311,10 @@ class Service:
         if not create and not folder.is_dir():
             raise NotFound("no store of that name for this key; add documents first with POST "
                            "/v1/rag/STORE/documents")
-        if create:
+        if create and not folder.parent.is_dir():
             folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for made in (folder.parent, folder.parent.parent):  # STORES/tenants/TENANT: the tenant names too
+                made.chmod(0o700)
         with self.plan_lock:
             if str(folder) not in self._rags:
                 # the one runtime of this process: summaries and answers are decoded in the shared batch

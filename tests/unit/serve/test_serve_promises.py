@@ -174,6 +174,8 @@ def test_store_folders_are_private_and_long_names_fit(server) -> None:
     from dpinfer.serve.keys import Principal
 
     folder = server.runtime.store_path(Principal(tenant="acme", role="user", key_id="k"), long_store)
+    for above in (folder.parent, folder.parent.parent):  # STORES/tenants/acme: the tenants' names are private too
+        assert stat.S_IMODE(os.stat(above).st_mode) == 0o700
     for root, dirs, files in os.walk(folder):
         assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
         for name in files:
