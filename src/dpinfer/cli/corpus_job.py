@@ -255,12 +255,12 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
                                        batch_size=args.ray_batch_size, actors=args.ray_actors)
         return
     from dpinfer.pipelines.sanitize import sanitize_many  # torch: imported when the job runs
+    from dpinfer.pipelines.sanitize_many import needs_tagger
 
     # one runtime for the run; the tagger (when a record has no spans) is built first, before the model loads: a
     # tagger that cannot be built stops the run here instead of failing every record
     runtime = Runtime.from_model(args.model, device=args.device, quantize=args.quantize)
-    needed = options.get("tag_uncovered") or any(r.spans is None for r in todo)
-    tg = runtime.get_tagger(tagger) if tagger and needed else None
+    tg = runtime.get_tagger(tagger) if tagger and needs_tagger(todo, options) else None
     for start in range(0, len(todo), CHUNK_RECORDS):
         chunk = todo[start:start + CHUNK_RECORDS]
         planned = None if charge is None else (lambda rid, g: charge.settle(str(id_key(rid)), g))
