@@ -219,11 +219,11 @@ def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: st
 def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[str, Any]) -> Any:
     """The per-record charge hook of ``sanitize --corpus`` on ``--ledger`` (None without a ledger): each record
     charges its document's unit (a keyed hash of its text, or ``--unit NAME`` for every record) once; a resumed job
-    takes over the pending charge its killed run left (:class:`~dpinfer.accounting.spend.LedgerCharges`)."""
+    takes over the pending charge its killed run left (:class:`~dpinfer.accounting.charge.RecordCharges`)."""
     import os
 
+    from dpinfer.accounting.charge import RecordCharges, open_ledger
     from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
-    from dpinfer.accounting.spend import LedgerCharges, open_ledger
     from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups  # torch: imported when a ledger is used
 
     ledger = open_ledger(ledger_path(args))
@@ -239,7 +239,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     bound = estimate_cost(SanitizeConfig(**options), every)
     if bound is None:  # a whole-document mechanism, calibrated to its target
         bound = Cost.of(ApproxDp(options.get("epsilon") or SANITIZE.epsilon, options["delta"]))
-    return LedgerCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
+    return RecordCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
                          unit_of=lambda key: args.unit or ledger.unit_for_text(texts[key]),
                          bound_of=lambda key: bound)
 

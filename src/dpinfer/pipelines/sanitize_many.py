@@ -87,7 +87,7 @@ def sanitize_many(
     be planned (empty text, bad spans, nothing tagged, too long for the context window...) is yielded with its
     one-line ``error`` and the others go on. ``on_planned(record_id, guarantee)`` is called once a record is planned,
     before any of its tokens (a ledger prices its charge there:
-    :class:`~dpinfer.accounting.spend.LedgerCharges`); what it raises is the record's error.
+    :class:`~dpinfer.accounting.charge.RecordCharges`); what it raises is the record's error.
     """
     cfg = SanitizeConfig.build(config, **options)
     check_sanitize_config(cfg, check_tagger=isinstance(cfg.tagger, str))
