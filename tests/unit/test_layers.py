@@ -3,8 +3,9 @@
 
 Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
 ``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``) → taggers, eval, ``clip_bounds``
-→ ``runtime`` → ``jobs`` (the resumable-job loop), pipelines → bench, serve, audit → interfaces (``cli``, the Python
-API).
+→ ``runtime`` → ``jobs`` (the resumable-job loop), ``rag`` (the store and the answering parts) → pipelines → bench,
+serve, audit → interfaces (``cli``, the Python API). ``rag`` imports no interface (its file readers come from
+:mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command line and no server.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "runtime.py": INTERFACES,
     "clip_bounds.py": (*INTERFACES, "runtime"),
     "jobs": (*INTERFACES, "runtime", "engine", "models", "quantize", "packed", "taggers", "eval", "validation"),
+    "rag": INTERFACES,
+    "bench": ("cli", "serve", "api"),
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 

@@ -93,7 +93,7 @@ def guarantee_sentence(result: Any) -> str:
     if g.epsilon == 0:
         return (f"Guarantee: the rewrite reveals nothing about what the tagged {named} spans say (ε = 0: it was "
                 f"written without reading them); not protected: where the spans are and how long they are, and "
-                f"{missed}.")
+                f"{missed}{_opening_words(result)}.")
     values = {format_up(gr.epsilon) for gr in g.groups}
     if len(values) == 1:
         eps = f"ε = {values.pop()} for each entity type" if len(types) > 1 else f"ε = {format_up(g.epsilon)}"
@@ -101,7 +101,15 @@ def guarantee_sentence(result: Any) -> str:
         eps = ", ".join(f"{gr.name} ε = {format_up(gr.epsilon)}" for gr in g.groups)
     against = ", against any other values in the same spans," if "replace-one" in (g.adjacency or "") else ""
     return (f"Guarantee{flag}: what the tagged {named} spans say is protected{against} with {eps} "
-            f"(δ = {format_up(g.delta)}); not protected: where the spans are and how long they are, and {missed}.")
+            f"(δ = {format_up(g.delta)}); not protected: where the spans are and how long they are, and {missed}"
+            f"{_opening_words(result)}.")
+
+
+def _opening_words(result: Any) -> str:
+    """The sentence's last clause when the rewrite starts with a public opening (empty otherwise)."""
+    if not (getattr(result, "settings", None) or {}).get("opening_tokens"):
+        return ""
+    return "; the rewrite starts with the document's first untagged words (--no-opening to omit them)"
 
 
 def guarantee_details(result: Any) -> str | None:

@@ -1,5 +1,5 @@
 """``dpinfer budget``: the privacy-budget ledger (init, set, show, history, void), and the ``--ledger``/``--unit``
-options every releasing command shares (:func:`add_ledger_options`, :func:`cli_spend`)."""
+options every releasing command shares (:func:`add_ledger_options`, :func:`cli_charge`)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,11 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from dpinfer.cli.output import print_json
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError
-
-T = TypeVar("T")
 
 LEDGER_HELP = (f"charge this release to the privacy-budget ledger PATH (default: ${LEDGER.env}); refused before the "
                "model loads when the unit cannot afford it (dpinfer budget --help)")
@@ -30,23 +28,14 @@ def ledger_path(args: argparse.Namespace) -> str | None:
     return getattr(args, "ledger", None) or os.environ.get(LEDGER.env) or None
 
 
-def cli_spend(args: argparse.Namespace, *, scope: str, default_unit: Callable[[Any], str] | None = None,
-              what: str = "this release") -> Any:
-    """The release's :class:`~dpinfer.accounting.spend.Spend` from ``--ledger``/``--unit`` (None without a ledger)."""
-    from dpinfer.accounting.spend import start_spend
+def cli_charge(args: argparse.Namespace, *, scope: str, default_unit: Callable[[Any], str] | None = None,
+               what: str = "this release") -> Any:
+    """The release's charge (:func:`dpinfer.accounting.charge.charge`, a context manager yielding the reservation,
+    or None without a ledger) on ``--ledger``/``--unit``: reserved in the block before the model loads, cancelled
+    when the block raises (a model that failed to load released nothing), committed when it ends."""
+    from dpinfer.accounting.charge import charge
 
-    return start_spend(ledger_path(args), getattr(args, "unit", None), scope=scope, default_unit=default_unit,
-                       what=what)
-
-
-def load_charged(spend: Any, load: Callable[[], T]) -> T:
-    """``load()`` (the model), the ``spend`` reserved before it cancelled when it fails (nothing was released)."""
-    try:
-        return load()
-    except BaseException:
-        if spend is not None:
-            spend.cancel()
-        raise
+    return charge(ledger_path(args), getattr(args, "unit", None), scope=scope, default_unit=default_unit, what=what)
 
 
 def report_charge(spend: Any) -> None:

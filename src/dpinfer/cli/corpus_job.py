@@ -219,11 +219,11 @@ def print_job_summary(args: argparse.Namespace, label: str, run: Any, budget: st
 def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[str, Any]) -> Any:
     """The per-record charge hook of ``sanitize --corpus`` on ``--ledger`` (None without a ledger): each record
     charges its document's unit (a keyed hash of its text, or ``--unit NAME`` for every record) once; a resumed job
-    takes over the pending charge its killed run left (:class:`~dpinfer.accounting.spend.LedgerCharges`)."""
+    takes over the pending charge its killed run left (:class:`~dpinfer.accounting.charge.RecordCharges`)."""
     import os
 
+    from dpinfer.accounting.charge import RecordCharges, open_ledger
     from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
-    from dpinfer.accounting.spend import LedgerCharges, open_ledger
     from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups  # torch: imported when a ledger is used
 
     ledger = open_ledger(ledger_path(args))
@@ -239,7 +239,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     bound = estimate_cost(SanitizeConfig(**options), every)
     if bound is None:  # a whole-document mechanism, calibrated to its target
         bound = Cost.of(ApproxDp(options.get("epsilon") or SANITIZE.epsilon, options["delta"]))
-    return LedgerCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
+    return RecordCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
                          unit_of=lambda key: args.unit or ledger.unit_for_text(texts[key]),
                          bound_of=lambda key: bound)
 
@@ -255,12 +255,12 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
                                        batch_size=args.ray_batch_size, actors=args.ray_actors)
         return
     from dpinfer.pipelines.sanitize import sanitize_many  # torch: imported when the job runs
+    from dpinfer.pipelines.sanitize_many import needs_tagger
 
     # one runtime for the run; the tagger (when a record has no spans) is built first, before the model loads: a
     # tagger that cannot be built stops the run here instead of failing every record
     runtime = Runtime.from_model(args.model, device=args.device, quantize=args.quantize)
-    needed = options.get("tag_uncovered") or any(r.spans is None for r in todo)
-    tg = runtime.get_tagger(tagger) if tagger and needed else None
+    tg = runtime.get_tagger(tagger) if tagger and needs_tagger(todo, options) else None
     for start in range(0, len(todo), CHUNK_RECORDS):
         chunk = todo[start:start + CHUNK_RECORDS]
         planned = None if charge is None else (lambda rid, g: charge.settle(str(id_key(rid)), g))

@@ -98,21 +98,22 @@ def _config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     config, method = _config(args)
     n = method.rewrites
-    from dpinfer.cli.budget import cli_spend, ledger_path, load_charged, report_charge
+    from dpinfer.cli.budget import cli_charge, ledger_path, report_charge
 
     if args.prompts is not None or args.out is not None or args.allow_rerelease:
         charge = None
         if ledger_path(args) is not None:  # every prompt charged to the prompt source, at a cost known in advance
             import os
 
-            from dpinfer.accounting.spend import LedgerCharges, open_ledger, pure_steps_estimate
+            from dpinfer.accounting.charge import RecordCharges, open_ledger
+            from dpinfer.accounting.spend import pure_steps_estimate
             from dpinfer.errors import LedgerError
 
             if config.epsilon is None or args.unit is None:
                 raise LedgerError("--prompts with a ledger needs --unit (the prompt source) and --epsilon (each "
                                   "prompt's cost is then known before the model loads)")
             cost = pure_steps_estimate(config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True)
-            charge = LedgerCharges(open_ledger(ledger_path(args)), job=os.path.abspath(args.out or ""),
+            charge = RecordCharges(open_ledger(ledger_path(args)), job=os.path.abspath(args.out or ""),
                                    scope="prompt-source", mechanism=config.method, unit_of=lambda key: args.unit,
                                    bound_of=lambda key: cost, exact=True)
         return _run_prompts(args, config.api(), charge)
@@ -122,12 +123,12 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.models import load_model
     from dpinfer.pipelines.protect_prompt import guarantee_lines, protect_prompt
 
-    spend = cli_spend(args, scope="prompt-source", what="protect-prompt")
-    if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
-        spend.reserve(None if config.epsilon is None else pure_steps_estimate(
-            config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
-    lm = load_charged(spend, lambda: load_model(args.model, device=args.device))
-    res = protect_prompt(prompt, config.api(), lm=lm, seed=args.seed, ledger=spend)
+    with cli_charge(args, scope="prompt-source", what="protect-prompt") as spend:
+        if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
+            spend.reserve(None if config.epsilon is None else pure_steps_estimate(
+                config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
+        lm = load_model(args.model, device=args.device)
+        res = protect_prompt(prompt, config.api(), lm=lm, seed=args.seed, ledger=spend)
     del prompt
     report_charge(spend)
     if args.json:

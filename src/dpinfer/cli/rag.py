@@ -164,18 +164,17 @@ def run_ask(args: argparse.Namespace) -> int:
                                 f"dpinfer rag add {args.store} FILES...")
     if args.questions is not None:
         return _run_ask_questions(args, config)
-    from dpinfer.accounting.ledger import Cost
-    from dpinfer.cli.budget import load_charged, report_charge
+    from dpinfer.accounting.charge import charge
+    from dpinfer.cli.budget import report_charge
     from dpinfer.models import load_model
-    from dpinfer.pipelines.rag import answer_method, store_spend
+    from dpinfer.pipelines.rag import answer_method, store_reservation
 
-    # the answer's cost from its parameters alone: an unaffordable answer is refused before the model loads
-    spend = store_spend(args.store, *_rag_ledger(args))
-    if spend is not None:
-        spend.reserve(Cost.of(answer_method(config).guarantee()), mechanism=config.mechanism)
-    lm = load_charged(spend, lambda: load_model(args.model, device=args.device))
-    rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
-    ans = rag.ask(args.question, config=config, ledger=spend)
+    # the answer's guarantee from its parameters alone: an unaffordable answer is refused before the model loads
+    with charge(store_reservation(args.store, *_rag_ledger(args)), None, answer_method(config).guarantee(),
+                scope="store") as spend:
+        lm = load_model(args.model, device=args.device)
+        rag = PrivateRAG(args.store, lm=lm, top_k=args.top_k, top_n=args.top_n)
+        ans = rag.ask(args.question, config=config, ledger=spend)
     report_charge(spend)
     if args.json:
         out = ans.release()
@@ -196,13 +195,13 @@ def run_ask(args: argparse.Namespace) -> int:
 
 def _probe_budget(args: argparse.Namespace, config: Any) -> None:
     """Refuse (BudgetExceededError) when the ledger cannot afford one answer: reserved, then cancelled."""
-    from dpinfer.accounting.ledger import Cost
-    from dpinfer.pipelines.rag import answer_method, store_spend
+    from dpinfer.accounting.charge import charge
+    from dpinfer.pipelines.rag import answer_method, store_reservation
 
-    probe = store_spend(args.store, *_rag_ledger(args))
-    if probe is not None:
-        probe.reserve(Cost.of(answer_method(config).guarantee()), mechanism=config.mechanism)
-        probe.cancel()
+    with charge(store_reservation(args.store, *_rag_ledger(args)), None, answer_method(config).guarantee(),
+                scope="store") as probe:
+        if probe is not None:
+            probe.cancel()
 
 
 def _rag_ledger(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -251,32 +250,25 @@ def _check_questions_args(args: argparse.Namespace) -> None:
 
 def answers_budget(records: Any) -> str:
     """The budget of every answer record given (every answer in OUT: they read the same store, so they compose),
-    composed by one :class:`~dpinfer.accounting.PrivacyAccountant`: each PAD answer is its Gaussian step event
-    (sensitivity and σ from its public parameters) composed ``T_max`` times, converted once at the largest δ;
-    ``public`` answers cost nothing; any answer without a guarantee voids it. A torn answer (part of it was released)
-    keeps its guarantee and counts."""
-    from dpinfer.accounting import Adjacency, NoLossEvent, PrivacyAccountant
+    composed by one :class:`~dpinfer.accounting.PrivacyAccountant`: each answer's method rebuilt from its released
+    settings (:func:`~dpinfer.pipelines.rag.released_answer_method`) and composed as a session composes it
+    (:func:`~dpinfer.pipelines.rag.compose_answer`), converted once at the largest δ; ``public`` answers cost
+    nothing; any answer without a guarantee voids it. A torn answer (part of it was released) keeps its guarantee
+    and counts."""
+    from dpinfer.accounting import PrivacyAccountant
     from dpinfer.accounting._format import format_up
     from dpinfer.accounting.calibration import zcdp_rho
-    from dpinfer.accounting.gaussian import GaussianShiftEvent
+    from dpinfer.pipelines.rag import compose_answer, released_answer_method
 
     acc, answers = PrivacyAccountant(), 0
     for rec in records:
-        g = rec.get("guarantee")
-        if not isinstance(g, dict):
+        if not isinstance(rec.get("guarantee"), dict):
             continue
         answers += 1
-        mechanism = g.get("mechanism", rec.get("mechanism"))
-        if mechanism == "public":
-            acc.compose(NoLossEvent(), adjacency=Adjacency.ANY_TWO_INPUTS, label="public")
-            continue
-        p = g.get("parameters") or {}
-        if mechanism != "pad" or not {"clip_norm", "sigma", "T_max", "adjacency"} <= set(p):
+        method = released_answer_method(rec)
+        if method is None:
             return f"{answers} answers in the output; one has no guarantee, so together they have none"
-        adjacency = Adjacency(p["adjacency"])
-        sensitivity = float(p["clip_norm"]) * (2.0 if adjacency is Adjacency.REPLACE_ONE else 1.0)
-        acc.compose(GaussianShiftEvent(sensitivity, float(p["sigma"])), int(p["T_max"]), adjacency=adjacency,
-                    label="pad", delta=float(g.get("delta", 1e-5)))
+        compose_answer(acc, method)
     if not answers:
         return "no answer in the output yet"
     if all(e.label == "public" for e in acc.history):

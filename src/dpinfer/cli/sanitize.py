@@ -67,6 +67,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sz.add_argument("--tagger", default=SANITIZE.tagger, help=f"presidio | regex (default {SANITIZE.tagger})")
     add_method_argument(sz, "sanitize")
     add_config_options(sz)
+    sz.add_argument("--no-opening", action="store_true",
+                    help="do not start the rewrite with the document's first untagged words (by default up to "
+                         f"{SANITIZE.opening_tokens} tokens before the first tagged span are copied as they are: "
+                         "public under the adjacency, but a name the tagger missed there is released)")
     sz.add_argument("--debug-stats", action="store_true",
                     help="add the DATA-DEPENDENT per-step λ/divergences, spans and timing to --json (they reveal the "
                          "private content: never release them)")
@@ -152,6 +156,8 @@ def config_of(args: argparse.Namespace) -> SanitizeConfig:
         "adjacency": args.adjacency, "max_input_tokens": args.max_input_tokens,
         "allow_untagged": args.allow_untagged, "debug": args.debug_stats, "tag_uncovered": not args.spans_only,
     }
+    if args.no_opening:
+        options["opening_tokens"] = 0
     if args.top_k is not None:
         options["top_k"] = cli_k(args.top_k, "--top-k")
     if args.no_repeat_ngram is not None:
@@ -193,14 +199,14 @@ def run(args: argparse.Namespace) -> int:
                                 tag_uncovered=cfg.tag_uncovered)
     if spans.note():
         print(f"dpinfer: {spans.note()}", file=sys.stderr)
-    from dpinfer.cli.budget import cli_spend, load_charged
+    from dpinfer.cli.budget import cli_charge
 
-    spend = cli_spend(args, scope="document", default_unit=lambda book: book.unit_for_text(text))
-    if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
-        spend.reserve(estimate_cost(cfg, resolve_groups(spans.spans, cfg.groups)), mechanism=cfg.method)
-    lm = load_charged(spend, lambda: load_model(args.model, device=args.device, quantize=args.quantize))
-    with count_progress("sanitizing", "tokens") as progress:
-        res = sanitize(text, cfg.replace(tagger=None), lm=lm, spans=spans, progress=progress, ledger=spend)
+    with cli_charge(args, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
+        if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
+            spend.reserve(estimate_cost(cfg, resolve_groups(spans.spans, cfg.groups)), mechanism=cfg.method)
+        lm = load_model(args.model, device=args.device, quantize=args.quantize)
+        with count_progress("sanitizing", "tokens") as progress:
+            res = sanitize(text, cfg.replace(tagger=None), lm=lm, spans=spans, progress=progress, ledger=spend)
     err = console(stderr=True)
     write_error: OSError | None = None
     if args.out:

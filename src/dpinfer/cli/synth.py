@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer import models
 from dpinfer.checks import int_at_least
-from dpinfer.cli.budget import add_ledger_options, cli_spend, report_charge
+from dpinfer.cli.budget import add_ledger_options, cli_charge, report_charge
 from dpinfer.cli.output import (
     EXIT_ERROR,
     SEED_HELP,
@@ -182,10 +183,13 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
         batches = set(todo)
         # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
         # --out) was charged by the run it resumes
-        spend = None if out.done else cli_spend(args, scope="corpus", what="synth")
-        if spend is not None:
-            spend.settle(plan.guarantee)
-        try:
+        # a text in --out is released (or part of it): committed, whatever stops the run; nothing: cancelled
+        with contextlib.ExitStack() as stack:
+            spend = None if out.done else stack.enter_context(cli_charge(args, scope="corpus", what="synth"))
+            if spend is not None:
+                spend.settle(plan.guarantee)
+                stack.callback(report_charge, spend)
+                stack.callback(lambda: spend.commit() if new else spend.cancel())  # before the block's own rule
             lm = models.load_model(args.model, device=args.device)
             lm_name.append(lm.name)
             out.start(header, digest)  # the private partition file, then the header line (before any text)
@@ -194,10 +198,6 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
                 for text in texts:
                     new.append(text)
                     yield text.to_dict()
-        finally:
-            if spend is not None:  # a text in --out is released (or part of it): committed; nothing: cancelled
-                spend.commit() if new else spend.cancel()
-                report_charge(spend)
 
     t0 = time.perf_counter()
     try:

@@ -36,12 +36,16 @@ TASKS = ("generate", "sanitize", "synthesize", "rag", "prompt")
 protection. A pipeline offers the mechanisms registered for its task."""
 
 @functools.cache
-def _import_class(target: str) -> type[Mechanism]:
-    module, _, qualname = target.partition(":")
+def load_target(target: str) -> Any:
+    """The object a ``"module:qualname"`` string names, imported once: a registered mechanism's class, a method
+    table's builder (:class:`~dpinfer.methods.table.Method`)."""
+    module, sep, qualname = target.partition(":")
+    if not sep or not module or not qualname:
+        raise ConfigurationError(f"a target must be 'module:callable', got {target!r}")
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class MechanismEntry:
     @property
     def cls(self) -> type[Mechanism]:
         """The mechanism class (importing its module the first time, for a ``"module:Class"`` target)."""
-        return self.target if isinstance(self.target, type) else _import_class(self.target)
+        return self.target if isinstance(self.target, type) else load_target(self.target)
 
 
 BUILTIN: tuple[MechanismEntry, ...] = (

@@ -4,10 +4,8 @@ baselines alike). A pipeline dispatches through its table; the command line's ``
 in :mod:`dpinfer.validation` read it. Adding a method to a task is its module plus one table entry.
 
 :func:`table` imports a task's table module on first use (``importlib``, like the mechanism registry's
-``"module:Class"`` entries), so listing methods imports no mechanism and no torch. A task whose table module is not
-written yet gets the table the mechanism registry implies: every mechanism registered for the task, then the task's
-baselines of :data:`LEGACY_BASELINES` (a registered mechanism run on one of the task's contexts, e.g. sanitisation's
-``original`` and ``ner-scrub``; a mechanism a baseline runs is offered through the baseline only).
+``"module:Class"`` entries), so listing methods imports no mechanism and no torch. Every task has its table module
+(:data:`TABLE_MODULES`); a missing one is refused in one line.
 
 The functions below (:func:`method_names`, :func:`methods_help`, :func:`is_baseline`, :func:`baseline`,
 :func:`mechanism_of`, :func:`summaries`, :data:`BASELINES`, :data:`DEFAULT_METHODS`) read the tables.
@@ -24,8 +22,8 @@ from collections.abc import Iterator, Mapping
 
 from dpinfer.defaults import PROTECT, RAG, SANITIZE, SYNTH
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms.registry import REGISTRY
-from dpinfer.methods.table import GUARANTEES, TASKS, Method, MethodTable, load_target
+from dpinfer.mechanisms.registry import load_target
+from dpinfer.methods.table import GUARANTEES, TASKS, Method, MethodTable
 
 __all__ = ["BASELINES", "DEFAULT_METHODS", "GUARANTEES", "TASKS", "Baseline", "Method", "MethodTable", "baseline",
            "is_baseline", "load_target", "mechanism_names", "mechanism_of", "method_names", "methods_help",
@@ -45,23 +43,6 @@ DEFAULT_METHODS: dict[str, str] = {"sanitize": SANITIZE.method, "synthesize": SY
 Baseline = Method
 """A baseline is a :class:`Method` with ``baseline=True`` (its ``mechanism`` run on one ``context``)."""
 
-LEGACY_BASELINES: dict[str, tuple[Method, ...]] = {
-    "sanitize": (
-        Method("original", "sanitize", mechanism="sampler", contexts="original", protects="nothing",
-               guarantee="none", baseline=True, summary="the plain sampler on the full document (no privacy)"),
-        Method("ner-scrub", "sanitize", mechanism="sampler", contexts="public", protects="spans", guarantee="zero",
-               baseline=True,
-               summary="the plain sampler on the public context, spans replaced (ε = 0 for their content)"),
-    ),
-    "synthesize": (
-        Method("public", "synthesize", mechanism="sampler", contexts="public", protects="references",
-               guarantee="zero", baseline=True, summary="the public prompt only (reads no reference; ε = 0)"),
-    ),
-    "rag": (),
-    "prompt": (),
-}
-"""The baselines of a task whose table module is not written yet (see the module docstring)."""
-
 _LOCK = threading.Lock()
 _TABLES: dict[str, MethodTable] = {}
 
@@ -72,16 +53,6 @@ def task_name(task: str) -> str:
     if name not in TABLE_MODULES:
         raise ConfigurationError(f"unknown task {task!r}; tasks with methods: {', '.join(TABLE_MODULES)}")
     return name
-
-
-def _registry_table(task: str) -> MethodTable:
-    """The table the mechanism registry implies for ``task`` (built afresh each call: it follows the registry)."""
-    baselines = LEGACY_BASELINES[task]
-    used = {b.mechanism for b in baselines}
-    default = DEFAULT_METHODS[task]
-    names = sorted((n for n in REGISTRY.names(task=task) if n not in used), key=lambda n: (n != default, n))
-    entries = [Method(n, task, mechanism=n, summary=REGISTRY.get(n).summary) for n in names]
-    return MethodTable(task, [*entries, *baselines], default=default if default in names else None)
 
 
 def table(task: str) -> MethodTable:
@@ -96,7 +67,8 @@ def table(task: str) -> MethodTable:
     except ModuleNotFoundError as exc:
         if exc.name != module:
             raise
-        return _registry_table(name)
+        raise ConfigurationError(f"the method table of {name!r} ({module}) is not installed; reinstall dpinfer") \
+            from None
     found = mod.TABLE
     if not isinstance(found, MethodTable) or found.task != name:
         raise ConfigurationError(f"{module}.TABLE must be the MethodTable of {name!r}")

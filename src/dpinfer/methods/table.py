@@ -16,13 +16,12 @@ protects, the kind of guarantee, a one-line summary, and its builder, ``build(co
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from dpinfer.errors import ConfigurationError
+from dpinfer.mechanisms.registry import load_target
 
 TASKS = ("sanitize", "synthesize", "rag", "prompt")
 """Tasks with a method table (the mechanism registry's tasks less plain ``generate``)."""
@@ -33,18 +32,6 @@ GUARANTEES = ("ex-ante", "zero", "none", "data-dependent")
 privacy), ``data-dependent`` (a figure computed from the private input: never called ε, never in a release)."""
 
 GuaranteeKind = Literal["ex-ante", "zero", "none", "data-dependent"]
-
-
-@functools.cache
-def load_target(target: str) -> Any:
-    """The object a ``"module:qualname"`` string names (imported once)."""
-    module, sep, qualname = target.partition(":")
-    if not sep or not module or not qualname:
-        raise ConfigurationError(f"a builder must be 'module:callable', got {target!r}")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 @dataclass(frozen=True)

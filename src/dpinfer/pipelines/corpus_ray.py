@@ -111,6 +111,8 @@ def sanitize_corpus_ray(records: Sequence[Record], *, model: str | None = None, 
     ``in_flight``: batches queued per actor; ``num_cpus``: CPUs of a local Ray (default: all)."""
     import torch
 
+    from dpinfer.pipelines.sanitize_many import needs_tagger
+
     ray = init_ray(address, num_cpus=num_cpus)
     if not records:
         return
@@ -124,7 +126,7 @@ def sanitize_corpus_ray(records: Sequence[Record], *, model: str | None = None, 
     out = ds.map_batches(
         SanitizeActor, batch_size=batch_size, batch_format="numpy",
         fn_constructor_kwargs={"model": model, "device": device, "quantize": quantize,
-                               "tagger": tagger if any(r.spans is None for r in records) else None,
+                               "tagger": tagger if needs_tagger(records, options) else None,
                                "seed": seed, "options": dict(options or {})},
         compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=in_flight),
         **resources)

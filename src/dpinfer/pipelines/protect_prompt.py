@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.calibration import Budget, Spec
-from dpinfer.accounting.spend import charged, current_spend, pure_steps_estimate
+from dpinfer.accounting.charge import charge
+from dpinfer.accounting.spend import pure_steps_estimate
 from dpinfer.clip_bounds import PARAPHRASE_INSTRUCTION
 from dpinfer.configs.protect import KEYWORD_METHODS, SUPPRESS_METHODS, ProtectConfig
 from dpinfer.defaults import PROTECT
@@ -325,10 +326,10 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
 
 
 # ---------------------------------------------------------------------------------------------------------- API
-@charged("prompt-source", what="protect_prompt")
 def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM | str | None = None,
                    runtime: Runtime | None = None, seed: int | None = None, embedder: Any = None,
-                   profile: dict[str, float] | None = None, **settings: Any) -> ProtectedPrompt:
+                   profile: dict[str, float] | None = None, ledger: Any = None, unit: str | None = None,
+                   **settings: Any) -> ProtectedPrompt:
     """Protect ``prompt`` with DP-GTR (default) or DP-Prompt; see the module docstring.
 
     Args:
@@ -350,8 +351,8 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
             prefill), ``embedding``, ``total``; also in
             :meth:`ProtectedPrompt.diagnostics`). Never part of the release.
         ledger / unit: a :class:`~dpinfer.Ledger` (or its path) this release is charged to, and the prompt source on
-            it (:mod:`dpinfer.accounting.spend`): reserved before the model loads when ``epsilon`` is given, else
-            priced once the clip bounds are known, always before any token.
+            it (:func:`dpinfer.accounting.charge.charge`): reserved before the model loads when ``epsilon`` is
+            given, else priced once the clip bounds are known, always before any token.
 
     Raises (before the model loads): :class:`~dpinfer.errors.InvalidInputError` for an empty prompt,
     :class:`~dpinfer.errors.ConfigurationError` for bad settings (ε ≤ 0, both ε and τ, …). After the tokenizer loads
@@ -361,19 +362,19 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
     from dpinfer.checks import check_seed
     from dpinfer.runtime import resolve_runtime
 
-    _check_prompt(prompt)
-    config = protect_config(config, **settings)
-    check_seed(seed, "seed")
-    method = method_for(config, runtime)
-    spend = current_spend()
-    if spend is not None and config.epsilon is not None:  # the cost from the settings alone, before the model loads
-        spend.reserve(pure_steps_estimate(config.epsilon, config.delta, method.rewrites * config.max_new_tokens,
-                                          bounded_range=True), mechanism=config.method)
-    stages: dict[str, float] = {} if profile is None else profile
-    stages.clear()
-    laps = _Laps(stages)
-    rt = resolve_runtime(runtime, lm=lm, embedder=embedder)
-    return _protect([prompt], config, method, rt, [seed], pooled=False, laps=laps, spend=spend)[0]
+    with charge(ledger, unit, scope="prompt-source", what="protect_prompt") as spend:
+        _check_prompt(prompt)
+        config = protect_config(config, **settings)
+        check_seed(seed, "seed")
+        method = method_for(config, runtime)
+        if spend is not None and config.epsilon is not None:  # the cost from the settings alone, before the model
+            spend.reserve(pure_steps_estimate(config.epsilon, config.delta, method.rewrites * config.max_new_tokens,
+                                              bounded_range=True), mechanism=config.method)
+        stages: dict[str, float] = {} if profile is None else profile
+        stages.clear()
+        laps = _Laps(stages)
+        rt = resolve_runtime(runtime, lm=lm, embedder=embedder)
+        return _protect([prompt], config, method, rt, [seed], pooled=False, laps=laps, spend=spend)[0]
 
 
 def protect_prompts(prompts: Sequence[str], config: ProtectConfig | None = None, *, lm: LM | str | None = None,

@@ -24,6 +24,7 @@ guarantee), ``static`` (fixed noise; no guarantee), and the baselines ``none`` (
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting import Adjacency, Guarantee, PrivacyAccountant, Zcdp
 from dpinfer.accounting.calibration import zcdp_rho
+from dpinfer.accounting.charge import Reservation, charge, open_reservation
 from dpinfer.accounting.ledger import Ledger
-from dpinfer.accounting.spend import Spend, start_spend
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
 from dpinfer.defaults import RAG
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "DOC_SLACK", "METHODS", "MIN_DOC_TOKENS", "STORE_LEDGER",
            "SUMMARY_TOKENS", "TEXT_SUFFIXES", "AskConfig", "AskPlan", "PrivateRAG", "RagAnswer", "RagTemplate",
-           "answer_method", "ask_config", "ask_guarantee", "check_ask_params", "read_documents", "store_spend"]
+           "answer_method", "ask_config", "ask_guarantee", "check_ask_params", "compose_answer", "read_documents",
+           "released_answer_method", "store_reservation"]
 
 METHODS = tuple(TABLE.names())
 """The answering methods' names (read from :data:`dpinfer.methods.rag.TABLE`)."""
@@ -104,9 +106,37 @@ def ask_guarantee(mechanism: str, **params: Any) -> Guarantee:
     return answer_method(ask_config({"mechanism": mechanism, **params})).guarantee()
 
 
-def store_spend(store: str | Path, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Spend | None:
-    """A reservation for one answer from ``store`` on ``ledger`` (:class:`PrivateRAG`'s ``ledger``/``unit``), or None
-    without a ledger. The store's own ledger is created at the first answer, with its default budget."""
+def compose_answer(accountant: PrivacyAccountant, method: AnswerMethod) -> None:
+    """Compose one answer of ``method`` into ``accountant``: the method's frozen loss event, ``T_max`` times (the one
+    place an answer's loss is composed: a session's answers, an answer file's)."""
+    event, count = method.loss_event()
+    accountant.compose(event, count, adjacency=method.adjacency, label=method.name, delta=method.config.delta)
+
+
+def released_answer_method(release: Mapping[str, Any]) -> AnswerMethod | None:
+    """The method of a released answer (:meth:`RagAnswer.release`), rebuilt through the method table from its
+    public settings; None when they do not give back the guarantee it was released with (or it has none)."""
+    settings = release.get("settings")
+    guarantee = release.get("guarantee")
+    if not isinstance(settings, Mapping) or not isinstance(guarantee, Mapping):
+        return None
+    fields = {k: v for k, v in settings.items() if k in AskConfig.field_names() and v is not None}
+    fields["mechanism"] = release.get("mechanism", settings.get("mechanism"))
+    try:
+        method = answer_method(ask_config(fields))
+        rebuilt, released = method.guarantee().to_dict(), Guarantee.from_dict(guarantee).to_dict()
+        # what the loss is made of (a seeded test run says more in its statement: the same guarantee)
+        same = all(rebuilt.get(k) == released.get(k) for k in ("epsilon", "delta", "mechanism", "parameters",
+                                                                 "max_new_tokens", "order", "groups", "accounting"))
+    except Exception:  # a release this version cannot rebuild: no guarantee to compose
+        return None
+    return method if same and math.isfinite(method.guarantee().epsilon) else None
+
+
+def store_reservation(store: str | Path, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Reservation | None:
+    """A reservation (nothing reserved yet) for one answer from ``store`` on ``ledger`` (:class:`PrivateRAG`'s
+    ``ledger``/``unit``), or None without a ledger: charged through :func:`~dpinfer.accounting.charge.charge`. The
+    store's own ledger is created at the first answer, with its default budget."""
     folder = Path(store)
     if isinstance(ledger, str) and ledger == STORE_LEDGER:
         if not folder.is_dir():
@@ -116,7 +146,7 @@ def store_spend(store: str | Path, ledger: Any = STORE_LEDGER, unit: str | None 
             Ledger.init(path, epsilon=RAG.store_epsilon, delta=RAG.delta)
         ledger, unit = Ledger(path), STORE_LEDGER if unit is None else unit
     where = str(folder.resolve())
-    return start_spend(ledger, unit, scope="store", default_unit=lambda book: book.unit_for_text(where))
+    return open_reservation(ledger, unit, scope="store", default_unit=lambda book: book.unit_for_text(where))
 
 
 class PrivateRAG:
@@ -137,10 +167,10 @@ class PrivateRAG:
         max_doc_tokens: each retrieved document is cut to this many tokens (a public bound on the private row's
             length, so the public row's padding never depends on it).
         template: the prompts (:class:`RagTemplate`).
-        ledger: the privacy-budget ledger every answer is charged to (:mod:`dpinfer.accounting.spend`; the unit is
-            the store: the answers compose). ``"store"`` (default): the store's own, ``budget.db`` in its folder,
-            created at the first answer with a budget of ε = ``RAG.store_epsilon`` (δ = ``RAG.delta``) for the unit
-            ``"store"``, so the store's budget holds across processes (``dpinfer budget show --ledger
+        ledger: the privacy-budget ledger every answer is charged to (:func:`dpinfer.accounting.charge.charge`; the
+            unit is the store: the answers compose). ``"store"`` (default): the store's own, ``budget.db`` in its
+            folder, created at the first answer with a budget of ε = ``RAG.store_epsilon`` (δ = ``RAG.delta``) for the
+            unit ``"store"``, so the store's budget holds across processes (``dpinfer budget show --ledger
             STORE/budget.db``); a :class:`~dpinfer.Ledger` or its path (unit: a keyed hash of the store's path); None:
             no ledger (only :meth:`session_guarantee` adds the answers up). A mechanism without a guarantee
             (``none``, ``static``, ...) costs ε = ∞ and is refused by every ledger.
@@ -174,11 +204,11 @@ class PrivateRAG:
         self._unit = unit
 
     # ------------------------------------------------------------------ budget
-    def _spend(self, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Spend | None:
+    def _spend(self, ledger: Any = STORE_LEDGER, unit: str | None = None) -> Reservation | None:
         """A reservation for one answer on the store's unit (None without a ledger)."""
         if isinstance(ledger, str) and ledger == STORE_LEDGER:  # the object's own setting
             ledger, unit = self._ledger_arg, self._unit if unit is None else unit
-        return store_spend(self.store.path, ledger, unit)
+        return store_reservation(self.store.path, ledger, unit)
 
     # ------------------------------------------------------------------ store
     def add(self, texts_or_records: Sequence[str] | Sequence[Mapping[str, Any]], *, ids: Sequence[str] | None = None,
@@ -254,8 +284,7 @@ class PrivateRAG:
         model loads and refused (:class:`~dpinfer.errors.BudgetExceededError`) when the store's budget cannot
         afford it.
         """
-        spend = self._spend(ledger, unit)
-        try:
+        with charge(self._spend(ledger, unit), None, scope="store") as spend:
             plan = self.plan_ask(question, config=config, on_guarantee=None if spend is None else spend.settle,
                                  **settings)
             job = plan.job
@@ -263,12 +292,6 @@ class PrivateRAG:
             out = self.engine.generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
                                        pad_width=job.pad_width, min_new_tokens=job.min_new_tokens)
             answer = self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
-        except BaseException:
-            if spend is not None:
-                spend.cancel()
-            raise
-        if spend is not None:
-            spend.commit()
         return answer
 
     def plan_ask(self, question: str, *, config: AskConfig | None = None,
@@ -320,8 +343,7 @@ class PrivateRAG:
         composed into this session's accountant (:meth:`session_guarantee`)."""
         method = plan.method
         ids = out.sequences[0]
-        event, count = method.loss_event()
-        self.accountant.compose(event, count, adjacency=method.adjacency, label=method.name, delta=method.config.delta)
+        compose_answer(self.accountant, method)
         return RagAnswer(text=self.lm.decode(ids).strip(), doc_ids=[h.id for h in plan.hits],
                          guarantee=plan.guarantee, mechanism=method.name, settings=plan.settings,
                          seconds=time.perf_counter() - plan.t0, generation_seconds=generation_seconds,
@@ -340,7 +362,7 @@ class PrivateRAG:
         planned (a question the budget cannot afford is reported as refused, nothing generated for it) and committed
         when it is yielded."""
         book = self._spend(options.pop("ledger", STORE_LEDGER), options.pop("unit", None))
-        spends: dict[int, Spend] = {}
+        spends: dict[int, Reservation] = {}
         base = options.pop("config", None)
         config = ask_config(options, base)
         method = answer_method(config, self.runtime)  # every check, once
@@ -364,7 +386,7 @@ class PrivateRAG:
             for i, question in enumerate(questions):
                 if i in failed:
                     continue
-                spend = None if book is None else Spend(book.ledger, book.unit, book.scope)
+                spend = None if book is None else Reservation(book.ledger, book.units, book.scope)
                 try:
                     plans.append((i, self.plan_ask(question, config=config.replace(seed=seeds[i]),
                                                    prepared=prepared.get(i),

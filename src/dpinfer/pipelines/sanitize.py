@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.charge import charge
 from dpinfer.accounting.sanitize_text import (  # noqa: F401  (re-exported: the former home of these names)
     BASELINE_NOT_PROTECTED,
     FUSION_ADJACENCY,
@@ -39,7 +40,6 @@ from dpinfer.accounting.sanitize_text import (  # noqa: F401  (re-exported: the 
     guarantee_statement,
     not_protected,
 )
-from dpinfer.accounting.spend import start_spend
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.pipelines.sanitize_contexts import (  # noqa: F401  (re-exported)
     BASELINE_MAX_NEW_TOKENS,
@@ -92,7 +92,7 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
         progress: called as ``progress(0, T_max)`` once planned, then ``progress(tokens_done, T_max)`` after every
             generated token.
         ledger: a :class:`~dpinfer.Ledger` (or its path) that this rewrite is charged to, per privacy group, before
-            the model loads (:mod:`dpinfer.accounting.spend`; refused with
+            the model loads (:func:`dpinfer.accounting.charge.charge`; refused with
             :class:`~dpinfer.errors.BudgetExceededError` when the unit cannot afford it); None: no ledger.
         unit: the document's unit on the ledger (default: a keyed hash of the text, ``ledger.unit_for_text``).
 
@@ -100,8 +100,7 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
     """
     cfg = SanitizeConfig.build(config, **options)
     rt = resolve_runtime(runtime, lm=lm, engine=engine)
-    spend = start_spend(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text))
-    try:
+    with charge(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
         plan = plan_sanitize(
             text, cfg, runtime=rt, spans=spans,
             on_groups=None if spend is None else lambda group_map: spend.reserve(estimate_cost(cfg, group_map),
@@ -121,10 +120,4 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
         if cfg.debug:
             print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
         result = finish_sanitize(plan, run.output, seconds=time.perf_counter() - t0)
-    except BaseException:
-        if spend is not None:
-            spend.cancel()
-        raise
-    if spend is not None:
-        spend.commit()
     return result

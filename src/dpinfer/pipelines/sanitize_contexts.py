@@ -1,8 +1,9 @@
 """A document's prompt and token contexts for sanitisation (ALGORITHMS §1, step 2), and the public limits on them.
 
-The prompt (rewriting instruction + document, in the model's chat template) is tokenised ONCE with character
-offsets (:func:`build_prompt` places the document by construction). A token overlapping a span of group g is a token
-of g. The *public* context replaces the tokens of every group by the placeholder token (the id of ``_``), one for
+The prompt (rewriting instruction + document, in the model's chat template; :func:`build_prompt` places the document
+by construction) is tokenised in parts: the template, and each run of the document with one group mask, separately
+(:func:`prepare_contexts`), so no token joins a span's characters with untagged ones. A token of a run of group g is a
+token of g. The *public* context replaces the tokens of every group by the placeholder token (the id of ``_``), one for
 one; the *private* context of group i replaces those of every other group. All m + 1 contexts have the same length
 and positions: one batch, one KV cache (:func:`prepare_contexts`).
 
@@ -13,6 +14,7 @@ whole-document methods, whose adjacency makes the length private, use a fixed T_
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -110,33 +112,60 @@ def placeholder_id(lm: LM) -> int:
     return ids[0]
 
 
-def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mapping[str, Sequence[str]],
-                     instruction: str) -> PreparedContexts:
-    """Tokenise the prompt once and build the public and per-group private contexts (ALGORITHMS §1)."""
-    prompt, offset = build_prompt(lm, document, instruction)
-    enc = lm.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-    names = list(groups)
-    label_group = {lab: gi for gi, name in enumerate(names) for lab in groups[name]}
-    # bitmask of groups per character of the prompt, then OR-reduced per token span
-    char_mask = np.zeros(len(prompt) + 1, dtype=np.int64)
+def span_mask(document: str, spans: Sequence[Span], label_group: Mapping[str, int]) -> np.ndarray:
+    """The bitmask of groups per character of ``document``: each span's characters, and the space just before it
+    when that space is untagged (a public character: the placeholders absorb it whatever the span holds, as a
+    byte-level tokenizer's `` word`` token would)."""
+    mask = np.zeros(len(document), dtype=np.int64)
     for s in spans:
         gi = label_group.get(s.label)
         if gi is not None:
-            char_mask[offset + s.start: offset + s.end] |= 1 << gi
-    token_mask = np.zeros(len(ids), dtype=np.int64)
-    nonempty = offsets[:, 1] > offsets[:, 0]
-    if nonempty.any():
-        starts = offsets[nonempty, 0]
-        ends = offsets[nonempty, 1]
-        # OR over [start, end) per token: via cumulative counts per bit (tokens are short; groups ≤ 63)
-        for gi in range(len(names)):
-            bit = ((char_mask >> gi) & 1).astype(np.int64)
-            csum = np.concatenate([[0], np.cumsum(bit)])
-            hit = (csum[ends] - csum[starts]) > 0
-            token_mask[np.flatnonzero(nonempty)[hit]] |= 1 << gi
-    _check_spans_covered(char_mask, token_mask, offsets)
+            mask[s.start: s.end] |= 1 << gi
+    for s in spans:
+        gi = label_group.get(s.label)
+        if gi is not None and s.start > 0 and document[s.start - 1] == " " and mask[s.start - 1] == 0:
+            mask[s.start - 1] = 1 << gi
+    return mask
+
+
+def segments(document: str, mask: np.ndarray) -> list[tuple[str, int]]:
+    """``document`` cut into maximal runs of one group mask: ``[(text, mask), ...]`` (0: untagged)."""
+    if not len(document):
+        return []
+    cuts = [0, *(np.flatnonzero(mask[1:] != mask[:-1]) + 1).tolist(), len(document)]
+    return [(document[a:b], int(mask[a])) for a, b in itertools.pairwise(cuts)]
+
+
+def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mapping[str, Sequence[str]],
+                     instruction: str) -> PreparedContexts:
+    """Build the public and per-group private contexts (ALGORITHMS §1).
+
+    The template before and after the document and every run of the document with one group mask (untagged text,
+    or the characters of one or more groups' spans, :func:`span_mask`) are tokenised SEPARATELY, so no token joins
+    private characters with public ones: each untagged run's tokens are a function of its own text, and the public
+    context (hence the opening) is the same for every document that differs only inside its spans (up to the
+    spans' token lengths, public under the adjacency). A token of a run of group g is a token of g."""
+    prompt, offset = build_prompt(lm, document, instruction)
+    names = list(groups)
+    label_group = {lab: gi for gi, name in enumerate(names) for lab in groups[name]}
+    pieces = [(prompt[:offset], 0), *segments(document, span_mask(document, spans, label_group)),
+              (prompt[offset + len(document):], 0)]
+    texts = [t for t, _ in pieces]
+    encoded = lm.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    ids_list: list[int] = []
+    mask_list: list[int] = []
+    for (text, m), toks in zip(pieces, encoded, strict=True):
+        if text and not toks:
+            raise ConfigurationError("the tokenizer gave no token for a part of the prompt; use a model whose "
+                                     "tokenizer is byte-level (every character has a token)")
+        ids_list.extend(int(t) for t in toks)
+        mask_list.extend([m] * len(toks))
+    if lm.tokenizer.decode(ids_list, skip_special_tokens=False, clean_up_tokenization_spaces=False) != prompt:
+        raise ConfigurationError("the tokenizer does not tokenise the prompt's parts verbatim (it adds or drops "
+                                 "characters at their edges); nothing was generated. Use a model with a byte-level "
+                                 "BPE tokenizer")
+    ids = np.asarray(ids_list, dtype=np.int64)
+    token_mask = np.asarray(mask_list, dtype=np.int64)
     ph = placeholder_id(lm)
     public = np.where(token_mask != 0, ph, ids)
     private = []
@@ -145,25 +174,10 @@ def prepare_contexts(lm: LM, document: str, spans: Sequence[Span], groups: Mappi
         others = token_mask & ~(1 << gi)
         private.append(np.where(others != 0, ph, ids).tolist())
         counts[name] = int(((token_mask >> gi) & 1).sum())
-    in_doc = (offsets[:, 0] >= offset) & (offsets[:, 0] < offset + len(document))
-    doc_tokens = int(in_doc.sum())
-    start = int(np.argmax(in_doc)) if doc_tokens else len(ids)  # a function of the template's length: public
+    start = len(encoded[0]) if encoded else 0  # the template's token count: public
+    doc_tokens = len(ids_list) - start - (len(encoded[-1]) if encoded else 0)
     return PreparedContexts(public=public.tolist(), private=private, original=ids.tolist(), group_names=names,
                             document_tokens=doc_tokens, private_tokens=counts, document_start=start, placeholder=ph)
-
-
-def _check_spans_covered(char_mask: np.ndarray, token_mask: np.ndarray, offsets: np.ndarray) -> None:
-    """Fail closed unless every private character lies inside a token that the public context replaces."""
-    covered = np.zeros(len(char_mask) + 1, dtype=np.int64)
-    hidden = (token_mask != 0) & (offsets[:, 1] > offsets[:, 0])
-    np.add.at(covered, offsets[hidden, 0], 1)
-    np.add.at(covered, offsets[hidden, 1], -1)
-    exposed = (char_mask != 0) & (np.cumsum(covered)[: len(char_mask)] <= 0)
-    if exposed.any():
-        raise ConfigurationError(
-            f"{int(exposed.sum())} tagged characters are not covered by a replaced token (the tokenizer's offsets "
-            "miss them); nothing was generated. Use a model whose fast tokenizer returns character offsets"
-        )
 
 
 def default_max_new_tokens(document_tokens: int, cap: int | None = SANITIZE.max_new_tokens_cap) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,7 @@ def sanitize_many(
     be planned (empty text, bad spans, nothing tagged, too long for the context window...) is yielded with its
     one-line ``error`` and the others go on. ``on_planned(record_id, guarantee)`` is called once a record is planned,
     before any of its tokens (a ledger prices its charge there:
-    :class:`~dpinfer.accounting.spend.LedgerCharges`); what it raises is the record's error.
+    :class:`~dpinfer.accounting.charge.RecordCharges`); what it raises is the record's error.
     """
     cfg = SanitizeConfig.build(config, **options)
     check_sanitize_config(cfg, check_tagger=isinstance(cfg.tagger, str))
@@ -106,7 +106,7 @@ def sanitize_many(
             raise InvalidInputError(f"record {i} must be a dpinfer.pipelines.sanitize.Record, got "
                                     f"{type(rec).__name__}")
         # a tagger that cannot be built stops the run (it is not a per-record error: every record would fail)
-        record_tg = record_tagger() if rec.spans is None or cfg.tag_uncovered else None
+        record_tg = record_tagger() if needs_tagger([rec], {"tag_uncovered": cfg.tag_uncovered}) else None
         try:
             if isinstance(rec.spans, (str, bytes)):
                 raise InvalidInputError("the spans field must be a list of spans or an object (e.g. TAB entity "
@@ -130,3 +130,10 @@ def sanitize_many(
                                                         seconds=output.prefill_seconds + output.decode_seconds))
 
 
+
+
+def needs_tagger(records: Sequence[Any], options: Mapping[str, Any]) -> bool:
+    """Whether sanitising ``records`` with ``options`` needs the tagger: a record without spans, or given spans
+    completed by it (``tag_uncovered``, the default of the command line: partial spans fail closed). Every backend
+    (local, Ray) decides it here, so both release the same records with the same spans and guarantees."""
+    return bool(options.get("tag_uncovered")) or any(r.spans is None for r in records)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.accounting.spend import charged, current_spend
+from dpinfer.accounting.charge import charge
 from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig, template_sha256
 from dpinfer.engine import EngineJob
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -298,7 +298,6 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, runtime:
             progress(finished, len(plan.batches))
 
 
-@charged("corpus", what="synthesize")
 def synthesize(references: Sequence[Reference | str], config: SynthConfig | None = None, *,
                lm: LM | str | None = None, runtime: Runtime | None = None,
                progress: Callable[[int, int], None] | None = None, skip_batches: Iterable[int] = (),
@@ -323,25 +322,25 @@ def synthesize(references: Sequence[Reference | str], config: SynthConfig | None
             again, not in the result (rerunning a batch would release its references twice).
         on_text: called with each text as soon as its batch finishes (in the order they finish).
         ledger: a :class:`~dpinfer.Ledger` (or its path) this run is charged to, once, at its guarantee, before the
-            model loads (:mod:`dpinfer.accounting.spend`); a resumed run (``skip_batches`` not empty) is not charged
-            again. ``unit``: the corpus's unit on the ledger (required with a ledger).
+            model loads (:func:`dpinfer.accounting.charge.charge`); a resumed run (``skip_batches`` not empty) is not
+            charged again. ``unit``: the corpus's unit on the ledger (required with a ledger).
 
     Returns:
         The texts of the batches run, in batch order (:meth:`SynthesisResult.release`).
     """
-    plan = plan_synthesis(references, config, **settings)
     skip_batches = set(skip_batches)
-    spend = current_spend()
-    if spend is not None and not skip_batches:  # the run's cost, from its parameters: before the model loads
-        spend.settle(plan.guarantee)
-    rt = resolve_runtime(runtime, lm=lm)
-    t0 = time.perf_counter()
-    done: dict[int, SyntheticText] = {}
-    for text in synthesize_iter(plan, runtime=rt, skip_batches=skip_batches, progress=progress):
-        done[text.batch] = text
-        if on_text is not None:
-            on_text(text)
-    return SynthesisResult(texts=[done[b] for b in sorted(done)], guarantee=plan.guarantee, method=plan.method,
-                           settings=plan.settings_for(rt.lm.name), references_used=plan.references_used,
-                           references_left_out=plan.references_left_out, seconds=time.perf_counter() - t0,
-                           lm_calls_per_token=plan.lm_calls_per_token)
+    with charge(ledger, unit, scope="corpus", what="synthesize") as spend:
+        plan = plan_synthesis(references, config, **settings)
+        if spend is not None and not skip_batches:  # the run's cost, from its parameters: before the model loads
+            spend.settle(plan.guarantee)
+        rt = resolve_runtime(runtime, lm=lm)
+        t0 = time.perf_counter()
+        done: dict[int, SyntheticText] = {}
+        for text in synthesize_iter(plan, runtime=rt, skip_batches=skip_batches, progress=progress):
+            done[text.batch] = text
+            if on_text is not None:
+                on_text(text)
+        return SynthesisResult(texts=[done[b] for b in sorted(done)], guarantee=plan.guarantee, method=plan.method,
+                               settings=plan.settings_for(rt.lm.name), references_used=plan.references_used,
+                               references_left_out=plan.references_left_out, seconds=time.perf_counter() - t0,
+                               lm_calls_per_token=plan.lm_calls_per_token)

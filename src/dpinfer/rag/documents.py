@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import InvalidInputError
-from dpinfer.pipelines.synthesize import load_references
+from dpinfer.references import load_references
 from dpinfer.validation import decode_text, input_file
 
 __all__ = ["TEXT_SUFFIXES", "read_documents", "read_records"]

@@ -225,22 +225,14 @@ def test_protect_prompt_prompts_charge_the_source_once_per_prompt(tiny_model_dir
     assert len(Ledger(path).history("alice")) == 2
 
 
-def test_a_failed_model_load_cancels_the_reserved_charge() -> None:
-    from dpinfer.cli.budget import load_charged
-
-    class Spend:
-        cancelled = 0
-
-        def cancel(self) -> None:
-            self.cancelled += 1
-
-    spend = Spend()
-    assert load_charged(spend, lambda: "lm") == "lm" and spend.cancelled == 0
-
-    def broken() -> str:
-        raise OSError("no model here")
-
-    with pytest.raises(OSError, match="no model here"):
-        load_charged(spend, broken)
-    assert spend.cancelled == 1
-    assert load_charged(None, lambda: "lm") == "lm"
+def test_a_failed_model_load_cancels_the_reserved_charge(tmp_path: Path, capsys) -> None:
+    doc, spans = tmp_path / "doc.txt", tmp_path / "spans.json"
+    doc.write_text(DOC)
+    spans.write_text(json.dumps([s.to_dict() for s in SPANS]))
+    path = str(tmp_path / "b.db")
+    Ledger.init(path, epsilon=100)
+    rc = main(["sanitize", str(doc), "--spans", str(spans), "--spans-only", "--ledger", path, "--unit", "case-9",
+               "--model", str(tmp_path / "no-model-here")])
+    assert rc != 0 and capsys.readouterr().err.startswith("dpinfer: error: ")
+    charges = Ledger(path).history("case-9")
+    assert [c.state for c in charges] == ["cancelled"]  # reserved before the model loaded, cancelled when it failed

@@ -346,3 +346,24 @@ def test_ray_backend_matches_the_local_backend_record_for_record(local_ray, tiny
     by_id = {json.loads(line)["id"]: line for line in _lines(local)}
     assert {json.loads(line)["id"]: line for line in _lines(on_ray)} == by_id  # byte-identical lines per id
     assert SECRET not in on_ray.read_text(encoding="utf-8") and DOCS[1][0] not in on_ray.read_text(encoding="utf-8")
+
+
+def test_ray_backend_completes_partial_spans_like_the_local_backend(local_ray, tiny_model_dir, tmp_path, capsys):
+    """#32 finding 15: records whose given spans leave entity types uncovered are completed by the tagger on Ray as
+    locally (the actor gets the tagger): the same lines, guarantees and span sources, record for record."""
+    texts = [_TEXTS[0], "Mr Smith wrote on 20 May 1998 from Izmir."]
+    rows = [{"id": f"p-{i}", "text": t, "entity_mentions": [
+        {"start_offset": t.index(v), "end_offset": t.index(v) + len(v), "entity_type": "PERSON", "span_text": v}]}
+        for i, (t, v) in enumerate(zip(texts, [SECRET, "Smith"], strict=True))]  # PERSON only: the dates uncovered
+    corpus = tmp_path / "partial.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
+    assert main(_corpus_args(corpus, local, tiny_model_dir, "--tagger", "regex")) == 0
+    capsys.readouterr()
+    assert main(_corpus_args(corpus, on_ray, tiny_model_dir, "--tagger", "regex", "--backend", "ray")) == 0
+    capsys.readouterr()
+    by_id = {json.loads(line)["id"]: json.loads(line) for line in _lines(local)}
+    assert {json.loads(line)["id"]: json.loads(line) for line in _lines(on_ray)} == by_id
+    for rec in by_id.values():
+        assert rec["settings"]["span_source"]["from"] == "given+tagger"  # the tagger completed the given spans
+        assert "DATETIME" in {g["name"] for g in rec["guarantee"]["groups"]}

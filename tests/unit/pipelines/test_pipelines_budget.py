@@ -91,14 +91,14 @@ def test_protect_prompt_and_synthesize_charge_their_units(tiny_lm, tmp_path: Pat
 
 def test_ledger_charges_hook_reserves_prices_commits_and_takes_over_after_a_kill(tmp_path: Path) -> None:
     from dpinfer.accounting import Zcdp
-    from dpinfer.accounting.spend import LedgerCharges
+    from dpinfer.accounting.charge import RecordCharges
 
     ledger = Ledger.init(tmp_path / "b.db", epsilon=100.0)
     bound = Cost.of(Zcdp(1.0))
     exact = Zcdp(0.25)
 
-    def hook() -> LedgerCharges:
-        return LedgerCharges(ledger, job="/jobs/out.jsonl", scope="document", mechanism="dp-fusion",
+    def hook() -> RecordCharges:
+        return RecordCharges(ledger, job="/jobs/out.jsonl", scope="document", mechanism="dp-fusion",
                              unit_of=lambda key: f"doc-{key}", bound_of=lambda key: bound)
 
     first = hook()

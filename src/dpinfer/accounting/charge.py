@@ -1,0 +1,235 @@
+"""The one charge path: every release charged to a privacy-budget ledger (:class:`dpinfer.Ledger`) goes through
+:func:`charge` (a library call, the command line, a corpus job; the service at merge).
+
+One release, one :class:`Reservation` on one or more units (charged **in addition**: each unit pays the release's full
+cost), in three steps:
+
+1. **reserve**, before the model runs: the cost estimated from the parameters alone
+   (:mod:`dpinfer.accounting.spend`'s estimates; ``None``: a placeholder of ε = 0, priced at step 2, that still
+   refuses a unit without a budget or of another scope). Every unit is reserved, or none: if one refuses, those
+   already reserved are cancelled and the refusal raised, in one line, before anything is loaded or generated.
+2. **settle**, once the release is planned and before any token: the planned guarantee's exact cost replaces the
+   estimate on every unit, re-checked against each budget (a refusal cancels them all).
+3. **commit** once the release is handed over (returned or written), or **cancel** if it failed before that.
+
+``with charge(ledger, units, cost, scope=...) as res:`` reserves ``cost`` on entry (when given), commits when the
+block ends and cancels when it raises; inside, ``res.reserve(estimate)`` / ``res.settle(guarantee)`` /
+``res.commit()`` / ``res.cancel()`` may run earlier (each is idempotent on a reservation already past it). A
+:class:`Reservation` opened by a caller (the command line reserves before it loads the model) may be passed as
+``ledger``: the same reservation is used and settled, and committed or cancelled by whichever block ends first.
+
+A process killed between 1 and 3 leaves the reservation pending, which counts as spent (fail closed); an operator
+may void it (``dpinfer budget void CHARGE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from dpinfer.accounting.guarantee import Guarantee
+from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
+from dpinfer.accounting.losses import PrivacyLoss, PureDp
+from dpinfer.errors import LedgerError
+
+__all__ = ["LedgerLike", "RecordCharges", "Reservation", "charge", "open_ledger", "open_reservation"]
+
+LedgerLike = Ledger | str | os.PathLike[str] | None
+"""What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
+
+Price = Guarantee | Cost | PrivacyLoss
+"""What a reservation is priced with: a release's guarantee, its cost per group, or one loss."""
+
+
+def open_ledger(ledger: LedgerLike) -> Ledger | None:
+    """``ledger`` as a :class:`~dpinfer.Ledger` (a path must hold an existing ledger), or None."""
+    if ledger is None or isinstance(ledger, Ledger):
+        return ledger
+    if isinstance(ledger, (str, os.PathLike)):
+        return Ledger(ledger)
+    raise LedgerError(f"ledger= takes a dpinfer.Ledger or the path of one, got {type(ledger).__name__}")
+
+
+class Reservation:
+    """One release's charge on ``units`` of ``ledger`` (see the module docstring); ``resume_key``: a resumable job's
+    key for this record (a pending charge left by a killed run of the same job is taken over, not reserved twice)."""
+
+    def __init__(self, ledger: Ledger, units: str | Sequence[str], scope: str | None, *,
+                 resume_key: str | None = None) -> None:
+        names = [units] if isinstance(units, str) else list(units)
+        if not names:
+            raise LedgerError("a charge needs at least one unit")
+        self.ledger = ledger
+        self.units = tuple(dict.fromkeys(check_unit(u) for u in names))  # a unit named twice is charged once
+        self.scope = scope
+        self.resume_key = resume_key
+        self.charges: list[Charge] = []
+        self.settled = False
+        """Whether the charges hold the release's exact cost (or an estimate from the parameters alone)."""
+
+    @property
+    def unit(self) -> str:
+        """The first unit (the entity the release reads)."""
+        return self.units[0]
+
+    @property
+    def charge(self) -> Charge | None:
+        """The first unit's charge (None before step 1)."""
+        return self.charges[0] if self.charges else None
+
+    def _reserve_all(self, price: Price, mechanism: str | None, parameters: Mapping[str, Any] | None) -> None:
+        try:
+            for unit in self.units:
+                self.charges.append(self.ledger.reserve(unit, price, mechanism=mechanism, parameters=parameters,
+                                                        scope=self.scope, resume_key=self.resume_key))
+        except BaseException:
+            self.cancel()  # every unit or none
+            raise
+
+    def reserve(self, estimate: Price | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Step 1 (before the model runs): reserve ``estimate`` on every unit (None: a placeholder of ε = 0, priced
+        at :meth:`settle`). Nothing happens on a reservation already made."""
+        if self.charges:
+            return
+        self._reserve_all(estimate if estimate is not None else Cost.of(PureDp(0.0)), mechanism,
+                          {"estimate": estimate is not None, **(parameters or {})})
+        self.settled = estimate is not None
+
+    def settle(self, price: Price, *, mechanism: str | None = None, force: bool = False) -> None:
+        """Step 2 (planned, nothing generated): the release's exact cost on every unit (reserved now if nothing
+        was). A unit that cannot afford it cancels every charge and raises. ``force``: a release that already
+        happened, priced late (written without the check)."""
+        if not self.charges:
+            self._reserve_all(price, mechanism, None)
+        else:
+            cost = price if isinstance(price, Guarantee) else Cost.of(price)  # computed once for every unit
+            try:
+                for c in self.charges:
+                    c.settle(cost, force=force)
+            except BaseException:
+                self.cancel()
+                raise
+        self.settled = True
+
+    def commit(self) -> None:
+        """Step 3: the release was handed over."""
+        for c in self.charges:
+            if c.state == "pending":
+                c.commit()
+
+    def releasing(self) -> None:
+        """The release may become visible from now on (a stream's first token): a later :meth:`cancel` commits."""
+        for c in self.charges:
+            c.releasing()
+
+    def cancel(self) -> None:
+        """Nothing was released: every pending charge is cancelled; one marked :meth:`releasing` (part of the release
+        may have left) is committed instead (fail closed)."""
+        for c in self.charges:
+            if c.state == "pending":
+                c.commit() if c.released else c.cancel()
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a release may say about its charge: the unit, the charge's number and its ε alone."""
+        out: dict[str, Any] = {"unit": self.unit}
+        if self.charge is not None:
+            out.update(charge=self.charge.id, epsilon=self.charge.epsilon)
+        return out
+
+
+def open_reservation(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, *, scope: str | None,
+                     default_unit: Callable[[Ledger], str] | None = None, what: str = "this release",
+                     resume_key: str | None = None) -> Reservation | None:
+    """A :class:`Reservation` on ``ledger`` for ``units`` (or ``default_unit(ledger)``), nothing reserved yet; None
+    without a ledger. A unit without a ledger is refused (it would charge nothing). A :class:`Reservation` is
+    returned as it is."""
+    if isinstance(ledger, Reservation):
+        return ledger  # opened by the caller (the command line, before it loaded the model)
+    book = open_ledger(ledger)
+    if book is None:
+        if units:
+            raise LedgerError("unit= was given without a ledger: give ledger= (CLI: --ledger PATH or DPINFER_LEDGER)")
+        return None
+    if not units:
+        if default_unit is None:
+            raise LedgerError(f"{what} needs unit= (CLI: --unit NAME) on a ledger: the {scope} whose budget pays "
+                              "for it")
+        units = default_unit(book)
+    return Reservation(book, units, scope, resume_key=resume_key)
+
+
+@contextlib.contextmanager
+def charge(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, cost: Price | None = None, *,
+           scope: str | None, mechanism: str | None = None, parameters: Mapping[str, Any] | None = None,
+           default_unit: Callable[[Ledger], str] | None = None, what: str = "this release",
+           resume_key: str | None = None) -> Iterator[Reservation | None]:
+    """Charge one release to ``units`` of ``ledger`` (see the module docstring): ``cost`` (a
+    :class:`~dpinfer.accounting.Guarantee`, :class:`~dpinfer.accounting.ledger.Cost` or loss; None: reserved in the
+    block with :meth:`Reservation.reserve` or :meth:`Reservation.settle`) is reserved on entry, on every unit or
+    none; the block's work runs; the charges are committed when it ends and cancelled when it raises. Yields the
+    :class:`Reservation`, or None without a ledger (nothing is charged)."""
+    res = open_reservation(ledger, units, scope=scope, default_unit=default_unit, what=what, resume_key=resume_key)
+    if res is None:
+        yield None
+        return
+    try:
+        if cost is not None:
+            if isinstance(cost, Guarantee) or mechanism is None:
+                res.settle(cost, mechanism=mechanism)
+            else:
+                res.reserve(cost, mechanism=mechanism, parameters=parameters)
+        yield res
+    except BaseException:
+        res.cancel()
+        raise
+    res.commit()
+
+
+class RecordCharges:
+    """A resumable corpus job's per-record charges (the corpus loop's protocol: ``reserve(key)`` → ``commit(token)``
+    / ``cancel(token)``), one :class:`Reservation` per record on ``unit_of(key)``, under a resume key of this job and
+    record, so a run killed and resumed takes over its own pending charge instead of reserving twice.
+
+    ``reserve(key)`` reserves a placeholder before the record is generated (or, ``exact``, its exact cost
+    ``bound_of(key)``, known from the parameters alone); the pipeline prices it when it plans the record
+    (:meth:`settle`; a refusal becomes the record's error); ``commit`` charges a record whose line is durable; one
+    released without being priced (a torn line settled as released) is charged ``bound_of(key)``, an upper bound
+    from the parameters alone."""
+
+    def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
+                 bound_of: Callable[[str], Cost], exact: bool = False) -> None:
+        self.ledger, self.job, self.scope, self.mechanism = ledger, job, scope, mechanism
+        self.unit_of, self.bound_of = unit_of, bound_of
+        self.exact = exact
+        self.open: dict[str, Reservation] = {}
+
+    def reserve(self, key: str) -> Reservation:
+        res = Reservation(self.ledger, self.unit_of(key), self.scope,
+                          resume_key=self.ledger.resume_key(self.job, key))
+        res.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
+        self.open[key] = res
+        return res
+
+    def settle(self, key: str, guarantee: Guarantee) -> None:
+        """The record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
+        self.open[key].settle(guarantee)
+
+    def commit(self, res: Reservation) -> None:
+        if not res.settled and res.charge is not None and res.charge.state == "pending":
+            key = next(k for k, v in self.open.items() if v is res)
+            res.settle(self.bound_of(key), force=True)
+        res.commit()
+
+    def cancel(self, res: Reservation) -> None:
+        res.cancel()
+
+    def reconcile(self, released: list[str], errors: list[str]) -> None:
+        """After a run: a record whose line is in OUT but whose charge a killed run left pending is committed; an
+        error record's pending charge (it released nothing) is cancelled."""
+        for keys, done in ((released, True), (errors, False)):
+            for key in keys:
+                left = self.ledger.pending_charge(self.ledger.resume_key(self.job, key))
+                if left is not None:
+                    left.commit() if done else left.cancel()
