@@ -148,6 +148,8 @@ def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: An
         "temperature": args.temperature, "accounting": args.accounting, "adjacency": args.adjacency,
         "allow_untagged": args.allow_untagged, "tag_uncovered": not getattr(args, "spans_only", False),
     }
+    if getattr(args, "no_opening", False):
+        options["opening_tokens"] = 0
     if args.top_k is not None:
         options["top_k"] = top_k
     if args.no_repeat_ngram is not None:

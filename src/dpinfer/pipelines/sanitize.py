@@ -5,8 +5,9 @@ Steps of :func:`sanitize`, whose settings are one :class:`~dpinfer.configs.sanit
 1. **Spans**: the user's spans, checked against this document, or the tagger's (:mod:`dpinfer.taggers.resolve`);
    fail closed: if tagging fails nothing is generated. Labels are TAB's 8 types; by default each type present is
    one privacy group, and ``groups=`` merges types into named groups.
-2. **Contexts**: the prompt is tokenised ONCE with character offsets; the public context and one private context
-   per group have the same length and positions (:mod:`dpinfer.pipelines.sanitize_contexts`).
+2. **Contexts**: the prompt is tokenised in parts (the template, and each run of untagged text or of one group's
+   spans apart), so the public context does not depend on what a span holds; the public context and one private
+   context per group have the same length and positions (:mod:`dpinfer.pipelines.sanitize_contexts`).
 3. **Decode** with the chosen method (its entry in :data:`dpinfer.methods.sanitize.TABLE`: the rows it decodes,
    its builder, its guarantee) on the engine, ``T_max`` tokens at most, one :meth:`~dpinfer.engine.Engine.step` per
    token (progress comes from the step events).

@@ -124,3 +124,21 @@ def test_no_opening_flag_and_opening_tokens_zero_turn_it_off_and_the_sentence_sa
     assert "untagged words" not in without["guarantee"]["sentence"]
     assert with_op["guarantee"]["epsilon"] == without["guarantee"]["epsilon"]
     assert SanitizeConfig(opening_tokens=0).opening_tokens is None  # the API's spelling of --no-opening
+
+
+def test_no_opening_applies_to_corpus_jobs(tiny_model_dir, tmp_path, capsys) -> None:
+    import json
+
+    from dpinfer.cli import main
+
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": DOC, "spans": [s.to_dict() for s in SPANS]}) + "\n",
+                      encoding="utf-8")
+    settings = []
+    for extra in ([], ["--no-opening"]):
+        out = tmp_path / f"out{len(extra)}.jsonl"
+        assert main(["sanitize", "--corpus", str(corpus), "--out", str(out), "--spans-field", "spans", "--spans-only",
+                     "--model", str(tiny_model_dir), "--max-new-tokens", "2", "--seed", "3", *extra]) == 0
+        capsys.readouterr()
+        settings.append(json.loads(out.read_text(encoding="utf-8").splitlines()[-1])["settings"]["opening_tokens"])
+    assert settings == [16, None]
