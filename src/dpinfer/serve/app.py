@@ -569,9 +569,9 @@ class SettledStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.charge is not None and self.charge.state == "pending":
+            if self.charge is not None and self.charge.pending:
                 await run_in_threadpool(close_when_idle, self.source)  # commit if a piece left, else cancel
-                if self.charge.state == "pending":  # never started: nothing was released
+                if self.charge.pending:  # never started: nothing was released
                     await run_in_threadpool(self.charge.cancel)
 
 

@@ -4,7 +4,9 @@ generating, commit after the release, cancel on failure), each unit keyed by (te
 :class:`LedgerBudgets` is the small interface the service uses. Costs are ex ante (the guarantee of a planned release,
 from its parameters and ``T_max``, before any token is generated) and compose in the ledger by the accountant (Rényi
 losses per privacy group, converted once at the unit's δ). A release is reserved on every unit it is charged to (the
-entity's own unit, and a unit the request names) or on none (:class:`Reservation`). A reservation whose process died
+entity's own unit, and a unit the request names) or on none, through the one charge path
+(:mod:`dpinfer.accounting.charge`; this module only maps a tenant's unit names to the ledger's and words a refusal
+with the unit's public budget state). A reservation whose process died
 before its commit stays counted (fail closed; ``dpinfer budget show`` lists it as pending). A tenant's unit ``NAME``
 is the ledger's unit ``TENANT/NAME`` (:func:`ledger_unit`); units and store folders made outside the service are
 reached only through an admin's adoption, kept in a small SQLite file beside the ledger (``LEDGER.adopted``): names
@@ -16,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.charge import Reservation, commit_left, reserve
 from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, InvalidInputError, LedgerError
 
 
@@ -102,31 +104,6 @@ class Tenancy:
                 db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?)", (kind, tenant, name, target))
 
 
-class Reservation:
-    """One release's reservations, one per unit it is charged to (all reserved or none); committed or cancelled
-    together, once (a second call is a no-op). ``units``: (the tenant's name, the ledger's name) per unit."""
-
-    def __init__(self, charges: list[Any], units: list[tuple[str, str]]) -> None:
-        self.charges = charges
-        self.units = units
-        self.state = "pending"
-        self.lock = threading.Lock()
-
-    def commit(self) -> None:
-        with self.lock:
-            if self.state == "pending":
-                for c in self.charges:
-                    c.commit()
-                self.state = "committed"
-
-    def cancel(self) -> None:
-        with self.lock:
-            if self.state == "pending":
-                for c in self.charges:
-                    c.cancel()
-                self.state = "cancelled"
-
-
 class LedgerBudgets:
     """The service's budgets: a :class:`dpinfer.Ledger` at ``path`` (created with a default budget for new units
     when it does not exist; ``default_epsilon`` given: the default is (re)set) and the tenants file beside it."""
@@ -172,42 +149,30 @@ class LedgerBudgets:
         itself)."""
         return [self.ledger.resume_key(resume_key, key) if per_unit else resume_key for _, key in units]
 
-    def reserve(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str,
-                resume_key: str | None = None, per_unit: bool = True) -> Reservation:
-        """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each), or
-        raise :class:`BudgetRefused` (the ones already reserved cancelled: nothing reserved, nothing generated).
-        ``resume_key``: pending charges under that key (one per unit), left by a server killed mid-job, are taken
-        over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
-        charges: list[Any] = []
-        keys = [None] * len(units) if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
+    def hold(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str, resume_key: str | None = None,
+             per_unit: bool = True) -> Reservation:
+        """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each)
+        through the one charge path (:func:`dpinfer.accounting.charge.reserve`: every unit or none), or raise
+        :class:`BudgetRefused` (nothing reserved, nothing generated). ``resume_key``: pending charges under that key
+        (one per unit), left by a server killed mid-job, are taken over instead of reserving the same job twice.
+        The caller ends the reservation with ``with charge(res, None, scope=...)`` around the release."""
+        keys = None if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
+        res = Reservation(self.ledger, [key for _, key in units], scope, resume_key=keys)
         try:
-            for (name, key), rkey in zip(units, keys, strict=True):
-                try:
-                    charges.append(self.ledger.reserve(key, guarantee, scope=scope, resume_key=rkey))
-                except BudgetExceededError as exc:
-                    message = str(exc).replace(f"unit {key!r}", "the unit").replace(
-                        f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
-                        key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
-                    raise BudgetRefused(message + " (the unit is the reply's budget.unit)",
-                                        self.state(key, name)) from None
-        except BaseException:
-            for c in charges:
-                c.cancel()
-            raise
-        return Reservation(charges, units)
+            reserve(res, None, guarantee, scope=scope)
+        except BudgetExceededError as exc:
+            key = res.refused or units[0][1]
+            name = next((n for n, k in units if k == key), key)
+            message = str(exc).replace(f"unit {key!r}", "the unit").replace(
+                f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
+                key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
+            raise BudgetRefused(message + " (the unit is the reply's budget.unit)", self.state(key, name)) from None
+        return res
 
-    def pending(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> list[Any]:
-        """The pending charges a killed job left under ``resume_key`` (:meth:`reserve`)."""
-        found = (self.ledger.pending_charge(k) for k in self.resume_keys(units, resume_key, per_unit=per_unit))
-        return [c for c in found if c is not None]
-
-    @staticmethod
-    def commit(charge: Any) -> None:
-        charge.commit()
-
-    @staticmethod
-    def cancel(charge: Any) -> None:
-        charge.cancel()
+    def commit_left(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> None:
+        """A resumed job whose texts are out: the charges a killed server left pending under ``resume_key`` (one per
+        unit) are committed (:func:`dpinfer.accounting.charge.commit_left`)."""
+        commit_left(self.ledger, self.resume_keys(units, resume_key, per_unit=per_unit))
 
 
 TENANTS = "tenants"

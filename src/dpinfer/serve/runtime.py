@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.accounting import Guarantee
+from dpinfer.accounting.charge import Reservation, charge
 from dpinfer.checks import check_delta, non_negative_number
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
@@ -46,7 +47,6 @@ from dpinfer.serve.budget import (
     TENANTS,
     BudgetRefused,
     LedgerBudgets,
-    Reservation,
     adopt_store,
     adopt_unit,
     ledger_unit,
@@ -171,27 +171,17 @@ class Service:
         adopt_store(self.budgets, self._stores_root(), principal.tenant, name, folder)
         return {"adopted": "store", "store": name}
 
-    def reserve(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
-        """Reserve a release's ex-ante cost on every unit (a refusal is counted in the metrics)."""
+    def hold(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
+        """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
+        metrics). The release runs in ``with charge(res, None, scope=scope)``: committed when it ends, cancelled
+        if it fails (nothing released)."""
         try:
-            return self.budgets.reserve(units, guarantee, scope=scope, **kw)
+            return self.budgets.hold(units, guarantee, scope=scope, **kw)
         except BudgetRefused:
             self.metrics.refused()
             raise
 
-    def _charged(self, units: list[tuple[str, str]], guarantee: Any, scope: str, work: Callable[[], Any]) -> Any:
-        """Reserve the release's cost on ``units``, run ``work``, commit; cancel if ``work`` fails (nothing
-        released)."""
-        charge = self.reserve(units, guarantee, scope)
-        try:
-            result = work()
-        except BaseException:
-            charge.cancel()
-            raise
-        charge.commit()
-        return result
-
-    def _streamed(self, ticket: Ticket, charge: Reservation | None, on_text: Callable[[str], None] | None = None,
+    def _streamed(self, ticket: Ticket, res: Reservation | None, on_text: Callable[[str], None] | None = None,
                   opening: Sequence[int] = ()) -> Iterator[str]:
         """The text of ``ticket``'s job piece by piece as its tokens are released (row 0; EOS left out), after the
         public ``opening`` the release starts with (forced, not decoded); the charge is committed once a decoded
@@ -199,30 +189,28 @@ class Service:
         the iterator early cancels the job."""
         eos = set(self.lm.eos_token_ids)
         streamer = TextStreamer(self.lm)
-        released = False
-        try:
-            for tok in opening:
-                piece = streamer.push(tok)
-                if piece:
-                    yield piece
-            for event in ticket.events():
-                tok = event.tokens[0]
-                if tok >= 0 and tok not in eos:
+        with charge(res, None, scope=None):  # committed at the end; cancelled on failure unless a piece has left
+            try:
+                for tok in opening:
                     piece = streamer.push(tok)
                     if piece:
-                        released = True
                         yield piece
-            tail = streamer.flush()
-            if tail:
-                released = True
-                yield tail
-        except BaseException:
-            self.batcher.cancel(ticket)
-            if charge is not None:
-                (charge.commit if released else charge.cancel)()
-            raise
-        if charge is not None:
-            charge.commit()
+                for event in ticket.events():
+                    tok = event.tokens[0]
+                    if tok >= 0 and tok not in eos:
+                        piece = streamer.push(tok)
+                        if piece:
+                            if res is not None:
+                                res.releasing()
+                            yield piece
+                tail = streamer.flush()
+                if tail:
+                    if res is not None:
+                        res.releasing()
+                    yield tail
+            except BaseException:
+                self.batcher.cancel(ticket)
+                raise
 
     # ---------------------------------------------------------------- tag and sanitise
     def tag(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,22 +256,23 @@ class Service:
             out = self.batcher.run(plan.job)
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
-        res = self._charged(units, plan.guarantee, "document", work)
+        with charge(self.hold(units, plan.guarantee, "document"), None, scope="document"):
+            res = work()
         return {**res.release(), **self.charged(units)}
 
     def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]
                                 ) -> tuple[Any, list[tuple[str, str]], Reservation]:
         """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
         plan, units = self._plan_sanitize(principal, body)
-        return plan, units, self.reserve(units, plan.guarantee, "document")
+        return plan, units, self.hold(units, plan.guarantee, "document")
 
     def sanitize_stream(self, prepared: tuple[Any, list[tuple[str, str]], Reservation]) -> Iterator[dict[str, Any]]:
         """The released tokens as they are chosen, decoded in the shared batch (DP-Fusion releases token by token:
         each is covered by the guarantee), then the release."""
-        plan, units, charge = prepared
+        plan, units, held = prepared
         t0 = time.perf_counter()
         ticket = self.batcher.submit(plan.job, listen=True)
-        with closing(self._streamed(ticket, charge, opening=plan.opening)) as pieces:
+        with closing(self._streamed(ticket, held, opening=plan.opening)) as pieces:
             for piece in pieces:
                 yield {"delta": piece}
         res = finish_sanitize(plan, ticket.result(), seconds=time.perf_counter() - t0)
@@ -374,14 +363,15 @@ class Service:
 
     def rag_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         rag, plan, units = self._plan_ask(principal, store, body)
-        out = self._charged(units, plan.guarantee, "store", lambda: self.batcher.run(plan.job))
+        with charge(self.hold(units, plan.guarantee, "store"), None, scope="store"):
+            out = self.batcher.run(plan.job)
         return self._answer(rag, plan, out, store, units)
 
     def prepare_rag_stream(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Plan and reserve a streamed answer (refusals come here); the guarantee and the budget as reserved."""
         rag, plan, units = self._plan_ask(principal, store, body)
-        charge = self.reserve(units, plan.guarantee, "store")
-        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": charge,
+        held = self.hold(units, plan.guarantee, "store")
+        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": held,
                 "guarantee": plan.guarantee.to_dict(), "mechanism": plan.mechanism, **self.charged(units)}
 
     def rag_stream(self, prepared: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -435,7 +425,8 @@ class Service:
         def work() -> Any:  # its three stages' jobs join the shared batch
             return protect_prompt(text, runtime=self.core, **opts)
 
-        res = self._charged(units, cost, "prompt-source", work)
+        with charge(self.hold(units, cost, "prompt-source"), None, scope="prompt-source"):
+            res = work()
         if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
             log.warning("prompt protection's guarantee differs from the reserved cost")
         return {**res.release(), **self.charged(units)}
