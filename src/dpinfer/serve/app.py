@@ -362,10 +362,6 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     def get_store(store: str, who: Principal = User) -> dict[str, Any]:
         return runtime.store_info(who, store)
 
-    @app.post("/v1/admin/adopt")
-    async def adopt(who: Principal = Admin, data: dict[str, Any] = Body) -> Any:
-        return await run_in_threadpool(runtime.adopt, who, data)
-
     @app.post("/v1/rag/{store}/documents")
     async def rag_add(store: str, who: Principal = User, data: dict[str, Any] = Body) -> Any:
         return await run_in_threadpool(runtime.rag_add, who, store, data)

@@ -9,7 +9,8 @@ entity's own unit, and a unit the request names) or on none, through the one cha
 with the unit's public budget state). A reservation whose process died
 before its commit stays counted (fail closed; ``dpinfer budget show`` lists it as pending). A tenant's unit ``NAME``
 is the ledger's unit ``TENANT/NAME`` (:func:`ledger_unit`); units and store folders made outside the service are
-reached only through an admin's adoption, kept in a small SQLite file beside the ledger (``LEDGER.adopted``): names
+reached only through the operator's adoption (``dpinfer serve adopt``; no route adopts), kept in a small SQLite
+file beside the ledger (``LEDGER.adopted``): names
 only, never text.
 """
 
@@ -40,7 +41,7 @@ def ledger_unit(tenant: str, name: str) -> str:
     """The ledger's name of the tenant's unit ``name``: ``TENANT/NAME``; ``TENANT/~`` + a SHA-256 prefix of the name
     when that would pass the ledger's limit of 128 characters. Tenant names hold no ``/``, so two tenants' units
     never share a ledger name, and no name a client sends reaches a unit made outside the service (those are
-    reachable only once an admin adopts them: :meth:`Tenancy.adopt`)."""
+    reachable only once the operator adopts them: :meth:`Tenancy.adopt`)."""
     full = f"{tenant}/{name}"
     if len(full) <= 128:
         return full
@@ -48,9 +49,10 @@ def ledger_unit(tenant: str, name: str) -> str:
 
 
 class Tenancy:
-    """The resources made outside the service that an admin adopted for a tenant (``adopt``: a unit of the ledger
-    by its own name, a store folder by its path), in one SQLite file (WAL, one transaction each: a resource is
-    adopted by one tenant at most). Names only, never text."""
+    """The resources made outside the service that the operator adopted for a tenant with ``dpinfer serve adopt``
+    (``adopt``: a unit of the ledger by its own name, a store folder by its path; no route of the service adopts), in
+    one SQLite file (WAL, one transaction each: a resource is adopted by one tenant at most). Names only, never
+    text."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)

@@ -8,7 +8,8 @@ entity it reads, always, and a unit the request names, in addition; any refusal:
 decodes, builds the release and commits the reservation; a failure in between cancels it. A stream commits once a
 piece of the release has left, and cancels when it ends with none (a client gone before the first byte included).
 Units, stores and jobs are keyed by (tenant, name): a tenant's unit ``NAME`` is the ledger's ``TENANT/NAME``, its
-store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once an admin adopts it.
+store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once the operator adopts it for a
+tenant (``dpinfer serve adopt``; no route adopts: a tenant's admin never reaches the ledger's other units).
 
 Decoding: the runtime's engine is a :class:`~dpinfer.serve.batcher.SharedEngine`, so every pipeline run on it
 (sanitisation, the three stages of prompt protection, a synthesis job's batches, a RAG answer, a chat completion)
@@ -47,8 +48,6 @@ from dpinfer.serve.budget import (
     TENANTS,
     BudgetRefused,
     LedgerBudgets,
-    adopt_store,
-    adopt_unit,
     ledger_unit,
 )
 from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name, check_unit_name
@@ -113,7 +112,7 @@ class Service:
 
     # ---------------------------------------------------------------- tenants and budgets
     def unit_ref(self, principal: Principal, name: object) -> tuple[str, str]:
-        """(the tenant's name of the unit, the ledger's name): the unit an admin adopted under that name for the
+        """(the tenant's name of the unit, the ledger's name): the unit the operator adopted under that name for the
         tenant, else ``TENANT/NAME`` (:func:`~dpinfer.serve.budget.ledger_unit`). Never another tenant's."""
         name = check_unit_name(name)
         adopted = self.budgets.tenancy.adopted("unit", principal.tenant, name)
@@ -154,22 +153,6 @@ class Service:
         delta = None if body.get("delta") is None else check_delta(body.get("delta"), "delta")
         self.budgets.set_budget(key, eps, delta)
         return {"unit": name, **self.budgets.state(key, name)}
-
-    def adopt(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        """An admin adopts, for its own tenant, a unit of the ledger or a store folder made outside the service
-        (``{"unit": NAME}`` or ``{"store": NAME}``, optionally ``"as": NAME``)."""
-        unknown(body, ("unit", "store", "as"))
-        if (body.get("unit") is None) == (body.get("store") is None):
-            raise InvalidInputError("give one of unit (a unit of the ledger) or store (a folder in the stores folder)")
-        if body.get("unit") is not None:
-            target = check_unit_name(body.get("unit"))
-            name = check_unit_name(body.get("as", target))
-            adopt_unit(self.budgets, principal.tenant, name, target)
-            return {"adopted": "unit", "unit": name, **self.budgets.state(target, name)}
-        folder = check_name(body.get("store"), "the store name")
-        name = check_name(body.get("as", folder), "the store name")
-        adopt_store(self.budgets, self._stores_root(), principal.tenant, name, folder)
-        return {"adopted": "store", "store": name}
 
     def hold(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
         """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
@@ -285,7 +268,7 @@ class Service:
         return self.stores_dir
 
     def store_path(self, principal: Principal, store: str) -> Path:
-        """The folder of the tenant's store ``store``: one an admin adopted under that name, else
+        """The folder of the tenant's store ``store``: one the operator adopted under that name, else
         ``STORES/tenants/TENANT/STORE`` (a tenant's stores live in its own folder; folders made outside the service
         are reached only once adopted)."""
         check_name(store, "the store name")
