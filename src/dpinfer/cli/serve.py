@@ -183,7 +183,7 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.packed import pack_now
     from dpinfer.serve.app import allowed_hosts, create_app
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Service
+    from dpinfer.serve.service import Service
 
     home = default_home()
     ledger = Path(args.ledger) if args.ledger else home / "ledger.db"

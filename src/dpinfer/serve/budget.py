@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting.charge import Reservation, commit_left, reserve
+from dpinfer.accounting.charge import Reservation, commit_left
 from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, InvalidInputError, LedgerError
 
 
@@ -151,17 +151,21 @@ class LedgerBudgets:
         itself)."""
         return [self.ledger.resume_key(resume_key, key) if per_unit else resume_key for _, key in units]
 
-    def hold(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str, resume_key: str | None = None,
+    def open(self, units: list[tuple[str, str]], scope: str, *, resume_key: str | None = None,
              per_unit: bool = True) -> Reservation:
-        """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each)
-        through the one charge path (:func:`dpinfer.accounting.charge.reserve`: every unit or none), or raise
-        :class:`BudgetRefused` (nothing reserved, nothing generated). ``resume_key``: pending charges under that key
-        (one per unit), left by a server killed mid-job, are taken over instead of reserving the same job twice.
-        The caller ends the reservation with ``with charge(res, None, scope=...)`` around the release."""
+        """A :class:`~dpinfer.accounting.charge.Reservation` of one release on every unit of ``units`` ((the tenant's
+        name, the ledger's name) each), nothing reserved yet. ``resume_key``: pending charges under that key (one per
+        unit), left by a server killed mid-job, are taken over instead of reserving the same job twice."""
         keys = None if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
-        res = Reservation(self.ledger, [key for _, key in units], scope, resume_key=keys)
+        return Reservation(self.ledger, [key for _, key in units], scope, resume_key=keys)
+
+    @contextmanager
+    def refusals(self, res: Reservation, units: list[tuple[str, str]]) -> Iterator[None]:
+        """A unit of ``res`` that refuses (:class:`~dpinfer.errors.BudgetExceededError`) is raised as
+        :class:`BudgetRefused`: the message without the ledger's name of the unit or its path, and the unit's public
+        budget state under the tenant's name."""
         try:
-            reserve(res, None, guarantee, scope=scope)
+            yield
         except BudgetExceededError as exc:
             key = res.refused or units[0][1]
             name = next((n for n, k in units if k == key), key)
@@ -169,7 +173,6 @@ class LedgerBudgets:
                 f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
                 key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
             raise BudgetRefused(message + " (the unit is the reply's budget.unit)", self.state(key, name)) from None
-        return res
 
     def commit_left(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> None:
         """A resumed job whose texts are out: the charges a killed server left pending under ``resume_key`` (one per

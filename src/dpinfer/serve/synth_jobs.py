@@ -53,7 +53,7 @@ _ID = re.compile(r"[0-9a-f]{32}")
 
 class SynthJobs:
     """The synthesis jobs of one server, kept under ``root`` (module docstring); ``service``: the
-    :class:`~dpinfer.serve.runtime.Service` that checks, plans and decodes them."""
+    :class:`~dpinfer.serve.service.Service` that checks, plans and decodes them."""
 
     def __init__(self, root: str | os.PathLike[str], service: Any) -> None:
         self.root = Path(root)

@@ -24,21 +24,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting import Guarantee
-from dpinfer.accounting.charge import Reservation, charge
+from dpinfer.accounting.charge import Reservation, charge, reserve
 from dpinfer.checks import check_delta, non_negative_number
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.generation import TextStreamer
-from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.generation import TextStreamer, plan_generate
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import ADJACENCY, check_protect_params, protect_prompt, stage1_mechanism
+from dpinfer.pipelines.protect_prompt import check_protect_params, protect_prompt
 from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
 from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
@@ -63,7 +61,7 @@ from dpinfer.serve.params import (
     unknown,
 )
 from dpinfer.serve.synth_jobs import SynthJobs
-from dpinfer.validation import check_generate_params, check_sanitize_budget, check_sanitize_params, check_text
+from dpinfer.validation import check_sanitize_budget, check_sanitize_params, check_text
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -158,8 +156,17 @@ class Service:
         """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
         metrics). The release runs in ``with charge(res, None, scope=scope)``: committed when it ends, cancelled
         if it fails (nothing released)."""
+        res = self.budgets.open(units, scope, **kw)
+        with self.refusals(res, units):
+            reserve(res, None, guarantee, scope=scope)  # every unit or none
+        return res
+
+    @contextmanager
+    def refusals(self, res: Reservation, units: list[tuple[str, str]]) -> Iterator[None]:
+        """A refusal of ``res`` raised as :class:`BudgetRefused` (:meth:`LedgerBudgets.refusals`), counted."""
         try:
-            return self.budgets.hold(units, guarantee, scope=scope, **kw)
+            with self.budgets.refusals(res, units):
+                yield
         except BudgetRefused:
             self.metrics.refused()
             raise
@@ -382,17 +389,6 @@ class Service:
         check_protect_params(**opts)
         return opts
 
-    def protect_guarantee(self, opts: Mapping[str, Any]) -> Guarantee:
-        """Prompt protection's ex-ante guarantee (its cost): stage 1's, from its parameters and the public clip
-        bounds; the release's own guarantee is the same loss."""
-        n = check_protect_params(**opts)
-        with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
-            bounds = clip_bounds(self.lm).bounds
-        mech = stage1_mechanism(clip=bounds, n_rewrites=n, max_new_tokens=opts["max_new_tokens"],
-                                delta=opts["delta"], epsilon=opts["epsilon"])
-        return Guarantee.from_loss(mech.loss(opts["max_new_tokens"]), delta=opts["delta"], mechanism=opts["method"],
-                                   adjacency=ADJACENCY, parameters={}, max_new_tokens=opts["max_new_tokens"])
-
     def protect(self, principal: Principal, body: Mapping[str, Any], *, prompt: str | None = None) -> dict[str, Any]:
         if prompt is None:
             unknown(body, PROTECT_FIELDS)
@@ -401,17 +397,13 @@ class Service:
             raise InvalidInputError("prompt must be a non-empty string")
         opts = self._protect_options(body)
         units = self.units_for(principal, self.prompts_unit(principal), body.get("unit"))
-        cost = self.protect_guarantee(opts)
-        text = prompt
-        del prompt
-
-        def work() -> Any:  # its three stages' jobs join the shared batch
-            return protect_prompt(text, runtime=self.core, **opts)
-
-        with charge(self.hold(units, cost, "prompt-source"), None, scope="prompt-source"):
-            res = work()
-        if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
-            log.warning("prompt protection's guarantee differs from the reserved cost")
+        held = self.budgets.open(units, "prompt-source")
+        with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
+            clip_bounds(self.lm)
+        # the pipeline charges ``held`` itself (its estimate before the model runs, its exact guarantee before any
+        # token, committed once released); its three stages' jobs join the shared batch
+        with self.refusals(held, units):
+            res = protect_prompt(prompt, runtime=self.core, ledger=held, **opts)
         return {**res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- synth
@@ -430,31 +422,25 @@ class Service:
                               max_texts=get(body, "max_texts", (int,)))
 
     # ---------------------------------------------------------------- plain generation
-    def plain_job(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
-                  top_p: float | None) -> tuple[list[int], Job]:
-        check_generate_params(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None, top_p=top_p)
+    def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
+                      top_p: float | None) -> Job:
+        """A chat completion without privacy, planned by :func:`dpinfer.generation.plan_generate` (checks first)."""
         with self.plan_lock:
-            ids = self.lm.encode(self.lm.chat_prompt([dict(m) for m in messages]))
-        if len(ids) + max_new_tokens > self.lm.context_window:
-            raise InvalidInputError(f"the messages ({len(ids)} tokens) plus max_tokens={max_new_tokens} exceed the "
-                                    f"model's context window ({self.lm.context_window}); shorten them")
-        mech = Sampler(temperature=temperature, top_k=None, top_p=top_p, mode="independent")
-        # no privacy here, so the row's own length may set the public width the slot engine batches on
-        return ids, Job(contexts=[ids], mechanism=mech, max_new_tokens=max_new_tokens, pad_width=len(ids))
+            return plan_generate(self.lm, messages=[dict(m) for m in messages], max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=None, top_p=top_p)
 
     def generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int = SERVE.chat_max_new_tokens,
                  temperature: float = GENERATE.temperature, top_p: float | None = GENERATE.top_p) -> dict[str, Any]:
-        ids, job = self.plain_job(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        job = self.plan_generate(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         out = self.batcher.run(job)
         seq = out.sequences[0]
-        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(ids), "completion_tokens": len(seq),
+        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(job.contexts[0]),
+                "completion_tokens": len(seq),
                 "finish_reason": "length" if out.finish_reasons[0] == "length" else "stop"}
 
-    def generate_stream(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int = SERVE.chat_max_new_tokens,
-                        temperature: float = GENERATE.temperature, top_p: float | None = GENERATE.top_p
-                        ) -> Iterator[str]:
-        """The text piece by piece, decoded in the shared batch."""
-        _, job = self.plain_job(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    def generate_stream(self, job: Job) -> Iterator[str]:
+        """The text of a planned chat completion (:meth:`plan_generate`) piece by piece, decoded in the shared
+        batch."""
         yield from self._streamed(self.batcher.submit(job, listen=True), None)
 
 
