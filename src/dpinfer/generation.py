@@ -1,4 +1,5 @@
-"""Plain (non-private) generation on the engine: :func:`generate`, :func:`generate_many`, :func:`stream`.
+"""Plain (non-private) generation on the engine: :func:`generate`, :func:`generate_many`, :func:`stream`; one request
+planned as one engine job by :func:`plan_generate` (the server's chat completions without privacy run the same plan).
 
 The prompt string is used exactly as given (no chat template, no special tokens added); pass ``messages=`` to have
 the model's chat template applied instead. Defaults: :data:`dpinfer.defaults.GENERATE` (256 new tokens, τ = 0.7,
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.defaults import GENERATE
-from dpinfer.engine import Engine, EngineOutput
-from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.engine import Engine, EngineOutput, Job
+from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.models import LM, default_lm, load_model, resolve_lm  # noqa: F401 - default_lm, load_model: re-exported
 
@@ -71,6 +72,23 @@ def _sampler(temperature: float, top_k: int | None, top_p: float | None) -> Samp
     return Sampler(temperature=temperature, top_k=top_k, top_p=top_p, mode="independent")
 
 
+def plan_generate(lm: LM, prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
+                  max_new_tokens: int = GENERATE.max_new_tokens, temperature: float = GENERATE.temperature,
+                  top_k: int | None = GENERATE.top_k, top_p: float | None = GENERATE.top_p,
+                  seed: int | None = None) -> Job:
+    """A plain generation planned as one engine job, before any token: every check, the prompt's tokens, the
+    sampler; refused in one line when the prompt plus ``max_new_tokens`` passes the model's context window. No privacy
+    here, so the row's own length may set the public width a slot engine batches on (``pad_width``)."""
+    _check_prompt(prompt, messages)
+    _check_params(max_new_tokens, temperature, top_k, top_p, seed)
+    ids = _prompt_ids(lm, prompt, messages)
+    if len(ids) + max_new_tokens > lm.context_window:
+        raise ContextTooLongError(f"the prompt ({len(ids)} tokens) plus max_new_tokens={max_new_tokens} exceeds the "
+                                  f"model's context window ({lm.context_window}); shorten it or ask for fewer tokens")
+    return Job(contexts=[ids], mechanism=_sampler(temperature, top_k, top_p), max_new_tokens=max_new_tokens,
+               seed=seed, pad_width=len(ids))
+
+
 def _result(lm: LM, out: EngineOutput, row: int, mechanism: Sampler, max_new_tokens: int) -> GenerationResult:
     ids = out.sequences[row]
     return GenerationResult(
@@ -95,10 +113,10 @@ def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | 
     _check_prompt(prompt, messages)
     _check_params(max_new_tokens, temperature, top_k, top_p, seed)
     model = resolve_lm(lm)
-    ids = _prompt_ids(model, prompt, messages)
-    mech = _sampler(temperature, top_k, top_p)
-    out = Engine(model).generate([ids], mech, max_new_tokens=max_new_tokens, seed=seed)
-    return _result(model, out, 0, mech, max_new_tokens)
+    job = plan_generate(model, prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed)
+    out = Engine(model).generate(job.contexts, job.mechanism, max_new_tokens=max_new_tokens, seed=seed)
+    return _result(model, out, 0, job.mechanism, max_new_tokens)
 
 
 def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None,
@@ -149,10 +167,10 @@ def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | No
     _check_prompt(prompt, messages)
     _check_params(max_new_tokens, temperature, top_k, top_p, seed)
     model = resolve_lm(lm)
-    ids = _prompt_ids(model, prompt, messages)
+    job = plan_generate(model, prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed)
     streamer = TextStreamer(model)
-    for event in Engine(model).stream([ids], _sampler(temperature, top_k, top_p), max_new_tokens=max_new_tokens,
-                                      seed=seed):
+    for event in Engine(model).stream(job.contexts, job.mechanism, max_new_tokens=max_new_tokens, seed=seed):
         tok = event.tokens[0]
         if tok >= 0 and tok not in model.eos_token_ids:
             piece = streamer.push(tok)

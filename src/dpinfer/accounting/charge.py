@@ -34,7 +34,8 @@ from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 
-__all__ = ["LedgerLike", "RecordCharges", "Reservation", "charge", "open_ledger", "open_reservation"]
+__all__ = ["LedgerLike", "RecordCharges", "Reservation", "charge", "commit_left", "open_ledger", "open_reservation",
+           "reserve"]
 
 LedgerLike = Ledger | str | os.PathLike[str] | None
 """What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
@@ -54,25 +55,39 @@ def open_ledger(ledger: LedgerLike) -> Ledger | None:
 
 class Reservation:
     """One release's charge on ``units`` of ``ledger`` (see the module docstring); ``resume_key``: a resumable job's
-    key for this record (a pending charge left by a killed run of the same job is taken over, not reserved twice)."""
+    key for this record (a pending charge left by a killed run of the same job is taken over, not reserved twice),
+    the same for every unit or one per unit."""
 
     def __init__(self, ledger: Ledger, units: str | Sequence[str], scope: str | None, *,
-                 resume_key: str | None = None) -> None:
+                 resume_key: str | Sequence[str] | None = None) -> None:
         names = [units] if isinstance(units, str) else list(units)
         if not names:
             raise LedgerError("a charge needs at least one unit")
+        keys = [resume_key] * len(names) if resume_key is None or isinstance(resume_key, str) else list(resume_key)
+        if len(keys) != len(names):
+            raise LedgerError("a charge takes one resume key, or one per unit")
+        pairs: dict[str, str | None] = {}
+        for unit, key in zip(names, keys, strict=True):
+            pairs.setdefault(check_unit(unit), key)  # a unit named twice is charged once
         self.ledger = ledger
-        self.units = tuple(dict.fromkeys(check_unit(u) for u in names))  # a unit named twice is charged once
+        self.units = tuple(pairs)
+        self.resume_keys = tuple(pairs.values())
         self.scope = scope
-        self.resume_key = resume_key
         self.charges: list[Charge] = []
         self.settled = False
         """Whether the charges hold the release's exact cost (or an estimate from the parameters alone)."""
+        self.refused: str | None = None
+        """The unit whose budget refused the last reserve or settle (None otherwise)."""
 
     @property
     def unit(self) -> str:
         """The first unit (the entity the release reads)."""
         return self.units[0]
+
+    @property
+    def pending(self) -> bool:
+        """Whether a charge is reserved and neither committed nor cancelled yet."""
+        return any(c.state == "pending" for c in self.charges)
 
     @property
     def charge(self) -> Charge | None:
@@ -81,9 +96,11 @@ class Reservation:
 
     def _reserve_all(self, price: Price, mechanism: str | None, parameters: Mapping[str, Any] | None) -> None:
         try:
-            for unit in self.units:
+            for unit, key in zip(self.units, self.resume_keys, strict=True):
+                self.refused = unit
                 self.charges.append(self.ledger.reserve(unit, price, mechanism=mechanism, parameters=parameters,
-                                                        scope=self.scope, resume_key=self.resume_key))
+                                                        scope=self.scope, resume_key=key))
+            self.refused = None
         except BaseException:
             self.cancel()  # every unit or none
             raise
@@ -107,7 +124,9 @@ class Reservation:
             cost = price if isinstance(price, Guarantee) else Cost.of(price)  # computed once for every unit
             try:
                 for c in self.charges:
+                    self.refused = c.unit
                     c.settle(cost, force=force)
+                self.refused = None
             except BaseException:
                 self.cancel()
                 raise
@@ -141,7 +160,7 @@ class Reservation:
 
 def open_reservation(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, *, scope: str | None,
                      default_unit: Callable[[Ledger], str] | None = None, what: str = "this release",
-                     resume_key: str | None = None) -> Reservation | None:
+                     resume_key: str | Sequence[str] | None = None) -> Reservation | None:
     """A :class:`Reservation` on ``ledger`` for ``units`` (or ``default_unit(ledger)``), nothing reserved yet; None
     without a ledger. A unit without a ledger is refused (it would charge nothing). A :class:`Reservation` is
     returned as it is."""
@@ -164,7 +183,7 @@ def open_reservation(ledger: LedgerLike | Reservation, units: str | Sequence[str
 def charge(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, cost: Price | None = None, *,
            scope: str | None, mechanism: str | None = None, parameters: Mapping[str, Any] | None = None,
            default_unit: Callable[[Ledger], str] | None = None, what: str = "this release",
-           resume_key: str | None = None) -> Iterator[Reservation | None]:
+           resume_key: str | Sequence[str] | None = None) -> Iterator[Reservation | None]:
     """Charge one release to ``units`` of ``ledger`` (see the module docstring): ``cost`` (a
     :class:`~dpinfer.accounting.Guarantee`, :class:`~dpinfer.accounting.ledger.Cost` or loss; None: reserved in the
     block with :meth:`Reservation.reserve` or :meth:`Reservation.settle`) is reserved on entry, on every unit or
@@ -185,6 +204,27 @@ def charge(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, 
         res.cancel()
         raise
     res.commit()
+
+
+def reserve(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, cost: Price, *, scope: str | None,
+            mechanism: str | None = None, resume_key: str | Sequence[str] | None = None) -> Reservation | None:
+    """Step 1 alone, for a release that outlives the caller's call (a stream, a background job): ``cost`` on every
+    unit or none (a refusal is raised here; :attr:`Reservation.refused` names the unit). A later
+    ``with charge(res, None, scope=...)`` around the release commits it, or cancels it if the release fails; None
+    without a ledger. ``mechanism``: the release's (a guarantee names its own)."""
+    res = open_reservation(ledger, units, scope=scope, resume_key=resume_key)
+    if res is not None:
+        res.settle(cost, mechanism=mechanism)
+    return res
+
+
+def commit_left(ledger: Ledger, resume_keys: Sequence[str]) -> None:
+    """A resumed job whose release is already out: the charges a killed run left pending under ``resume_keys`` are
+    committed (released, so spent)."""
+    for key in resume_keys:
+        left = ledger.pending_charge(key)
+        if left is not None:
+            left.commit()
 
 
 class RecordCharges:

@@ -75,8 +75,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     ad = ssub.add_parser("adopt", parents=[common], help="give a tenant a unit of the ledger or a store folder made "
                                                          "outside the service (dpinfer budget, dpinfer rag add)",
                          description="Units made by the command line and store folders made by 'dpinfer rag add' "
-                                     "are reached by no tenant until an admin adopts them for one (here, or with "
-                                     "POST /v1/admin/adopt and an admin key). Each is adopted by one tenant at most.")
+                                     "are reached by no tenant until the operator adopts them for one, here (no "
+                                     "route of the service adopts: a tenant's admin key cannot). Each is adopted by "
+                                     "one tenant at most.")
     ad.add_argument("--tenant", required=True, help="the tenant that gets it")
     what = ad.add_mutually_exclusive_group(required=True)
     what.add_argument("--unit", help="a unit of the ledger, by its name there")
@@ -182,7 +183,7 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.packed import pack_now
     from dpinfer.serve.app import allowed_hosts, create_app
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Service
+    from dpinfer.serve.service import Service
 
     home = default_home()
     ledger = Path(args.ledger) if args.ledger else home / "ledger.db"

@@ -9,7 +9,7 @@ the input; one log line, no traceback). No log line carries a request body, a he
 the access log (logger ``dpinfer.serve.access``) writes method, route template, status and milliseconds only;
 uvicorn's own access log is off.
 
-Units (:meth:`~dpinfer.serve.runtime.Service.units_for`): a release is charged to the unit of the entity it reads and,
+Units (:meth:`~dpinfer.serve.service.Service.units_for`): a release is charged to the unit of the entity it reads and,
 in addition, to a unit the request names. ``dpinfer-protect`` forwards the protected prompt and nothing else unless
 the request (``dpinfer.forward``) or the operator (``forward``) opts roles in; a second user turn is refused.
 """
@@ -36,7 +36,7 @@ from dpinfer.defaults import SERVE
 from dpinfer.errors import DPInferError
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import LOCAL, Forbidden, KeyStore, NotFound, Principal
-from dpinfer.serve.runtime import Service
+from dpinfer.serve.service import Service
 
 access_log = logging.getLogger("dpinfer.serve.access")
 log = logging.getLogger("dpinfer.serve")
@@ -230,7 +230,7 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
                upstream_model: str | None = None, max_body_bytes: int = SERVE.max_body_bytes,
                hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS), docs: bool = False,
                forward: Sequence[str] = ()) -> FastAPI:
-    """The application over one :class:`~dpinfer.serve.runtime.Service`. ``keys=None``: no keys (every request is
+    """The application over one :class:`~dpinfer.serve.service.Service`. ``keys=None``: no keys (every request is
     the local admin; the command line allows it on loopback only). ``hosts``: the names the ``Host`` header may give
     (:func:`allowed_hosts`; None: any). ``docs``: serve ``/docs`` (Swagger UI, whose assets come from a CDN).
     ``forward``: the roles of the messages ``dpinfer-protect`` forwards upstream unprotected for every request
@@ -362,10 +362,6 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     def get_store(store: str, who: Principal = User) -> dict[str, Any]:
         return runtime.store_info(who, store)
 
-    @app.post("/v1/admin/adopt")
-    async def adopt(who: Principal = Admin, data: dict[str, Any] = Body) -> Any:
-        return await run_in_threadpool(runtime.adopt, who, data)
-
     @app.post("/v1/rag/{store}/documents")
     async def rag_add(store: str, who: Principal = User, data: dict[str, Any] = Body) -> Any:
         return await run_in_threadpool(runtime.rag_add, who, store, data)
@@ -427,8 +423,8 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
                   "top_p": SERVE_PLAIN_TOP_P if top_p is None else top_p}
             extension = {"guarantee": None, "note": NO_GUARANTEE}
             if stream:
-                runtime.plain_job(msgs, **kw)  # checks before the stream starts (422, not a broken stream)
-                pieces = in_thread(runtime.generate_stream(msgs, **kw))
+                job = runtime.plan_generate(msgs, **kw)  # checks before the stream starts (422, not a broken stream)
+                pieces = in_thread(runtime.generate_stream(job))
                 return sse(cid, model, pieces, extension)
             out = await run_in_threadpool(lambda: runtime.generate(msgs, **kw))
             return completion(cid, model, out["text"], out["finish_reason"], extension,
@@ -569,9 +565,9 @@ class SettledStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self.charge is not None and self.charge.state == "pending":
+            if self.charge is not None and self.charge.pending:
                 await run_in_threadpool(close_when_idle, self.source)  # commit if a piece left, else cancel
-                if self.charge.state == "pending":  # never started: nothing was released
+                if self.charge.pending:  # never started: nothing was released
                     await run_in_threadpool(self.charge.cancel)
 
 

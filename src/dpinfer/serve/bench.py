@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.models import load_model
     from dpinfer.serve.app import create_app
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Service
+    from dpinfer.serve.service import Service
 
     levels = _levels(args.clients)
     n = positive_int(args.docs, "--docs")

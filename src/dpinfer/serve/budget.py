@@ -4,10 +4,13 @@ generating, commit after the release, cancel on failure), each unit keyed by (te
 :class:`LedgerBudgets` is the small interface the service uses. Costs are ex ante (the guarantee of a planned release,
 from its parameters and ``T_max``, before any token is generated) and compose in the ledger by the accountant (Rényi
 losses per privacy group, converted once at the unit's δ). A release is reserved on every unit it is charged to (the
-entity's own unit, and a unit the request names) or on none (:class:`Reservation`). A reservation whose process died
+entity's own unit, and a unit the request names) or on none, through the one charge path
+(:mod:`dpinfer.accounting.charge`; this module only maps a tenant's unit names to the ledger's and words a refusal
+with the unit's public budget state). A reservation whose process died
 before its commit stays counted (fail closed; ``dpinfer budget show`` lists it as pending). A tenant's unit ``NAME``
 is the ledger's unit ``TENANT/NAME`` (:func:`ledger_unit`); units and store folders made outside the service are
-reached only through an admin's adoption, kept in a small SQLite file beside the ledger (``LEDGER.adopted``): names
+reached only through the operator's adoption (``dpinfer serve adopt``; no route adopts), kept in a small SQLite
+file beside the ledger (``LEDGER.adopted``): names
 only, never text.
 """
 
@@ -16,12 +19,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.charge import Reservation, commit_left
 from dpinfer.errors import BudgetExceededError, ConfigurationError, DPInferError, InvalidInputError, LedgerError
 
 
@@ -38,7 +41,7 @@ def ledger_unit(tenant: str, name: str) -> str:
     """The ledger's name of the tenant's unit ``name``: ``TENANT/NAME``; ``TENANT/~`` + a SHA-256 prefix of the name
     when that would pass the ledger's limit of 128 characters. Tenant names hold no ``/``, so two tenants' units
     never share a ledger name, and no name a client sends reaches a unit made outside the service (those are
-    reachable only once an admin adopts them: :meth:`Tenancy.adopt`)."""
+    reachable only once the operator adopts them: :meth:`Tenancy.adopt`)."""
     full = f"{tenant}/{name}"
     if len(full) <= 128:
         return full
@@ -46,9 +49,10 @@ def ledger_unit(tenant: str, name: str) -> str:
 
 
 class Tenancy:
-    """The resources made outside the service that an admin adopted for a tenant (``adopt``: a unit of the ledger
-    by its own name, a store folder by its path), in one SQLite file (WAL, one transaction each: a resource is
-    adopted by one tenant at most). Names only, never text."""
+    """The resources made outside the service that the operator adopted for a tenant with ``dpinfer serve adopt``
+    (``adopt``: a unit of the ledger by its own name, a store folder by its path; no route of the service adopts), in
+    one SQLite file (WAL, one transaction each: a resource is adopted by one tenant at most). Names only, never
+    text."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -102,31 +106,6 @@ class Tenancy:
                 db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?)", (kind, tenant, name, target))
 
 
-class Reservation:
-    """One release's reservations, one per unit it is charged to (all reserved or none); committed or cancelled
-    together, once (a second call is a no-op). ``units``: (the tenant's name, the ledger's name) per unit."""
-
-    def __init__(self, charges: list[Any], units: list[tuple[str, str]]) -> None:
-        self.charges = charges
-        self.units = units
-        self.state = "pending"
-        self.lock = threading.Lock()
-
-    def commit(self) -> None:
-        with self.lock:
-            if self.state == "pending":
-                for c in self.charges:
-                    c.commit()
-                self.state = "committed"
-
-    def cancel(self) -> None:
-        with self.lock:
-            if self.state == "pending":
-                for c in self.charges:
-                    c.cancel()
-                self.state = "cancelled"
-
-
 class LedgerBudgets:
     """The service's budgets: a :class:`dpinfer.Ledger` at ``path`` (created with a default budget for new units
     when it does not exist; ``default_epsilon`` given: the default is (re)set) and the tenants file beside it."""
@@ -172,42 +151,33 @@ class LedgerBudgets:
         itself)."""
         return [self.ledger.resume_key(resume_key, key) if per_unit else resume_key for _, key in units]
 
-    def reserve(self, units: list[tuple[str, str]], guarantee: Any, *, scope: str,
-                resume_key: str | None = None, per_unit: bool = True) -> Reservation:
-        """Reserve the release's cost on every unit of ``units`` ((the tenant's name, the ledger's name) each), or
-        raise :class:`BudgetRefused` (the ones already reserved cancelled: nothing reserved, nothing generated).
-        ``resume_key``: pending charges under that key (one per unit), left by a server killed mid-job, are taken
-        over instead of reserving the same job twice (:meth:`dpinfer.Ledger.reserve`)."""
-        charges: list[Any] = []
-        keys = [None] * len(units) if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
+    def open(self, units: list[tuple[str, str]], scope: str, *, resume_key: str | None = None,
+             per_unit: bool = True) -> Reservation:
+        """A :class:`~dpinfer.accounting.charge.Reservation` of one release on every unit of ``units`` ((the tenant's
+        name, the ledger's name) each), nothing reserved yet. ``resume_key``: pending charges under that key (one per
+        unit), left by a server killed mid-job, are taken over instead of reserving the same job twice."""
+        keys = None if resume_key is None else self.resume_keys(units, resume_key, per_unit=per_unit)
+        return Reservation(self.ledger, [key for _, key in units], scope, resume_key=keys)
+
+    @contextmanager
+    def refusals(self, res: Reservation, units: list[tuple[str, str]]) -> Iterator[None]:
+        """A unit of ``res`` that refuses (:class:`~dpinfer.errors.BudgetExceededError`) is raised as
+        :class:`BudgetRefused`: the message without the ledger's name of the unit or its path, and the unit's public
+        budget state under the tenant's name."""
         try:
-            for (name, key), rkey in zip(units, keys, strict=True):
-                try:
-                    charges.append(self.ledger.reserve(key, guarantee, scope=scope, resume_key=rkey))
-                except BudgetExceededError as exc:
-                    message = str(exc).replace(f"unit {key!r}", "the unit").replace(
-                        f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
-                        key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
-                    raise BudgetRefused(message + " (the unit is the reply's budget.unit)",
-                                        self.state(key, name)) from None
-        except BaseException:
-            for c in charges:
-                c.cancel()
-            raise
-        return Reservation(charges, units)
+            yield
+        except BudgetExceededError as exc:
+            key = res.refused or units[0][1]
+            name = next((n for n, k in units if k == key), key)
+            message = str(exc).replace(f"unit {key!r}", "the unit").replace(
+                f"`dpinfer budget set {key} --epsilon E`", "an admin's PUT /v1/budget/UNIT").replace(
+                key, "UNIT").replace(str(self.ledger.path), "the service's ledger")  # no name, no path
+            raise BudgetRefused(message + " (the unit is the reply's budget.unit)", self.state(key, name)) from None
 
-    def pending(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> list[Any]:
-        """The pending charges a killed job left under ``resume_key`` (:meth:`reserve`)."""
-        found = (self.ledger.pending_charge(k) for k in self.resume_keys(units, resume_key, per_unit=per_unit))
-        return [c for c in found if c is not None]
-
-    @staticmethod
-    def commit(charge: Any) -> None:
-        charge.commit()
-
-    @staticmethod
-    def cancel(charge: Any) -> None:
-        charge.cancel()
+    def commit_left(self, units: list[tuple[str, str]], resume_key: str, *, per_unit: bool = True) -> None:
+        """A resumed job whose texts are out: the charges a killed server left pending under ``resume_key`` (one per
+        unit) are committed (:func:`dpinfer.accounting.charge.commit_left`)."""
+        commit_left(self.ledger, self.resume_keys(units, resume_key, per_unit=per_unit))
 
 
 TENANTS = "tenants"

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.charge import charge
 from dpinfer.errors import DPInferError
 from dpinfer.io import atomic_write_text
 from dpinfer.jobs import run_resumable
@@ -52,7 +53,7 @@ _ID = re.compile(r"[0-9a-f]{32}")
 
 class SynthJobs:
     """The synthesis jobs of one server, kept under ``root`` (module docstring); ``service``: the
-    :class:`~dpinfer.serve.runtime.Service` that checks, plans and decodes them."""
+    :class:`~dpinfer.serve.service.Service` that checks, plans and decodes them."""
 
     def __init__(self, root: str | os.PathLike[str], service: Any) -> None:
         self.root = Path(root)
@@ -171,21 +172,22 @@ class SynthJobs:
         def generate(todo: Iterator[int]) -> Iterator[dict[str, Any]]:
             batches = set(todo)
             if out.done:  # a resumed job that released texts: its charges (pending if the server died) are spent
-                for pending in svc.budgets.pending(units, resume_key, per_unit=legacy is False):
-                    pending.commit()
-                charge = None
+                svc.budgets.commit_left(units, resume_key, per_unit=legacy is False)
+                held = None
             else:
-                charge = svc.reserve(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
-            released = 0
-            try:
+                held = svc.hold(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
+            # a text in out.jsonl (or part of one) is released: committed however the job ends; none: cancelled
+            released = False
+            with charge(held, None, scope="corpus"):
                 out.start(header, digest)  # the private partition file, then the header line (before any text)
                 for text in synthesize_iter(plan, runtime=svc.core, skip_batches=set(range(total)) - batches):
-                    released += 1
+                    if held is not None:
+                        held.releasing()
+                    released = True
                     record = text.to_dict()
                     yield {k: record[k] for k in TEXT_FIELDS}
-            finally:
-                if charge is not None:  # a text in out.jsonl (or part of one) is released: committed
-                    (charge.commit if released else charge.cancel)()
+                if held is not None and not released:
+                    held.cancel()  # the job ended without a text: nothing was released
 
         run_resumable(out, range(total), generate, job=JOB, key=lambda b: b,
                       check=lambda todo: out.check(header, digest))

@@ -85,3 +85,36 @@ def test_a_release_that_may_have_left_is_committed_even_when_the_block_raises(le
         res.releasing()  # a stream's first token left
         raise ConnectionError("the client hung up")
     assert _states(ledger, "doc") == _states(ledger, "store") == ["committed"]
+
+
+def test_reserve_alone_names_the_refusing_unit_and_a_later_block_ends_the_reservation(ledger: Ledger) -> None:
+    """Step 1 alone (a stream, a background job): every unit or none, the refusing unit named; a later block around
+    the release commits it, and a release marked as leaving is committed even when the block raises."""
+    from dpinfer.accounting.charge import reserve
+
+    res = Reservation(ledger, ["doc", "tight"], "document")
+    with pytest.raises(BudgetExceededError):
+        reserve(res, None, LARGE, scope="document", mechanism="test")
+    assert res.refused == "tight" and not res.pending and _states(ledger, "doc") == ["cancelled"]
+    held = reserve(ledger, ["doc", "store"], SMALL, scope="document", mechanism="test")
+    assert held is not None and held.pending and held.refused is None
+    with pytest.raises(RuntimeError), charge(held, None, scope="document"):
+        held.releasing()  # a piece has left
+        raise RuntimeError("the client hung up")
+    assert _states(ledger, "doc")[-1] == _states(ledger, "store")[-1] == "committed" and not held.pending
+    assert reserve(None, None, SMALL, scope="document") is None  # no ledger: nothing charged
+
+
+def test_one_resume_key_per_unit_takes_over_a_killed_run_and_commit_left_spends_it(ledger: Ledger) -> None:
+    keys = [ledger.resume_key("job-1", "doc"), ledger.resume_key("job-1", "store")]
+    first = Reservation(ledger, ["doc", "store"], "corpus", resume_key=keys)
+    first.settle(SMALL, mechanism="test")  # the run is killed here: both pending
+    again = Reservation(ledger, ["doc", "store"], "corpus", resume_key=keys)
+    again.settle(SMALL, mechanism="test")  # the resumed run takes both over instead of reserving twice
+    assert [c.id for c in again.charges] == [c.id for c in first.charges]
+    from dpinfer.accounting.charge import commit_left
+
+    commit_left(ledger, keys)  # its release was already out: spent
+    assert _states(ledger, "doc") == _states(ledger, "store") == ["committed"]
+    with pytest.raises(LedgerError):
+        Reservation(ledger, ["doc", "store"], "corpus", resume_key=keys[:1])  # one key, or one per unit

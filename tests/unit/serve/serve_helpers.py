@@ -85,7 +85,7 @@ class ThreadServer:
 
 def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: float = 0.02):
     from dpinfer.serve.budget import LedgerBudgets
-    from dpinfer.serve.runtime import Service
+    from dpinfer.serve.service import Service
 
     budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
     return Service(lm, budgets, tagger="regex", stores=tmp / "stores", embedder=HashEmbedder(), window=window)

@@ -135,24 +135,35 @@ def test_tenants_cannot_claim_reach_or_probe_each_others_names(server) -> None:
     unused = httpx.get(url + "/v1/budget/never-used-xyz", headers=globex).json()
     assert {k: v for k, v in used.items() if k not in ("unit", "guarantee")} == \
         {k: v for k, v in unused.items() if k not in ("unit", "guarantee")}
-    # a unit made outside the service (the command line on the shared ledger): unreachable until adopted
+    # a unit made outside the service (the command line on the shared ledger): unreachable until the operator adopts
+    # it; no route adopts (a tenant's admin who could adopt case-42 could then raise it to ε = 1e9)
+    from dpinfer.cli import main
+
     ledger = server.runtime.budgets.ledger
     ledger.set_budget("case-42", 5.0)
     assert httpx.put(url + "/v1/budget/case-42", json={"epsilon": 1e9}, headers=admin).status_code == 200
     assert ledger.status("case-42").epsilon == 5.0  # acme's own case-42, not the command line's
-    r = httpx.post(url + "/v1/admin/adopt", json={"unit": "case-42", "as": "case-42-cli"}, headers=admin)
-    assert r.status_code == 200, r.text
-    assert httpx.get(url + "/v1/budget/case-42-cli", headers=acme).json()["budget"]["epsilon"] == 5.0
-    assert httpx.post(url + "/v1/admin/adopt", json={"unit": "case-42"}, headers=acme).status_code == 403
-    # a store folder made by `dpinfer rag add`: no tenant reaches it until an admin adopts it
+    for who in (admin, acme):
+        r = httpx.post(url + "/v1/admin/adopt", json={"unit": "case-42", "as": "case-42-cli"}, headers=who)
+        assert r.status_code == 404, r.text  # no such route, for an admin key too
+    assert server.runtime.budgets.tenancy.names("unit", "acme") == {}
+    assert httpx.put(url + "/v1/budget/case-42-cli", json={"epsilon": 1e9}, headers=admin).status_code == 200
+    assert ledger.status("case-42").epsilon == 5.0  # still the operator's budget
+    stores = server.runtime.stores_dir
+    operator = ["serve", "adopt", "--ledger", str(ledger.path), "--stores", str(stores), "--tenant", "acme"]
+    assert main([*operator, "--unit", "case-42", "--as", "case-42-cli2"]) == 0  # beside the running server
+    assert httpx.get(url + "/v1/budget/case-42-cli2", headers=acme).json()["budget"]["epsilon"] == 5.0
+    assert httpx.get(url + "/v1/budget/case-42-cli2", headers=globex).json()["budget"]["epsilon"] != 5.0
+    # a store folder made by `dpinfer rag add`: no tenant reaches it until the operator adopts it
     from dpinfer.pipelines.rag import PrivateRAG
 
-    stores = server.runtime.stores_dir
     PrivateRAG(stores / "cli-notes", embedder=HashEmbedder()).add(["The clinic opens at nine."])
     for who in (acme, globex):
         assert httpx.post(url + "/v1/rag/cli-notes/ask", json={"question": "x"}, headers=who).status_code == 404
         assert "cli-notes" not in httpx.get(url + "/v1/rag", headers=who).json()["stores"]
-    assert httpx.post(url + "/v1/admin/adopt", json={"store": "cli-notes"}, headers=admin).status_code == 200
+    assert httpx.post(url + "/v1/admin/adopt", json={"store": "cli-notes"}, headers=admin).status_code == 404
+    assert "cli-notes" not in httpx.get(url + "/v1/rag", headers=acme).json()["stores"]
+    assert main([*operator, "--store", "cli-notes"]) == 0
     assert "cli-notes" in httpx.get(url + "/v1/rag", headers=acme).json()["stores"]
     assert "cli-notes" not in httpx.get(url + "/v1/rag", headers=globex).json()["stores"]
     r = httpx.post(url + "/v1/rag/cli-notes/ask", json={"question": "When?", "max_new_tokens": 2}, headers=acme,

@@ -8,7 +8,8 @@ entity it reads, always, and a unit the request names, in addition; any refusal:
 decodes, builds the release and commits the reservation; a failure in between cancels it. A stream commits once a
 piece of the release has left, and cancels when it ends with none (a client gone before the first byte included).
 Units, stores and jobs are keyed by (tenant, name): a tenant's unit ``NAME`` is the ledger's ``TENANT/NAME``, its
-store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once an admin adopts it.
+store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once the operator adopts it for a
+tenant (``dpinfer serve adopt``; no route adopts: a tenant's admin never reaches the ledger's other units).
 
 Decoding: the runtime's engine is a :class:`~dpinfer.serve.batcher.SharedEngine`, so every pipeline run on it
 (sanitisation, the three stages of prompt protection, a synthesis job's batches, a RAG answer, a chat completion)
@@ -23,20 +24,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting import Guarantee
+from dpinfer.accounting.charge import Reservation, charge, reserve
 from dpinfer.checks import check_delta, non_negative_number
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.generation import TextStreamer
-from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.generation import TextStreamer, plan_generate
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import ADJACENCY, check_protect_params, protect_prompt, stage1_mechanism
+from dpinfer.pipelines.protect_prompt import check_protect_params, protect_prompt
 from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
 from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
@@ -46,9 +46,6 @@ from dpinfer.serve.budget import (
     TENANTS,
     BudgetRefused,
     LedgerBudgets,
-    Reservation,
-    adopt_store,
-    adopt_unit,
     ledger_unit,
 )
 from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name, check_unit_name
@@ -64,7 +61,7 @@ from dpinfer.serve.params import (
     unknown,
 )
 from dpinfer.serve.synth_jobs import SynthJobs
-from dpinfer.validation import check_generate_params, check_sanitize_budget, check_sanitize_params, check_text
+from dpinfer.validation import check_sanitize_budget, check_sanitize_params, check_text
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -113,7 +110,7 @@ class Service:
 
     # ---------------------------------------------------------------- tenants and budgets
     def unit_ref(self, principal: Principal, name: object) -> tuple[str, str]:
-        """(the tenant's name of the unit, the ledger's name): the unit an admin adopted under that name for the
+        """(the tenant's name of the unit, the ledger's name): the unit the operator adopted under that name for the
         tenant, else ``TENANT/NAME`` (:func:`~dpinfer.serve.budget.ledger_unit`). Never another tenant's."""
         name = check_unit_name(name)
         adopted = self.budgets.tenancy.adopted("unit", principal.tenant, name)
@@ -155,43 +152,26 @@ class Service:
         self.budgets.set_budget(key, eps, delta)
         return {"unit": name, **self.budgets.state(key, name)}
 
-    def adopt(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        """An admin adopts, for its own tenant, a unit of the ledger or a store folder made outside the service
-        (``{"unit": NAME}`` or ``{"store": NAME}``, optionally ``"as": NAME``)."""
-        unknown(body, ("unit", "store", "as"))
-        if (body.get("unit") is None) == (body.get("store") is None):
-            raise InvalidInputError("give one of unit (a unit of the ledger) or store (a folder in the stores folder)")
-        if body.get("unit") is not None:
-            target = check_unit_name(body.get("unit"))
-            name = check_unit_name(body.get("as", target))
-            adopt_unit(self.budgets, principal.tenant, name, target)
-            return {"adopted": "unit", "unit": name, **self.budgets.state(target, name)}
-        folder = check_name(body.get("store"), "the store name")
-        name = check_name(body.get("as", folder), "the store name")
-        adopt_store(self.budgets, self._stores_root(), principal.tenant, name, folder)
-        return {"adopted": "store", "store": name}
+    def hold(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
+        """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
+        metrics). The release runs in ``with charge(res, None, scope=scope)``: committed when it ends, cancelled
+        if it fails (nothing released)."""
+        res = self.budgets.open(units, scope, **kw)
+        with self.refusals(res, units):
+            reserve(res, None, guarantee, scope=scope)  # every unit or none
+        return res
 
-    def reserve(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
-        """Reserve a release's ex-ante cost on every unit (a refusal is counted in the metrics)."""
+    @contextmanager
+    def refusals(self, res: Reservation, units: list[tuple[str, str]]) -> Iterator[None]:
+        """A refusal of ``res`` raised as :class:`BudgetRefused` (:meth:`LedgerBudgets.refusals`), counted."""
         try:
-            return self.budgets.reserve(units, guarantee, scope=scope, **kw)
+            with self.budgets.refusals(res, units):
+                yield
         except BudgetRefused:
             self.metrics.refused()
             raise
 
-    def _charged(self, units: list[tuple[str, str]], guarantee: Any, scope: str, work: Callable[[], Any]) -> Any:
-        """Reserve the release's cost on ``units``, run ``work``, commit; cancel if ``work`` fails (nothing
-        released)."""
-        charge = self.reserve(units, guarantee, scope)
-        try:
-            result = work()
-        except BaseException:
-            charge.cancel()
-            raise
-        charge.commit()
-        return result
-
-    def _streamed(self, ticket: Ticket, charge: Reservation | None, on_text: Callable[[str], None] | None = None,
+    def _streamed(self, ticket: Ticket, res: Reservation | None, on_text: Callable[[str], None] | None = None,
                   opening: Sequence[int] = ()) -> Iterator[str]:
         """The text of ``ticket``'s job piece by piece as its tokens are released (row 0; EOS left out), after the
         public ``opening`` the release starts with (forced, not decoded); the charge is committed once a decoded
@@ -199,30 +179,28 @@ class Service:
         the iterator early cancels the job."""
         eos = set(self.lm.eos_token_ids)
         streamer = TextStreamer(self.lm)
-        released = False
-        try:
-            for tok in opening:
-                piece = streamer.push(tok)
-                if piece:
-                    yield piece
-            for event in ticket.events():
-                tok = event.tokens[0]
-                if tok >= 0 and tok not in eos:
+        with charge(res, None, scope=None):  # committed at the end; cancelled on failure unless a piece has left
+            try:
+                for tok in opening:
                     piece = streamer.push(tok)
                     if piece:
-                        released = True
                         yield piece
-            tail = streamer.flush()
-            if tail:
-                released = True
-                yield tail
-        except BaseException:
-            self.batcher.cancel(ticket)
-            if charge is not None:
-                (charge.commit if released else charge.cancel)()
-            raise
-        if charge is not None:
-            charge.commit()
+                for event in ticket.events():
+                    tok = event.tokens[0]
+                    if tok >= 0 and tok not in eos:
+                        piece = streamer.push(tok)
+                        if piece:
+                            if res is not None:
+                                res.releasing()
+                            yield piece
+                tail = streamer.flush()
+                if tail:
+                    if res is not None:
+                        res.releasing()
+                    yield tail
+            except BaseException:
+                self.batcher.cancel(ticket)
+                raise
 
     # ---------------------------------------------------------------- tag and sanitise
     def tag(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,22 +246,23 @@ class Service:
             out = self.batcher.run(plan.job)
             return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
 
-        res = self._charged(units, plan.guarantee, "document", work)
+        with charge(self.hold(units, plan.guarantee, "document"), None, scope="document"):
+            res = work()
         return {**res.release(), **self.charged(units)}
 
     def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]
                                 ) -> tuple[Any, list[tuple[str, str]], Reservation]:
         """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
         plan, units = self._plan_sanitize(principal, body)
-        return plan, units, self.reserve(units, plan.guarantee, "document")
+        return plan, units, self.hold(units, plan.guarantee, "document")
 
     def sanitize_stream(self, prepared: tuple[Any, list[tuple[str, str]], Reservation]) -> Iterator[dict[str, Any]]:
         """The released tokens as they are chosen, decoded in the shared batch (DP-Fusion releases token by token:
         each is covered by the guarantee), then the release."""
-        plan, units, charge = prepared
+        plan, units, held = prepared
         t0 = time.perf_counter()
         ticket = self.batcher.submit(plan.job, listen=True)
-        with closing(self._streamed(ticket, charge, opening=plan.opening)) as pieces:
+        with closing(self._streamed(ticket, held, opening=plan.opening)) as pieces:
             for piece in pieces:
                 yield {"delta": piece}
         res = finish_sanitize(plan, ticket.result(), seconds=time.perf_counter() - t0)
@@ -296,7 +275,7 @@ class Service:
         return self.stores_dir
 
     def store_path(self, principal: Principal, store: str) -> Path:
-        """The folder of the tenant's store ``store``: one an admin adopted under that name, else
+        """The folder of the tenant's store ``store``: one the operator adopted under that name, else
         ``STORES/tenants/TENANT/STORE`` (a tenant's stores live in its own folder; folders made outside the service
         are reached only once adopted)."""
         check_name(store, "the store name")
@@ -374,14 +353,15 @@ class Service:
 
     def rag_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         rag, plan, units = self._plan_ask(principal, store, body)
-        out = self._charged(units, plan.guarantee, "store", lambda: self.batcher.run(plan.job))
+        with charge(self.hold(units, plan.guarantee, "store"), None, scope="store"):
+            out = self.batcher.run(plan.job)
         return self._answer(rag, plan, out, store, units)
 
     def prepare_rag_stream(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Plan and reserve a streamed answer (refusals come here); the guarantee and the budget as reserved."""
         rag, plan, units = self._plan_ask(principal, store, body)
-        charge = self.reserve(units, plan.guarantee, "store")
-        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": charge,
+        held = self.hold(units, plan.guarantee, "store")
+        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": held,
                 "guarantee": plan.guarantee.to_dict(), "mechanism": plan.mechanism, **self.charged(units)}
 
     def rag_stream(self, prepared: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -409,17 +389,6 @@ class Service:
         check_protect_params(**opts)
         return opts
 
-    def protect_guarantee(self, opts: Mapping[str, Any]) -> Guarantee:
-        """Prompt protection's ex-ante guarantee (its cost): stage 1's, from its parameters and the public clip
-        bounds; the release's own guarantee is the same loss."""
-        n = check_protect_params(**opts)
-        with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
-            bounds = clip_bounds(self.lm).bounds
-        mech = stage1_mechanism(clip=bounds, n_rewrites=n, max_new_tokens=opts["max_new_tokens"],
-                                delta=opts["delta"], epsilon=opts["epsilon"])
-        return Guarantee.from_loss(mech.loss(opts["max_new_tokens"]), delta=opts["delta"], mechanism=opts["method"],
-                                   adjacency=ADJACENCY, parameters={}, max_new_tokens=opts["max_new_tokens"])
-
     def protect(self, principal: Principal, body: Mapping[str, Any], *, prompt: str | None = None) -> dict[str, Any]:
         if prompt is None:
             unknown(body, PROTECT_FIELDS)
@@ -428,16 +397,13 @@ class Service:
             raise InvalidInputError("prompt must be a non-empty string")
         opts = self._protect_options(body)
         units = self.units_for(principal, self.prompts_unit(principal), body.get("unit"))
-        cost = self.protect_guarantee(opts)
-        text = prompt
-        del prompt
-
-        def work() -> Any:  # its three stages' jobs join the shared batch
-            return protect_prompt(text, runtime=self.core, **opts)
-
-        res = self._charged(units, cost, "prompt-source", work)
-        if abs(res.guarantee.epsilon - cost.epsilon) > 1e-9 * max(1.0, cost.epsilon):
-            log.warning("prompt protection's guarantee differs from the reserved cost")
+        held = self.budgets.open(units, "prompt-source")
+        with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
+            clip_bounds(self.lm)
+        # the pipeline charges ``held`` itself (its estimate before the model runs, its exact guarantee before any
+        # token, committed once released); its three stages' jobs join the shared batch
+        with self.refusals(held, units):
+            res = protect_prompt(prompt, runtime=self.core, ledger=held, **opts)
         return {**res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- synth
@@ -456,31 +422,25 @@ class Service:
                               max_texts=get(body, "max_texts", (int,)))
 
     # ---------------------------------------------------------------- plain generation
-    def plain_job(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
-                  top_p: float | None) -> tuple[list[int], Job]:
-        check_generate_params(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None, top_p=top_p)
+    def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
+                      top_p: float | None) -> Job:
+        """A chat completion without privacy, planned by :func:`dpinfer.generation.plan_generate` (checks first)."""
         with self.plan_lock:
-            ids = self.lm.encode(self.lm.chat_prompt([dict(m) for m in messages]))
-        if len(ids) + max_new_tokens > self.lm.context_window:
-            raise InvalidInputError(f"the messages ({len(ids)} tokens) plus max_tokens={max_new_tokens} exceed the "
-                                    f"model's context window ({self.lm.context_window}); shorten them")
-        mech = Sampler(temperature=temperature, top_k=None, top_p=top_p, mode="independent")
-        # no privacy here, so the row's own length may set the public width the slot engine batches on
-        return ids, Job(contexts=[ids], mechanism=mech, max_new_tokens=max_new_tokens, pad_width=len(ids))
+            return plan_generate(self.lm, messages=[dict(m) for m in messages], max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=None, top_p=top_p)
 
     def generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int = SERVE.chat_max_new_tokens,
                  temperature: float = GENERATE.temperature, top_p: float | None = GENERATE.top_p) -> dict[str, Any]:
-        ids, job = self.plain_job(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        job = self.plan_generate(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         out = self.batcher.run(job)
         seq = out.sequences[0]
-        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(ids), "completion_tokens": len(seq),
+        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(job.contexts[0]),
+                "completion_tokens": len(seq),
                 "finish_reason": "length" if out.finish_reasons[0] == "length" else "stop"}
 
-    def generate_stream(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int = SERVE.chat_max_new_tokens,
-                        temperature: float = GENERATE.temperature, top_p: float | None = GENERATE.top_p
-                        ) -> Iterator[str]:
-        """The text piece by piece, decoded in the shared batch."""
-        _, job = self.plain_job(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    def generate_stream(self, job: Job) -> Iterator[str]:
+        """The text of a planned chat completion (:meth:`plan_generate`) piece by piece, decoded in the shared
+        batch."""
         yield from self._streamed(self.batcher.submit(job, listen=True), None)
 
 
