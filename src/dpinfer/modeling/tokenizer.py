@@ -207,13 +207,14 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, tokenize: bool = False,
                             add_generation_prompt: bool = False, **kwargs: Any) -> Any:
         """``messages`` rendered with the chat template (transformers' ``render_jinja_template`` for one
-        conversation without tools or documents); token ids when ``tokenize``."""
+        conversation; ``tools`` and ``documents`` as JSON-schema dicts); token ids when ``tokenize``."""
         chat = []
         for m in messages:  # transformers' reasoning-field aliases
             reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k) is not None),
                              None)
             chat.append(dict(m) if reasoning is None else {"thinking": reasoning, **m, "reasoning_content": reasoning})
+        tools, documents = kwargs.pop("tools", None), kwargs.pop("documents", None)
         text = compile_template(self._template()).render(
-            messages=chat, tools=None, documents=None, add_generation_prompt=add_generation_prompt,
+            messages=chat, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
             **{**self.special, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text
