@@ -9,11 +9,11 @@ line does, pauses the cyclic garbage collector until the model is ready
 calls :func:`dpinfer.load_model` (tokenizer, weights; the packed linears' copies are made at first use), and exits.
 It reports the wall-clock and CPU seconds of each stage and of the whole process; what the stages leave is the
 interpreter's start (with the import of :mod:`dpinfer.models`) and exit. Each run is alternated with a process that
-only imports torch (``python -c "import torch"``), the floor of any command that loads a model: the whole process is
-printed beside it, with the difference and the ratio. ``--compare`` adds a third process per run that loads the same
-model with the collector on and every packed copy made during the load (:func:`dpinfer.packed.pack_now`). The median
-of the runs is printed with the machine's 1-minute load average: on a shared CPU the wall-clock figures follow the
-load, the CPU seconds much less.
+only imports torch (``python -c "import torch"``, with the collector on, as any plain Python process), the floor of
+any command that loads a model: the whole process is printed beside it, with the difference and the ratio.
+``--compare`` adds a third process per run that loads the same model with the collector on and every packed copy made
+during the load (:func:`dpinfer.packed.pack_now`). The median of the runs is printed with the machine's 1-minute load
+average: on a shared CPU the wall-clock figures follow the load, the CPU seconds much less.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ def render(res: dict[str, Any]) -> str:
              f"  python -c \"import torch\" alone: {floor['median']['wall']:6.2f} s wall  "
              f"{floor['median']['cpu']:6.2f} s CPU   (each run: "
              + ", ".join(f"{r['wall']:.2f} s / {r['cpu']:.2f} s CPU" for r in floor["runs"]) + ")",
-             f"  whole process against importing torch alone: +{m['wall'] - floor['median']['wall']:.2f} s wall "
-             f"({m['wall'] / floor['median']['wall']:.2f}×), +{m['cpu'] - floor['median']['cpu']:.2f} s CPU "
+             f"  whole process against importing torch alone: {m['wall'] - floor['median']['wall']:+.2f} s wall "
+             f"({m['wall'] / floor['median']['wall']:.2f}×), {m['cpu'] - floor['median']['cpu']:+.2f} s CPU "
              f"({m['cpu'] / floor['median']['cpu']:.2f}×)"]
     if "baseline" in res:
         base = res["baseline"]
