@@ -25,6 +25,7 @@ from its config on the device, nothing downloaded) with the embedded model's tok
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,16 +74,18 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
     time_engine(lm, ids[:64], 1, 4, True)
     if hf_lm is not lm and ab:
         time_engine(hf_lm, ids[:64], 1, 4, True)
-    timings, prefill = Timings(), Timings()
+    timings, prefill, cpu = Timings(), Timings(), Timings()  # cpu: the process's CPU seconds (less load-sensitive)
     for _, order in rounds(repeats, configs):
         for label, k, shared in order:
             progress(label)
+            c0 = time.process_time()
             if label == "hf generate":
                 timings.add(label, time_hf(hf_lm, ids, new_tokens))
             else:
                 dt, pf = time_engine(hf_lm if label.endswith(HF_FORWARD) else lm, ids, k, new_tokens, shared)
                 timings.add(label, dt)
                 prefill.add(label, pf)
+            cpu.add(label, time.process_time() - c0)
     rows = []
     for label, k, shared in configs:
         t = timings.median(label)
@@ -92,7 +95,12 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
             "prefill_seconds": round(prefill.median(label), 3) if label in prefill.runs else None,
             "tokens_per_s": round(new_tokens / t, 2), "ratio_vs_hf": round(timings.ratio("hf generate", label), 3),
             "backend": "hf" if label == "hf generate" or label.endswith(HF_FORWARD) else lm.backend,
+            "cpu_seconds": round(cpu.median(label), 3), "cpu_ratio_vs_hf": round(cpu.ratio("hf generate", label), 3),
         })
+        twin = f"{label} {HF_FORWARD}"
+        if twin in timings.runs:
+            rows[-1]["ratio_vs_hf_forward"] = round(timings.ratio(twin, label), 3)
+            rows[-1]["cpu_ratio_vs_hf_forward"] = round(cpu.ratio(twin, label), 3)
     import torch
 
     return {
@@ -263,6 +271,10 @@ def format_jobs_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _times(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}×"
+
+
 def format_markdown(res: dict[str, Any]) -> str:
     if "jobs" in res["settings"]:
         return format_jobs_markdown(res)
@@ -270,12 +282,17 @@ def format_markdown(res: dict[str, Any]) -> str:
     lines = [
         f"Engine throughput: {s['model']} on {s['device']} ({s['dtype']}, {s['torch_threads']} threads, backend "
         f"{s.get('backend', 'hf')}; '{HF_FORWARD}': the same engine on transformers' forward), "
-        f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens, median of {s['repeats']} run(s)",
+        f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens, median of {s['repeats']} run(s); "
+        "CPU s: the process's CPU seconds; 'vs hf forward': how many times faster than the same config on "
+        "transformers' forward",
         "",
-        *md_table(["config", "K", "seconds", "prefill s", "tokens/s", "ratio vs HF"], "lrrrrr",
+        *md_table(["config", "K", "seconds", "prefill s", "tokens/s", "ratio vs HF", "CPU s", "vs hf forward",
+                   "vs hf forward (CPU)"], "lrrrrrrrr",
                   ([r["config"], r["contexts"], f"{r['seconds']:.2f}",
                     "" if r["prefill_seconds"] is None else f"{r['prefill_seconds']:.2f}", f"{r['tokens_per_s']:.2f}",
-                    f"{r['ratio_vs_hf']:.2f}"] for r in res["rows"])),
+                    f"{r['ratio_vs_hf']:.2f}", f"{r['cpu_seconds']:.2f}" if "cpu_seconds" in r else "",
+                    _times(r.get("ratio_vs_hf_forward")), _times(r.get("cpu_ratio_vs_hf_forward"))]
+                   for r in res["rows"])),
     ]
     return "\n".join(lines)
 

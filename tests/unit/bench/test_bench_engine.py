@@ -79,3 +79,17 @@ def test_a_shape_model_takes_the_tokenizer_of_a_folder_without_weights(tiny_lm, 
     monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(bench.SHAPES["tiny-llama"], vocab_size=8))
     with pytest.raises(ConfigurationError, match="more than the tiny-llama shape's vocabulary"):
         bench.speed_model(str(tmp_path), device="cpu", dtype="float32", shape="tiny-llama")
+
+
+def test_engine_bench_times_the_own_model_code_beside_transformers(tiny_lm, tiny_hf_lm, monkeypatch):
+    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+        ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided."]))
+    res = bench.run_engine_bench(tiny_lm, ks=(1, 2), new_tokens=3, prompt_tokens=30, unshared=False,
+                                 hf_lm=tiny_hf_lm)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert list(rows) == ["hf generate", "engine K=1", "engine K=2", "engine K=1 [hf forward]",
+                          "engine K=2 [hf forward]"]
+    assert rows["engine K=2"]["backend"] == "own" and rows["engine K=2 [hf forward]"]["backend"] == "hf"
+    assert rows["engine K=1"]["ratio_vs_hf_forward"] > 0 and rows["engine K=1"]["cpu_seconds"] > 0
+    table = bench.format_markdown(res)
+    assert "| engine K=2 [hf forward] |" in table and "vs hf forward (CPU)" in table
