@@ -178,6 +178,9 @@ class Attention(nn.Module):
         if cache is not None:
             key, value = cache.update(key, value, self.layer)
         attn_mask = mask(key.shape[-2])
+        causal = attn_mask is CAUSAL
+        if causal:
+            attn_mask = None
         if self.groups > 1 and q == 1:  # one query per row: the heads of a key/value head side by side
             out = F.scaled_dot_product_attention(query.reshape(b, self.kv_heads, self.groups, self.head_dim), key,
                                                  value, attn_mask=attn_mask, scale=self.scaling)
@@ -186,7 +189,8 @@ class Attention(nn.Module):
             if self.groups > 1:
                 key = key.repeat_interleave(self.groups, dim=1)
                 value = value.repeat_interleave(self.groups, dim=1)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling,
+                                                 is_causal=causal)
         return self.o_proj(out.transpose(1, 2).reshape(b, q, -1))
 
 
@@ -215,6 +219,10 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+CAUSAL = object()
+"""What :class:`_Mask` returns for a plain causal prefill (no cache before it, no padding): SDPA's ``is_causal``."""
+
+
 class _Mask:
     """The additive mask of one forward, built once per key length (the first layer's) from the caller's mask."""
 
@@ -232,6 +240,10 @@ class _Mask:
             out = given.to(self.dtype)
         elif given is None and self.q == 1 and key_length == self.past + 1:
             out = None  # one new position that sees everything before it
+        elif (self.past == 0 and key_length == self.q > 1 and given is not None and given.dim() == 2
+              and given.shape[-1] == key_length and bool(given.all())) or (
+                given is None and self.past == 0 and key_length == self.q > 1):
+            out = CAUSAL  # a prompt of its own, no padding: the causal kernel, no mask tensor
         else:
             kv = torch.arange(key_length, device=self.device)
             seen = kv.view(1, 1, -1) <= (self.past + torch.arange(self.q, device=self.device)).view(1, -1, 1)
