@@ -72,6 +72,14 @@ def tiny_lm(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def tiny_hf_lm(tiny_model_dir: Path):
+    """The tiny model on transformers' forward (``backend="hf"``): the reference of dpinfer's own model code."""
+    from dpinfer.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu", backend="hf")
+
+
+@pytest.fixture(scope="session")
 def embedded_lm():
     """The embedded SmolLM2-135M-Instruct (e2e tests only); skipped with a reason when it is not installed."""
     from dpinfer.errors import ModelNotFoundError

@@ -216,9 +216,14 @@ RAG = RagDefaults()
 PROTECT = ProtectDefaults()
 LEDGER = LedgerDefaults()
 
+MODEL_BACKEND = "auto"
+"""``load_model(backend=...)`` / ``--backend``: dpinfer's own model code for the architectures it runs
+(:mod:`dpinfer.modeling`), transformers for the others."""
+
 __all__ = [
     "GENERATE",
     "LEDGER",
+    "MODEL_BACKEND",
     "PROTECT",
     "RAG",
     "SANITIZE",

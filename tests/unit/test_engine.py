@@ -45,10 +45,14 @@ def hf_greedy(lm, ids: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_matches_hf_generate(tiny_lm, prompt):
+def test_greedy_matches_hf_generate(tiny_lm, tiny_hf_lm, prompt):
+    """The engine on dpinfer's own model code, greedy, against transformers' generate on the same weights."""
+    assert (tiny_lm.backend, tiny_hf_lm.backend) == ("own", "hf")
     ids = tiny_lm.encode(prompt)
     out = Engine(tiny_lm).generate([ids], Sampler(temperature=0), max_new_tokens=24, min_new_tokens=24)
-    assert out.sequences[0] == hf_greedy(tiny_lm, ids, 24)
+    assert out.sequences[0] == hf_greedy(tiny_hf_lm, ids, 24)
+    hf = Engine(tiny_hf_lm).generate([ids], Sampler(temperature=0), max_new_tokens=24, min_new_tokens=24)
+    assert hf.sequences[0] == out.sequences[0]
     assert out.finish_reasons == ["length"]
 
 

@@ -26,9 +26,9 @@ TEXTS = ("Refer to the following question to generate a new question: where is t
 
 def own_kv(lm, tokens) -> PrefixKV:
     """The model's own keys and values of ``tokens`` (one plain forward)."""
-    from transformers import DynamicCache
+    from dpinfer.engine.cache import new_kv_cache
 
-    cache = DynamicCache(config=lm.model.config)
+    cache = new_kv_cache(lm)
     ids = torch.as_tensor([list(tokens)])
     with torch.inference_mode():
         forward(lm, input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache)

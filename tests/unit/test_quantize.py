@@ -145,9 +145,11 @@ def test_bench_sanitize_perf_records_quantize(tiny_model_dir, shared_data, tmp_p
     res = bench.run(bench.config_from_args(args))
     assert res["settings"]["quantize"] == "int8"
     assert "int8 decode steps" in res["markdown"]
-    assert [r["config"] for r in res["rows"]] == ["original", "original (former path)", "dp-fusion m=1",
-                                                  "dp-fusion m=1 (former path)", "dp-fusion m=4",
-                                                  "dp-fusion m=4 (former path)"]
+    assert [r["config"] for r in res["rows"]] == ["original", "original (former path)", "original [hf forward]",
+                                                  "dp-fusion m=1", "dp-fusion m=1 (former path)",
+                                                  "dp-fusion m=1 [hf forward]", "dp-fusion m=4",
+                                                  "dp-fusion m=4 (former path)", "dp-fusion m=4 [hf forward]"]
+    assert res["settings"]["backend"] == "own"  # and the [hf forward] rows: the same int8 engine on transformers
 
 
 @pytest.mark.parametrize("fuse", [True, False])

@@ -25,6 +25,7 @@ from its config on the device, nothing downloaded) with the embedded model's tok
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's
     check_speed_arguments,
     document_prompt_ids,
     example_document,
+    hf_twin,
     shape_model,
     slot_decode_step,
     speed_model,
@@ -50,27 +52,40 @@ from dpinfer.errors import ConfigurationError
 
 DESCRIPTION = __doc__
 
+HF_FORWARD = "[hf forward]"
+"""Label suffix of the engine rows run on transformers' forward (``backend="hf"``) beside dpinfer's own."""
+
 def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens: int = 256, prompt_tokens: int = 500,
-                     repeats: int = 1, unshared: bool = True, progress: Progress = quiet) -> dict[str, Any]:
-    """Measure and return ``{"settings": ..., "rows": [...]}`` (see module docstring)."""
+                     repeats: int = 1, unshared: bool = True, progress: Progress = quiet, hf_lm: Any = None,
+                     ab: bool = True) -> dict[str, Any]:
+    """Measure and return ``{"settings": ..., "rows": [...]}`` (see module docstring). ``hf_lm``: the same model on
+    transformers' forward (``backend="hf"``), for ``hf generate`` and, when ``lm`` runs dpinfer's own model code,
+    every engine config again on it (``[hf forward]``, with ``ab``), interleaved in the same rounds."""
     ids = document_prompt_ids(lm, prompt_tokens)
+    hf_lm = hf_lm if hf_lm is not None else hf_twin(lm)
     configs: list[tuple[str, int, bool]] = [("hf generate", 1, True)]
     for k in ks:
         configs.append((f"engine K={k}", k, True))
         if unshared and k > 1:
             configs.append((f"engine K={k} unshared", k, False))
+    if hf_lm is not lm and ab:
+        configs += [(f"{label} {HF_FORWARD}", k, shared) for label, k, shared in configs[1:]]
     # warm-up (thread pools, allocator) so the first timed run is not penalised
     time_engine(lm, ids[:64], 1, 4, True)
-    timings, prefill = Timings(), Timings()
+    if hf_lm is not lm and ab:
+        time_engine(hf_lm, ids[:64], 1, 4, True)
+    timings, prefill, cpu = Timings(), Timings(), Timings()  # cpu: the process's CPU seconds (less load-sensitive)
     for _, order in rounds(repeats, configs):
         for label, k, shared in order:
             progress(label)
+            c0 = time.process_time()
             if label == "hf generate":
-                timings.add(label, time_hf(lm, ids, new_tokens))
+                timings.add(label, time_hf(hf_lm, ids, new_tokens))
             else:
-                dt, pf = time_engine(lm, ids, k, new_tokens, shared)
+                dt, pf = time_engine(hf_lm if label.endswith(HF_FORWARD) else lm, ids, k, new_tokens, shared)
                 timings.add(label, dt)
                 prefill.add(label, pf)
+            cpu.add(label, time.process_time() - c0)
     rows = []
     for label, k, shared in configs:
         t = timings.median(label)
@@ -79,12 +94,18 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
             "seconds": round(t, 3), "seconds_range": timings.spread(label),
             "prefill_seconds": round(prefill.median(label), 3) if label in prefill.runs else None,
             "tokens_per_s": round(new_tokens / t, 2), "ratio_vs_hf": round(timings.ratio("hf generate", label), 3),
+            "backend": "hf" if label == "hf generate" or label.endswith(HF_FORWARD) else lm.backend,
+            "cpu_seconds": round(cpu.median(label), 3), "cpu_ratio_vs_hf": round(cpu.ratio("hf generate", label), 3),
         })
+        twin = f"{label} {HF_FORWARD}"
+        if twin in timings.runs:
+            rows[-1]["ratio_vs_hf_forward"] = round(timings.ratio(twin, label), 3)
+            rows[-1]["cpu_ratio_vs_hf_forward"] = round(cpu.ratio(twin, label), 3)
     import torch
 
     return {
         "settings": {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-                     "prompt_tokens": len(ids), "new_tokens": new_tokens, "repeats": repeats,
+                     "backend": lm.backend, "prompt_tokens": len(ids), "new_tokens": new_tokens, "repeats": repeats,
                      "torch_threads": torch.get_num_threads()},
         "rows": rows,
     }
@@ -103,8 +124,11 @@ def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
 
 def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_tokens: int = 64,
                    prompt_tokens: int = 300, repeats: int = 1, compile: bool = False, max_rows: int | None = None,
-                   progress: Progress = quiet) -> dict[str, Any]:
-    """``--jobs N``: N jobs one by one vs through ``run_jobs`` (see the module docstring); rows per K."""
+                   progress: Progress = quiet, hf_lm: Any = None, ab: bool = True) -> dict[str, Any]:
+    """``--jobs N``: N jobs one by one vs through ``run_jobs`` (see the module docstring); rows per K. ``hf_lm``: the
+    same model on transformers' forward, for ``hf generate`` and (when ``lm`` runs dpinfer's own model code) each
+    ``run_jobs`` eager row again on it (``[hf forward]``, with ``ab``)."""
+    hf_lm = hf_lm if hf_lm is not None else hf_twin(lm)
     import torch
 
     from dpinfer.engine import Engine, EngineJob
@@ -119,6 +143,9 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
 
     engine = Engine(lm)
     time_engine(lm, prompts[0][:64], 1, 4, True)  # warm-up
+    hf_engine = Engine(hf_lm) if hf_lm is not lm and ab else None
+    if hf_engine is not None:
+        time_engine(hf_lm, prompts[0][:64], 1, 4, True)
     timings = Timings(sync=lambda: sync(lm))
     extra: dict[str, dict[str, Any]] = {}
 
@@ -142,12 +169,12 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
             label = f"run_jobs K={k} compiled, first call (compiles)"
             timed(label, lambda k=k: through_slots(k, True))
             extra[label] = {"contexts": k, "first_call": True}
-        timed("hf generate static+compile, first call (compiles)", lambda: time_hf(lm, prompts[0], new_tokens,
+        timed("hf generate static+compile, first call (compiles)", lambda: time_hf(hf_lm, prompts[0], new_tokens,
                                                                                     compiled=True))
     for _ in range(repeats):
-        timed("hf generate (1 prompt)", lambda: time_hf(lm, prompts[0], new_tokens))
+        timed("hf generate (1 prompt)", lambda: time_hf(hf_lm, prompts[0], new_tokens))
         if compile:
-            timed("hf generate static+compile (1 prompt)", lambda: time_hf(lm, prompts[0], new_tokens,
+            timed("hf generate static+compile (1 prompt)", lambda: time_hf(hf_lm, prompts[0], new_tokens,
                                                                             compiled=True))
         for k in ks:
             ref = timed(f"one by one K={k}", lambda k=k: [
@@ -156,6 +183,11 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
             got = timed(f"run_jobs K={k} eager", lambda k=k: through_slots(k, False))
             same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
             extra[f"run_jobs K={k} eager"] = {"contexts": k, "same_tokens_as_one_by_one": f"{same}/{n_jobs}"}
+            if hf_engine is not None:
+                label = f"run_jobs K={k} eager {HF_FORWARD}"
+                got = timed(label, lambda k=k: dict(hf_engine.run_jobs(jobs(k), compile=False, max_rows=max_rows)))
+                same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
+                extra[label] = {"contexts": k, "same_tokens_as_one_by_one": f"{same}/{n_jobs}"}
             if compile:
                 got = timed(f"run_jobs K={k} compiled", lambda k=k: through_slots(k, True))
                 same = sum(got[i].sequences[0] == ref[i].sequences[0] for i in range(n_jobs))
@@ -175,7 +207,8 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
 
     return {
         "settings": {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-                     "jobs": n_jobs, "prompt_tokens": [len(p) for p in prompts], "new_tokens": new_tokens,
+                     "backend": lm.backend, "jobs": n_jobs, "prompt_tokens": [len(p) for p in prompts],
+                     "new_tokens": new_tokens,
                      "repeats": repeats, "torch_threads": torch.get_num_threads(),
                      "max_rows": max_rows or DEFAULT_MAX_ROWS.get(torch.device(lm.device).type)},
         "rows": rows,
@@ -190,12 +223,13 @@ def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dic
     import torch
 
     from dpinfer.engine import DecodeStep, SlotCache
+    from dpinfer.engine.cache import own_model
 
     config = lm.model.config
     heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     with torch.inference_mode():
-        cache = SlotCache(config.num_hidden_layers, slots, capacity, lm.device)
+        cache = SlotCache(config.num_hidden_layers, slots, capacity, lm.device, hf=not own_model(lm.model))
         gen = torch.Generator(device="cpu").manual_seed(0)
         fill = capacity // 2
         kv = [(torch.randn((heads, fill, head_dim), generator=gen).to(lm.device, lm.dtype),
@@ -219,7 +253,8 @@ def format_jobs_markdown(res: dict[str, Any]) -> str:
     s = res["settings"]
     lengths = s["prompt_tokens"]
     lines = [
-        f"Slot engine: {s['jobs']} jobs on {s['model']} ({s['device']}, {s['dtype']}, {s['torch_threads']} threads), "
+        f"Slot engine: {s['jobs']} jobs on {s['model']} ({s['device']}, {s['dtype']}, {s['torch_threads']} threads, "
+        f"backend {s.get('backend', 'hf')}), "
         f"prompts of {min(lengths)}-{max(lengths)} tokens, {s['new_tokens']} new tokens per job, max_rows "
         f"{s['max_rows']}, median of {s['repeats']} run(s); tokens/s = released tokens (HF rows: one prompt)",
         "",
@@ -236,18 +271,28 @@ def format_jobs_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _times(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}×"
+
+
 def format_markdown(res: dict[str, Any]) -> str:
     if "jobs" in res["settings"]:
         return format_jobs_markdown(res)
     s = res["settings"]
     lines = [
-        f"Engine throughput: {s['model']} on {s['device']} ({s['dtype']}, {s['torch_threads']} threads), "
-        f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens, median of {s['repeats']} run(s)",
+        f"Engine throughput: {s['model']} on {s['device']} ({s['dtype']}, {s['torch_threads']} threads, backend "
+        f"{s.get('backend', 'hf')}; '{HF_FORWARD}': the same engine on transformers' forward), "
+        f"{s['prompt_tokens']}-token document prompt, {s['new_tokens']} new tokens, median of {s['repeats']} run(s); "
+        "CPU s: the process's CPU seconds; 'vs hf forward': how many times faster than the same config on "
+        "transformers' forward",
         "",
-        *md_table(["config", "K", "seconds", "prefill s", "tokens/s", "ratio vs HF"], "lrrrrr",
+        *md_table(["config", "K", "seconds", "prefill s", "tokens/s", "ratio vs HF", "CPU s", "vs hf forward",
+                   "vs hf forward (CPU)"], "lrrrrrrrr",
                   ([r["config"], r["contexts"], f"{r['seconds']:.2f}",
                     "" if r["prefill_seconds"] is None else f"{r['prefill_seconds']:.2f}", f"{r['tokens_per_s']:.2f}",
-                    f"{r['ratio_vs_hf']:.2f}"] for r in res["rows"])),
+                    f"{r['ratio_vs_hf']:.2f}", f"{r['cpu_seconds']:.2f}" if "cpu_seconds" in r else "",
+                    _times(r.get("ratio_vs_hf_forward")), _times(r.get("cpu_ratio_vs_hf_forward"))]
+                   for r in res["rows"])),
     ]
     return "\n".join(lines)
 
@@ -272,6 +317,9 @@ class EngineBenchConfig(Config):
     dtype: str | None = option(None, type=str, help="float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
     shape: str | None = option(None, type=str, choices=sorted(SHAPES),
                                help="random-weight model of this shape (no download) instead of --model")
+    backend_ab: bool = option(True, help="when the model runs on dpinfer's own model code, also time every engine "
+                                         "config on transformers' forward in the same rounds (--no-backend-ab: "
+                                         "skip those runs)")
 
     def __post_init__(self) -> None:
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
@@ -305,12 +353,15 @@ def run(config: EngineBenchConfig, progress: Progress = quiet) -> dict[str, Any]
     """Load the model and measure (:func:`run_engine_bench`, or :func:`run_jobs_bench` with ``jobs``);
     ``progress(stage)`` names each run as it starts."""
     lm = speed_model(config.model, device=config.device, dtype=config.dtype, shape=config.shape)
+    hf_lm = hf_twin(lm)  # the same model on transformers' forward: its generate, and the A/B
     if config.jobs is not None:
         return run_jobs_bench(lm, n_jobs=config.jobs, ks=config.ks, new_tokens=config.new_tokens,
                               prompt_tokens=config.prompt_tokens, repeats=config.repeats, compile=config.compile,
-                              max_rows=config.max_rows, progress=progress)
+                              max_rows=config.max_rows, progress=progress,
+                              hf_lm=hf_lm, ab=config.backend_ab)
     return run_engine_bench(lm, ks=config.ks, new_tokens=config.new_tokens, prompt_tokens=config.prompt_tokens,
-                            repeats=config.repeats, unshared=config.unshared, progress=progress)
+                            repeats=config.repeats, unshared=config.unshared, progress=progress,
+                            hf_lm=hf_lm, ab=config.backend_ab)
 
 
 def render(res: dict[str, Any]) -> str:

@@ -269,8 +269,9 @@ def run(config: SanitizeBenchConfig, progress: Progress = quiet) -> dict[str, An
         return res
     if c.perf:
         doc = load_tab(c.data, 1, 2600 if c.max_chars is None else c.max_chars, skip=c.skip)[0]
+        hf_lm = speed.hf_twin(lm)  # the same model on transformers' forward: the HF baselines and the A/B
         res = run_perf(lm, doc, max_new_tokens=256 if c.max_new_tokens is None else c.max_new_tokens,
-                       seed=c.seed, repeats=c.repeats, progress=progress, hf_baselines=c.hf_baselines)
+                       seed=c.seed, repeats=c.repeats, progress=progress, hf_baselines=c.hf_baselines, hf_lm=hf_lm)
         res["settings"]["quantize"] = c.quantize
         res["markdown"] = format_perf(res)
         write_text(out / "sanitize_perf.md", res["markdown"] + "\n")

@@ -15,7 +15,7 @@ from dpinfer.bench.harness import Progress, Timings, md_table, quiet, rounds
 
 def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int = 1,
              progress: Progress = quiet, hf_baselines: bool = True, ms: tuple[int, ...] = (1, 4),
-             slot_engine: bool = False) -> dict[str, Any]:
+             slot_engine: bool = False, hf_lm: Any = None) -> dict[str, Any]:
     """DP-Fusion with m privacy groups (``ms``: 1 and 4) vs ``original`` on one document: ``repeats`` rounds, the
     order alternating between rounds (ABBA), the median and the range (``seconds_range``) of each row reported; with
     ``hf_baselines``, Hugging Face ``generate`` on the same prompt (eager, and static cache + ``torch.compile``, its
@@ -28,7 +28,10 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     :func:`~dpinfer.pipelines.sanitize.plan_sanitize`, ``run_jobs``, ``finish_sanitize``, what ``sanitize_many`` does
     per document), on an engine of its own so that its compiled decode step is reused across repeats; its first call
     (which compiles on CUDA) is timed apart (``settings["slot_first_call_seconds"]``). Rows carry their ``path`` and
-    ``decode_step`` (``"compiled"`` or ``"eager"``)."""
+    ``decode_step`` (``"compiled"`` or ``"eager"``). ``hf_lm``: the same model on transformers' forward
+    (``backend="hf"``): the Hugging Face baselines run on it and, when ``lm`` runs dpinfer's own model code, each
+    configuration again (rows ``<name> [hf forward]``, with ``ratio_vs_hf_forward`` on the engine's row)."""
+    from dpinfer.bench.engine import HF_FORWARD
     from dpinfer.pipelines import sanitize as pipeline
 
     labels = sorted({s.label for s in doc.spans})
@@ -45,15 +48,20 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         doc.text, lm=lm, method="original" if groups is None else "dp-fusion", groups=groups, **opts).job)
         for name, groups in configs}
 
-    def engine_timer(name: str, groups: dict[str, list[str]] | None) -> Callable[[], tuple[float, float]]:
+    hf_lm = hf_lm if hf_lm is not None else speed.hf_twin(lm)
+    ab = hf_lm is not lm
+
+    def engine_timer(name: str, groups: dict[str, list[str]] | None, model: Any = lm
+                     ) -> Callable[[], tuple[float, float]]:
         def once() -> tuple[float, float]:
             cpu: list[float] = []  # process CPU seconds over the span res.seconds measures (from the progress calls)
-            res = pipeline.sanitize(doc.text, lm=lm, method="original" if groups is None else "dp-fusion",
+            res = pipeline.sanitize(doc.text, lm=model, method="original" if groups is None else "dp-fusion",
                                     groups=groups, progress=lambda done, total: cpu.append(time.process_time()),
                                     **opts)
             assert res.generated_tokens == max_new_tokens
             info[name] = {"groups": len(res.groups) if groups is not None else 0, "prompt_tokens": res.prompt_tokens,
-                          "path": "engine (sanitize, Engine.step)", "decode_step": steps[name]}
+                          "path": "engine (sanitize, Engine.step)",
+                          "decode_step": steps[name.removesuffix(f" {HF_FORWARD}")]}
             return res.seconds, cpu[-1] - cpu[0]
         return once
 
@@ -61,7 +69,9 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     for name, groups in configs:
         timers += [(name, engine_timer(name, groups)),
                    (f"{name} (former path)", _former_sanitize(lm, doc.text, groups, opts))]
-    for label, timer in timers[::2]:  # first calls timed apart (the engine's decode step compiles on CUDA)
+        if ab:
+            timers.append((f"{name} {HF_FORWARD}", engine_timer(f"{name} {HF_FORWARD}", groups, hf_lm)))
+    for label, timer in timers[::3 if ab else 2]:  # first calls timed apart (the decode step compiles on CUDA)
         progress(f"{label}, first call")
         first_calls[label] = round(timer()[0], 3)
     if slot_engine:
@@ -83,7 +93,10 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
                                          "decode_step": "eager"}
         if slot_engine:
             info[f"{name} (run_jobs)"] = {**info[name], **info[f"{name} (run_jobs)"]}
-    names = [n for c in configs for n in (c[0], f"{c[0]} (former path)")]
+    for name, _ in configs:
+        if ab:
+            info[f"{name} {HF_FORWARD}"] = {**info[f"{name} {HF_FORWARD}"], "path": "engine on transformers' forward"}
+    names = [n for c in configs for n in (c[0], f"{c[0]} (former path)") + ((f"{c[0]} {HF_FORWARD}",) if ab else ())]
     if slot_engine:
         names += [f"{c[0]} (run_jobs)" for c in configs]
     compile_seconds = None
@@ -91,12 +104,12 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         ids = pipeline.prepare_contexts(lm, doc.text, doc.spans, pipeline.resolve_groups(doc.spans, None),
                                         pipeline.DEFAULT_INSTRUCTION).original
         progress("hf generate static+compile (first call: compiles)")
-        compile_seconds = speed.time_hf(lm, ids, max_new_tokens, compiled=True)
+        compile_seconds = speed.time_hf(hf_lm, ids, max_new_tokens, compiled=True)
         hf = [("hf generate eager", False), ("hf generate static+compile", True)]
         for _, order in rounds(repeats, hf):
             for label, compiled in order:
                 progress(label)
-                timings.add(label, speed.time_hf(lm, ids, max_new_tokens, compiled=compiled))
+                timings.add(label, speed.time_hf(hf_lm, ids, max_new_tokens, compiled=compiled))
         for label, compiled in hf:
             info[label] = {"groups": 0, "path": "hugging face generate", "decode_step": "compiled" if compiled
                            else "eager"}
@@ -115,9 +128,12 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
             former = f"{name} (former path)"
             rows[-1]["ratio_vs_former"] = round(timings.ratio(former, name), 3)
             rows[-1]["cpu_ratio_vs_former"] = round(cpu_timings.ratio(former, name), 3)
+        if f"{name} {HF_FORWARD}" in timings.runs:
+            rows[-1]["ratio_vs_hf_forward"] = round(timings.ratio(f"{name} {HF_FORWARD}", name), 3)
     settings = {"doc_id": doc.doc_id, "prompt_tokens": info["original"]["prompt_tokens"],
                 "new_tokens": max_new_tokens, "repeats": repeats, "model": lm.name,
                 "device": str(lm.device), "dtype": str(lm.model.dtype).removeprefix("torch."),
+                "backend": getattr(lm, "backend", "hf"),
                 "hf_compile_first_call_seconds": compile_seconds and round(compile_seconds, 2)}
     settings["first_call_seconds"] = first_calls
     if slot_engine:
@@ -185,17 +201,18 @@ def _quant_note(settings: dict[str, Any]) -> str:
 def format_perf(res: dict[str, Any]) -> str:
     s = res["settings"]
     compiled = s.get("hf_compile_first_call_seconds")
-    lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)} on {s.get('device', 'cpu')} "
+    lines = [f"DP-Fusion throughput: {s['model']}{_quant_note(s)} (backend {s.get('backend', 'hf')}) on "
+             f"{s.get('device', 'cpu')} "
              f"({s.get('dtype', 'float32')}), TAB document {s['doc_id']} ({s['prompt_tokens']}-token prompt), "
              f"{s['new_tokens']} new tokens, prefill included, median (and range) of {s['repeats']} interleaved "
              "round(s); CPU s: the process's CPU time over the same span (less sensitive to a loaded machine)"
              + (f"; HF static+compile's first (compiling) call took {compiled:.1f} s" if compiled else ""),
              "", *md_table(
                  ["config", "path", "decode step", "groups", "seconds", "range", "tokens/s", "ratio vs original",
-                  "vs former path", "CPU s (range)", "vs former path (CPU)"], "lllrrrrrrrr",
+                  "vs former path", "vs hf forward", "CPU s (range)", "vs former path (CPU)"], "lllrrrrrrrrr",
                  ([r["config"], r.get("path", ""), r.get("decode_step", ""), r["groups"], f"{r['seconds']:.2f}",
                    _range(r.get("seconds_range")), f"{r['tokens_per_s']:.2f}", f"{r['ratio_vs_original']:.2f}",
-                   _times(r.get("ratio_vs_former")),
+                   _times(r.get("ratio_vs_former")), _times(r.get("ratio_vs_hf_forward")),
                    f"{r['cpu_seconds']:.2f} ({_range(r['cpu_seconds_range'])})" if "cpu_seconds" in r else "",
                    _times(r.get("cpu_ratio_vs_former"))] for r in res["rows"]))]
     return "\n".join(lines)

@@ -142,18 +142,31 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
 
 
 def speed_model(model: str | None, *, device: str | None = None, dtype: str | None = None, shape: str | None = None,
-                quantize: str | None = None) -> Any:
+                quantize: str | None = None, backend: str | None = None) -> Any:
     """The model a benchmark runs: a random-weight :data:`SHAPES` model when ``shape`` is given (with ``model``'s
-    tokenizer), else :func:`~dpinfer.models.load_model` with its packed linears' copies made now (so that no timed
-    arm pays for them at its first step)."""
+    tokenizer; transformers' forward), else :func:`~dpinfer.models.load_model` (``backend``: see there) with its
+    packed linears' copies made now (so that no timed arm pays for them at its first step)."""
     from dpinfer.models import load_model
     from dpinfer.packed import pack_now
 
     if shape is not None:
         return shape_model(shape, device=device, dtype=dtype, tokenizer=model)
-    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
+    lm = load_model(model, device=device, dtype=dtype, quantize=quantize, backend=backend)
     pack_now(lm.model)
     return lm
+
+
+def hf_twin(lm: Any) -> Any:
+    """``lm`` on transformers' forward: ``lm`` itself when it already is, else the same folder loaded again with
+    ``backend="hf"`` (its packed copies made now): the Hugging Face ``generate`` baselines and the own-vs-hf A/B."""
+    if getattr(lm, "backend", "hf") == "hf":
+        return lm
+    from dpinfer.models import load_model
+    from dpinfer.packed import pack_now
+
+    twin = load_model(str(lm.source), device=str(lm.device), dtype=lm.dtype, backend="hf")
+    pack_now(twin.model)
+    return twin
 
 
 def sync(lm: Any) -> None:

@@ -87,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not hasattr(args, "json"):
         args.json = False
+    if getattr(args, "model_backend", None):
+        os.environ["DPINFER_BACKEND"] = args.model_backend  # read by load_model (and by the processes it starts)
     if argv is None and "model" in vars(args):  # a process of its own that loads a model: collect after the load
         defer_collection_until_loaded()
     try:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from dpinfer.cli.output import console, print_json
+from dpinfer.cli.output import add_backend_argument, console, print_json
 
 EMBEDDED_NOTE = (
     "The embedded smollm2-135m-instruct is a small demonstration of the mechanics (135M parameters; text quality "
@@ -21,6 +21,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                        description="List the embedded model and the converted models in the cache. " + EMBEDDED_NOTE)
     m.add_argument("--prepare", action="store_true", help="load (and on first use convert and cache) the model")
     m.add_argument("--model", default=None, help="model to prepare (default: the embedded one)")
+    add_backend_argument(m)
     m.set_defaults(func=run)
 
 
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         lm = load_model(args.model)
-        prepared = {"name": lm.name, "source": str(lm.source), "seconds": round(time.perf_counter() - t0, 2)}
+        prepared = {"name": lm.name, "source": str(lm.source), "backend": lm.backend,
+                    "seconds": round(time.perf_counter() - t0, 2)}
         models = installed_models()
     if args.json:
         out: dict[str, Any] = {"cache_dir": str(cache_dir()), "models": models, "note": EMBEDDED_NOTE}
@@ -65,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
         con.print(table)
         con.print(EMBEDDED_NOTE)
     if args.prepare:
-        con.print(f"loaded {prepared['name']} in {prepared['seconds']} s")
+        con.print(f"loaded {prepared['name']} in {prepared['seconds']} s (model code: {prepared['backend']})")
     return 0

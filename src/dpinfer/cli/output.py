@@ -168,10 +168,21 @@ QUANTIZE_HELP = ("int8: CPU only; decode steps use dynamic int8 Linear layers (p
                  "faster decoding, slightly different sampling distribution (default: off)")
 
 
+BACKEND_HELP = ("model code: auto (dpinfer's own for Llama, Qwen2 and Mistral folders, transformers for the others), "
+                "own, or hf (transformers' forward); sets DPINFER_BACKEND (default: auto)")
+
+
+def add_backend_argument(p: Any) -> None:
+    """``--model-backend auto|own|hf``: read by :func:`dpinfer.models.load_model` through ``$DPINFER_BACKEND``
+    (:func:`dpinfer.cli.main` sets it; ``--backend`` is the corpus runner's ``local|ray`` on ``sanitize``)."""
+    p.add_argument("--model-backend", default=None, choices=["auto", "own", "hf"], help=BACKEND_HELP)
+
+
 def add_model_arguments(p: Any, *, quantize: bool = True, device_help: str | None = None) -> None:
-    """``--model``, ``--device`` and (optionally) ``--quantize``."""
+    """``--model``, ``--device``, ``--backend`` and (optionally) ``--quantize``."""
     p.add_argument("--model", default=None, help="model name or local folder (default: embedded SmolLM2-135M)")
     p.add_argument("--device", default=None, help=device_help)
+    add_backend_argument(p)
     if quantize:
         p.add_argument("--quantize", default=None, choices=["int8"], help=QUANTIZE_HELP)
 

@@ -59,7 +59,46 @@ def cache_kwargs(module: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def own_model(model: Any) -> bool:
+    """Whether ``model`` is dpinfer's own model code (:mod:`dpinfer.modeling`) rather than a transformers model."""
+    return getattr(model, "backend", None) == "own"
+
+
+def new_kv_cache(lm: Any, max_len: int | None = None) -> Any:
+    """An empty KV cache for ``lm``'s forward: growing (``max_len`` None) or of ``max_len`` positions; dpinfer's own
+    (:class:`~dpinfer.modeling.model.DynamicKV` / ``StaticKV``) for its own model code, transformers'
+    ``DynamicCache`` / ``StaticCache`` otherwise."""
+    if own_model(lm.model):
+        return lm.model.new_cache(max_len)
+    from transformers import DynamicCache, StaticCache
+
+    config = lm.model.config
+    return DynamicCache(config=config) if max_len is None else StaticCache(config=config, max_cache_len=max_len)
+
+
+def _slot_update(owner: SlotCache, layer: Any, key_states: torch.Tensor, value_states: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write one new position per row at its length; return the layer's whole keys and values."""
+    s, h, q, _ = key_states.shape
+    if q != 1:
+        raise RuntimeError("a SlotCache takes one new position per row (decode steps only)")
+    keys, values = (layer.keys, layer.values) if s == owner.slots else (layer.keys[:s], layer.values[:s])
+    idx = owner.lengths[:s].view(s, 1, 1, 1)
+    keys.scatter_(2, idx.expand(s, h, 1, key_states.shape[-1]), key_states)
+    values.scatter_(2, idx.expand(s, h, 1, value_states.shape[-1]), value_states)
+    return keys, values
+
+
 # ---------------------------------------------------------------------------------------------------- the KV cache
+class _OwnSlotLayer:
+    """One layer of a :class:`SlotCache` for dpinfer's own model code (keys and values ``(S, H, C, D)``)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.is_initialized = False
+
+
 def _layer_class() -> type:
     from transformers.cache_utils import CacheLayerMixin
 
@@ -79,14 +118,7 @@ def _layer_class() -> type:
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-            s, h, q, _ = key_states.shape
-            if q != 1:
-                raise RuntimeError("a SlotCache takes one new position per row (decode steps only)")
-            keys, values = (self.keys, self.values) if s == self.owner.slots else (self.keys[:s], self.values[:s])
-            idx = self.owner.lengths[:s].view(s, 1, 1, 1)
-            keys.scatter_(2, idx.expand(s, h, 1, key_states.shape[-1]), key_states)
-            values.scatter_(2, idx.expand(s, h, 1, value_states.shape[-1]), value_states)
-            return keys, values
+            return _slot_update(self.owner, self, key_states, value_states)
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.owner.capacity, 0
@@ -103,24 +135,40 @@ def _layer_class() -> type:
 class SlotCache:
     """A KV cache of ``slots`` rows × ``capacity`` positions with a length per row (see the module docstring).
 
-    Built as a :class:`transformers.Cache` (:meth:`as_hf`); the tensors are allocated at the first :meth:`write` with
-    the prefill's head count, head size, dtype and device.
+    ``kv`` is what the decoder's forward writes through: the cache itself (``update(keys, values, layer)``) for
+    dpinfer's own model code (``hf=False``), a :class:`transformers.Cache` of slot layers for a transformers model.
+    The tensors are allocated at the first :meth:`write` with the prefill's head count, head size, dtype and device.
     """
 
-    def __init__(self, num_layers: int, slots: int, capacity: int, device: Any) -> None:
-        from transformers.cache_utils import Cache
-
+    def __init__(self, num_layers: int, slots: int, capacity: int, device: Any, *, hf: bool = True) -> None:
         self.slots, self.capacity, self.num_layers = slots, capacity, num_layers
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
         self.positions = torch.arange(capacity, device=device)
-        layer_cls = _layer_class()
-        self.hf = Cache(layers=[layer_cls(self) for _ in range(num_layers)])
+        self.kv: Any
+        if hf:
+            from transformers.cache_utils import Cache
+
+            layer_cls = _layer_class()
+            self.kv = Cache(layers=[layer_cls(self) for _ in range(num_layers)])
+            self._layers = self.kv.layers
+        else:
+            self.kv = self
+            self._layers = [_OwnSlotLayer() for _ in range(num_layers)]
         self.allocated = False
         self.busy = False
 
     @property
     def layers(self) -> list[Any]:
-        return self.hf.layers
+        return self._layers
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's new keys and values of ``layer`` (dpinfer's own model code): written at each row's
+        length; the layer's whole tensors returned (the step's mask hides what is not the row's)."""
+        return _slot_update(self, self._layers[layer], key_states, value_states)
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return 0
 
     def _allocate(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for layer, (k, v) in zip(self.layers, kv, strict=True):
@@ -179,7 +227,7 @@ class DecodeStep:
         self.decoder = lm.model.get_decoder()
         self.cache = cache
         self.dtype = lm.dtype
-        self._cache_name = _cache_parameter(type(self.decoder))
+        self._cache_name = "past_key_values" if own_model(lm.model) else _cache_parameter(type(self.decoder))
         self.compiled = compile
         self._fn = self._eager
         if compile:
@@ -190,7 +238,7 @@ class DecodeStep:
         cache, rows = self.cache, ids.shape[0]
         out = self.decoder(input_ids=ids, attention_mask=cache.mask(self.dtype, rows),
                            position_ids=cache.lengths[:rows].view(-1, 1), use_cache=True,
-                           **{self._cache_name: cache.hf})
+                           **{self._cache_name: cache.kv})
         return out.last_hidden_state[:, -1, :]
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:

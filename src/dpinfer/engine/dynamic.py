@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dpinfer.engine.cache import cache_kwargs
+from dpinfer.engine.cache import cache_kwargs, new_kv_cache
 from dpinfer.engine.head import head_splits, split_logits
 from dpinfer.engine.prefill import forward, prefill_public, prefill_rows, prefill_seeded, right_aligned
 from dpinfer.engine.scheduler import Pool
@@ -136,11 +136,8 @@ class DynamicRunner:
         """A decode batch from per-row caches (per layer keys ``(H, L, D)``): keys and values right-aligned in
         ``width`` slots (zeros before, :func:`~dpinfer.engine.prefill.right_aligned`), in a static cache of
         ``width + max_new_tokens`` slots (or a dynamic cache)."""
-        from transformers import DynamicCache, StaticCache
-
-        device, config = self.lm.device, self.lm.model.config
-        cache = (StaticCache(config=config, max_cache_len=width + max_new_tokens) if self.static_cache
-                 else DynamicCache(config=config))
+        device = self.lm.device
+        cache = new_kv_cache(self.lm, width + max_new_tokens if self.static_cache else None)
         batched, mask = right_aligned(layers, width)
         for j, (keys, values) in enumerate(batched):
             cache.update(keys, values, j)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dpinfer.engine.cache import cache_kwargs
+from dpinfer.engine.cache import cache_kwargs, new_kv_cache
 from dpinfer.errors import ConfigurationError
 from dpinfer.quantize import prompt_model
 
@@ -158,11 +158,9 @@ def prefill_public(lm: Any, rows: Sequence[Sequence[int]], prefix_sharing: bool
     """The public row prefilled alone, then each private row alone (reusing the public row's keys for a shared
     prefix): (last logits per row, per row and layer (keys, values) of shape (1, H, L, D), the shortest prefix a
     private row reuses)."""
-    from transformers import DynamicCache
-
-    device, config = lm.device, lm.model.config
+    device = lm.device
     public = rows[0]
-    pub_cache = DynamicCache(config=config)
+    pub_cache = new_kv_cache(lm)
     ids = torch.as_tensor([public], dtype=torch.long, device=device)
     out = forward(lm, input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=pub_cache)
     last = [out.logits[0, -1, :]]
@@ -174,7 +172,7 @@ def prefill_public(lm: Any, rows: Sequence[Sequence[int]], prefix_sharing: bool
             shared = min(common_prefix_length([row, public]), len(row) - 1)
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
         reused.append(shared)
-        row_cache = DynamicCache(config=config)
+        row_cache = new_kv_cache(lm)
         for j, layer in enumerate(pub_cache.layers):
             if shared:
                 row_cache.update(layer.keys[:, :, :shared], layer.values[:, :, :shared], j)
@@ -191,9 +189,7 @@ def prefill_rows(lm: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
                  static_cache: bool) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor, int]:
     """Run the prompts, left-padded; return (last logits (K, V), cache, attention mask, next position ids (K,),
     shared prefix). With ``static_cache`` and K > 1 the cache is pre-allocated for ``max_new_tokens`` more."""
-    from transformers import DynamicCache, StaticCache
-
-    device, pad, config = lm.device, lm.pad_token_id, lm.model.config
+    device, pad = lm.device, lm.pad_token_id
     k = len(rows)
     shared = 0
     if prefix_sharing and k > 1:
@@ -202,14 +198,13 @@ def prefill_rows(lm: Any, rows: Sequence[Sequence[int]], max_new_tokens: int, *,
             shared = 0
     width = max(len(r) for r in rows) - shared
     static = static_cache and k > 1
-    cache = (StaticCache(config=config, max_cache_len=shared + width + max_new_tokens) if static
-             else DynamicCache(config=config))
+    cache = new_kv_cache(lm, shared + width + max_new_tokens if static else None)
     suffixes = [r[shared:] for r in rows]
     per_row = static and sum(map(len, suffixes)) < PER_ROW_PREFILL * k * width
     prefix_cache = None
     if shared:
         prefix = torch.as_tensor([rows[0][:shared]], dtype=torch.long, device=device)
-        prefix_cache = DynamicCache(config=config)
+        prefix_cache = new_kv_cache(lm)
         forward(lm, input_ids=prefix, attention_mask=torch.ones_like(prefix), past_key_values=prefix_cache)
         if per_row:
             pass  # _prefill_one_by_one writes prefix and suffixes at once
@@ -236,15 +231,13 @@ def _prefill_one_by_one(lm: Any, suffixes: Sequence[Sequence[int]], shared: int,
     """Prefill rows of very different lengths one at a time (no compute on padding), then write their keys and
     values, left-aligned as the batched layout expects, into the pre-allocated cache. Exact: each row's keys are
     computed at its own positions, and the padding slots stay masked."""
-    from transformers import DynamicCache
-
-    device, config = lm.device, lm.model.config
+    device = lm.device
     k = len(suffixes)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     last: list[torch.Tensor] = []
     for i, row in enumerate(suffixes):
-        row_cache = DynamicCache(config=config)
+        row_cache = new_kv_cache(lm)
         if prefix_cache is not None:
             for j, layer in enumerate(prefix_cache.layers):
                 row_cache.update(layer.keys, layer.values, j)
@@ -279,12 +272,10 @@ def prefill_seeded(lm: Any, rows: Sequence[Sequence[int]], seeds: Sequence[Prefi
     block of ``max n`` positions, the tails left-padded in a second block, so a row's tail attends to its own prefix
     and its own earlier tail tokens only (a 2-D mask with a gap between the blocks; each tail's position ids continue
     from its prefix). Exact up to floating-point rounding: the same keys and logits as running each row whole."""
-    from transformers import DynamicCache
-
-    device, config = lm.device, lm.model.config
+    device = lm.device
     k = len(rows)
     lengths = [0 if s is None else len(s.tokens) for s in seeds]
-    cache = DynamicCache(config=config)
+    cache = new_kv_cache(lm)
     ids, tail_mask = left_pad([r[n:] for r, n in zip(rows, lengths, strict=True)], lm.pad_token_id, device)
     seed_mask = tail_mask.new_zeros((k, 0))
     if any(lengths):

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from dpinfer.engine.cache import DecodeStep, SlotCache
+from dpinfer.engine.cache import DecodeStep, SlotCache, own_model
 from dpinfer.engine.head import head_splits, split_logits
 from dpinfer.engine.prefill import prefill_job
 from dpinfer.engine.scheduler import Pool
@@ -83,7 +83,8 @@ class SlotRunner:
         self.ids: torch.Tensor | None = None
 
     def _new_cache(self, slots: int, capacity: int) -> SlotCache:
-        return SlotCache(self.lm.model.config.num_hidden_layers, slots, capacity, self.lm.device)
+        return SlotCache(self.lm.model.config.num_hidden_layers, slots, capacity, self.lm.device,
+                         hf=not own_model(self.lm.model))
 
     def use_pool(self, pool: Pool) -> None:
         """Allocate the pool's cache and decode step (one (S, C) bucket held at a time; reused, so compiled once)."""

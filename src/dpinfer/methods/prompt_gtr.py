@@ -50,9 +50,9 @@ def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any
     :data:`_PUBLIC_CONTEXTS` when ``reuse`` (the same tensors a fresh pass computes: the same model, the same tokens,
     the same shapes)."""
     import torch
-    from transformers import DynamicCache
 
     from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
+    from dpinfer.engine.cache import new_kv_cache
 
     key = tuple(int(t) for t in context)
     with _PUBLIC_CONTEXTS_LOCK:
@@ -60,7 +60,7 @@ def _context_pass(lm: LM, context: Sequence[int], reuse: bool) -> tuple[Any, Any
         if kept is not None and key in kept:
             return kept[key]
     ctx = torch.as_tensor([list(key)], dtype=torch.long, device=lm.device)
-    cache = DynamicCache(config=lm.model.config)
+    cache = new_kv_cache(lm)
     first = lm.model(**_cache_kwargs(lm.model, dict(input_ids=ctx, attention_mask=torch.ones_like(ctx),
                                                      past_key_values=cache)), use_cache=True,
                      logits_to_keep=1).logits[0, -1].to(torch.float64).cpu()
@@ -98,9 +98,9 @@ def _score(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]], *, 
     output's last token too (its logits are not computed), so that a later request that starts with the same tokens
     can reuse them; without, that function refuses."""
     import torch
-    from transformers import DynamicCache
 
     from dpinfer.engine.cache import cache_kwargs as _cache_kwargs
+    from dpinfer.engine.cache import new_kv_cache
     from dpinfer.engine.prefill import PrefixKV
 
     result = [math.inf] * len(outputs)
@@ -130,7 +130,7 @@ def _score(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]], *, 
         at += len(r)
     with torch.inference_mode():
         layers, first, first_lse = _context_pass(lm, context, reuse_context)
-        cache = DynamicCache(config=lm.model.config)
+        cache = new_kv_cache(lm)
         for j, (k, v) in enumerate(layers):
             cache.update(k, v, j)  # a copy: the kept tensors are never written
         logits = None

@@ -28,19 +28,22 @@ def test_jobs_options_are_checked_before_any_model():
         parse("--shape", "gpt-17")
 
 
-def test_jobs_bench_times_one_by_one_and_run_jobs_in_one_run(tiny_lm, monkeypatch):
+def test_jobs_bench_times_one_by_one_and_run_jobs_in_one_run(tiny_lm, tiny_hf_lm, monkeypatch):
     monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
         ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
          "Mr Smith, a lawyer practising in London, represented the applicants."]))
-    res = bench.run_jobs_bench(tiny_lm, n_jobs=3, ks=(1, 2), new_tokens=5, prompt_tokens=40)
+    res = bench.run_jobs_bench(tiny_lm, n_jobs=3, ks=(1, 2), new_tokens=5, prompt_tokens=40, hf_lm=tiny_hf_lm)
     labels = [r["config"] for r in res["rows"]]
-    assert labels == ["hf generate (1 prompt)", "one by one K=1", "run_jobs K=1 eager", "one by one K=2",
-                      "run_jobs K=2 eager"]
+    assert labels == ["hf generate (1 prompt)", "one by one K=1", "run_jobs K=1 eager",
+                      "run_jobs K=1 eager [hf forward]", "one by one K=2", "run_jobs K=2 eager",
+                      "run_jobs K=2 eager [hf forward]"]
     rows = {r["config"]: r for r in res["rows"]}
     for k in (1, 2):
         r = rows[f"run_jobs K={k} eager"]
         assert r["tokens_per_s"] > 0 and r["ratio_vs_one_by_one"] > 0
         assert r["same_tokens_as_one_by_one"] == "3/3"  # greedy: the same tokens as one job at a time
+        assert rows[f"run_jobs K={k} eager [hf forward]"]["same_tokens_as_one_by_one"] == "3/3"  # own = hf tokens
+    assert res["settings"]["backend"] == "own"
     assert res["settings"]["jobs"] == 3 and len(res["settings"]["prompt_tokens"]) == 3
     table = bench.format_markdown(res)
     assert "run_jobs K=2 eager" in table and "ratio vs one by one" in table
@@ -60,10 +63,10 @@ def test_a_shape_model_is_built_from_its_config(tiny_lm, monkeypatch):
         bench.shape_model("gpt-17", tokenizer_lm=tiny_lm)
 
 
-def test_a_shape_model_takes_the_tokenizer_of_a_folder_without_weights(tiny_lm, tmp_path, monkeypatch):
+def test_a_shape_model_takes_the_tokenizer_of_a_folder_without_weights(tiny_lm, tiny_hf_lm, tmp_path, monkeypatch):
     """``--model FOLDER --shape S``: only the folder's tokenizer and config files are read (no weights)."""
-    tiny_lm.tokenizer.save_pretrained(tmp_path)
-    tiny_lm.model.config.save_pretrained(tmp_path)
+    tiny_hf_lm.tokenizer.save_pretrained(tmp_path)
+    tiny_hf_lm.model.config.save_pretrained(tmp_path)
     assert not list(tmp_path.glob("*.safetensors"))
     monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(
         model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -76,3 +79,17 @@ def test_a_shape_model_takes_the_tokenizer_of_a_folder_without_weights(tiny_lm, 
     monkeypatch.setitem(bench.SHAPES, "tiny-llama", dict(bench.SHAPES["tiny-llama"], vocab_size=8))
     with pytest.raises(ConfigurationError, match="more than the tiny-llama shape's vocabulary"):
         bench.speed_model(str(tmp_path), device="cpu", dtype="float32", shape="tiny-llama")
+
+
+def test_engine_bench_times_the_own_model_code_beside_transformers(tiny_lm, tiny_hf_lm, monkeypatch):
+    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+        ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided."]))
+    res = bench.run_engine_bench(tiny_lm, ks=(1, 2), new_tokens=3, prompt_tokens=30, unshared=False,
+                                 hf_lm=tiny_hf_lm)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert list(rows) == ["hf generate", "engine K=1", "engine K=2", "engine K=1 [hf forward]",
+                          "engine K=2 [hf forward]"]
+    assert rows["engine K=2"]["backend"] == "own" and rows["engine K=2 [hf forward]"]["backend"] == "hf"
+    assert rows["engine K=1"]["ratio_vs_hf_forward"] > 0 and rows["engine K=1"]["cpu_seconds"] > 0
+    table = bench.format_markdown(res)
+    assert "| engine K=2 [hf forward] |" in table and "vs hf forward (CPU)" in table

@@ -27,3 +27,6 @@ def test_one_run_measures_every_stage_in_a_fresh_process(tiny_model_dir) -> None
     assert "paused until the model is ready" in text and "every packed copy made during the load" in text
     assert [s["stage"] for s in res["baseline"]["stages"]] == [*load.STAGES, load.REST]
     assert "against the baseline" in text
+    assert only["backend"] == "own" and res["backend"] == "own"
+    assert res["import_torch"]["median"]["wall"] > 0 and 'python -c "import torch" alone' in text
+    assert "whole process against importing torch alone" in text

@@ -98,7 +98,8 @@ def test_run_corpus_times_both_paths_and_compares_their_tokens(tiny_lm, shared_d
     assert "| corpus (sanitize_many) |" in md and "same released tokens on both paths: yes" in md
 
 
-def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monkeypatch: pytest.MonkeyPatch):
+def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, tiny_hf_lm, shared_data,
+                                                    monkeypatch: pytest.MonkeyPatch):
     """--perf prints HF generate (eager and static+compile) in the same run as DP-Fusion and `original`. The compiled
     baseline is timed through the same function with compilation switched off here (inductor takes minutes on CPU)."""
     import dpinfer.bench.speed as bench_engine
@@ -113,10 +114,13 @@ def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, shared_data, monke
 
     monkeypatch.setattr(bench_engine, "time_hf", eager_only)
     doc = load_tab(shared_data / "tab" / "tab_echr_docs.jsonl", 1, 300)[0]
-    res = run_perf(tiny_lm, doc, max_new_tokens=3, seed=0)
+    res = run_perf(tiny_lm, doc, max_new_tokens=3, seed=0, hf_lm=tiny_hf_lm)
     names = [r["config"] for r in res["rows"]]
-    assert names == ["original", "original (former path)", "dp-fusion m=1", "dp-fusion m=1 (former path)",
-                     "dp-fusion m=4", "dp-fusion m=4 (former path)", "hf generate eager", "hf generate static+compile"]
+    assert names == ["original", "original (former path)", "original [hf forward]", "dp-fusion m=1",
+                     "dp-fusion m=1 (former path)", "dp-fusion m=1 [hf forward]", "dp-fusion m=4",
+                     "dp-fusion m=4 (former path)", "dp-fusion m=4 [hf forward]", "hf generate eager",
+                     "hf generate static+compile"]
+    assert res["rows"][0]["ratio_vs_hf_forward"] > 0 and res["settings"]["backend"] == "own"
     assert calls == [True, False, True] and all(r["seconds"] > 0 for r in res["rows"])
     rows = {r["config"]: r for r in res["rows"]}
     assert rows["dp-fusion m=4"]["path"] == "engine (sanitize, Engine.step)"

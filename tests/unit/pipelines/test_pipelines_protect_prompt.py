@@ -585,10 +585,9 @@ def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypa
 
 
 def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from transformers import DynamicCache
-
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import Engine, PrefixStore
+    from dpinfer.engine.cache import new_kv_cache
     from dpinfer.engine.prefill import forward
     from dpinfer.models import int8_twin
 
@@ -601,7 +600,7 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
     assert len(store) == 2  # the chosen exemplars only
     for ex in chosen:
         entry = store.get(head + tiny_lm.encode(ex))
-        cache = DynamicCache(config=tiny_lm.model.config)
+        cache = new_kv_cache(tiny_lm)
         ids = torch.as_tensor([list(entry.tokens)])
         with torch.inference_mode():
             forward(tiny_lm, input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache)
