@@ -173,25 +173,35 @@ class Tokenizer:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     # ------------------------------------------------------------------------------------ encode and decode
-    def __call__(self, text: str, *, add_special_tokens: bool = True, return_offsets_mapping: bool = False,
-                 **kwargs: Any) -> dict[str, Any]:
-        if not isinstance(text, str):
-            raise TypeError("dpinfer's tokenizer encodes one string at a time")
+    def __call__(self, text: str | Sequence[str], *, add_special_tokens: bool = True,
+                 return_offsets_mapping: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """``text`` encoded as transformers' fast tokenizers do: one string gives lists, a list of strings gives one
+        list per string (each encoded on its own)."""
         if kwargs:
             raise TypeError(f"unsupported tokenizer options: {', '.join(sorted(kwargs))}")
-        enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
-        out: dict[str, Any] = {"input_ids": list(enc.ids), "attention_mask": list(enc.attention_mask)}
+        if isinstance(text, str):
+            encs, single = [self.backend.encode(text, add_special_tokens=add_special_tokens)], True
+        elif isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+            encs = self.backend.encode_batch(list(text), add_special_tokens=add_special_tokens) if text else []
+            single = False
+        else:
+            raise TypeError("dpinfer's tokenizer encodes a string or a list of strings")
+        out: dict[str, Any] = {"input_ids": [list(e.ids) for e in encs],
+                               "attention_mask": [list(e.attention_mask) for e in encs]}
         if return_offsets_mapping:
-            out["offset_mapping"] = [tuple(o) for o in enc.offsets]
-        return out
+            out["offset_mapping"] = [[tuple(o) for o in e.offsets] for e in encs]
+        return {k: v[0] for k, v in out.items()} if single else out
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: Sequence[int] | int, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids: Sequence[int] | int, skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str:
         ids = [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        return _clean_up_tokenization(text) if self.clean_up_tokenization_spaces else text
+        clean = self.clean_up_tokenization_spaces if clean_up_tokenization_spaces is None else \
+            clean_up_tokenization_spaces
+        return _clean_up_tokenization(text) if clean else text
 
     # ------------------------------------------------------------------------------------------ chat template
     def _template(self) -> str:
