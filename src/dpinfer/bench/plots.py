@@ -177,7 +177,7 @@ def _floor_ceiling(ax: Any, rows: Sequence[Mapping[str, Any]], key: str, lines: 
 
 
 def utility_synth(res: Mapping[str, Any], path: Path) -> Path | None:
-    """``dpinfer bench utility`` (synth): star-rating accuracy on held-out real reviews of a classifier trained on
+    """``dpinfer bench utility`` (synth): sentiment accuracy on held-out real reviews of a classifier trained on
     InvisibleInk texts vs ε (Wilson bars), trained on ``public`` texts and on real references as bands."""
     with figure(path, (6.4, 4.2)) as ax:
         if ax is None:
@@ -192,11 +192,12 @@ def utility_synth(res: Mapping[str, Any], path: Path) -> Path | None:
                         yerr=_error_bars(ys, [r["accuracy"]["wilson95"][0] for r in ii],
                                          [r["accuracy"]["wilson95"][1] for r in ii]))
             ax.set_xscale("log")
-        ax.axhline(0.2, color="black", linestyle=":", linewidth=1, label="chance")
+        ax.axhline(0.5, color="black", linestyle=":", linewidth=1, label="chance")
         ax.set_ylim(0, 1)
         ax.set_xlabel("ε per reference (invisibleink)")
         ax.set_ylabel("accuracy on held-out real reviews")
-        ax.set_title(f"Yelp stars: trained on {res['per_class']} texts/class, {res['test']} test reviews", fontsize=9)
+        ax.set_title(f"Yelp sentiment: trained on {res['per_class']} texts per star rating, {res['test']} test "
+                     "reviews", fontsize=9)
         ax.legend(fontsize=8)
     return path
 

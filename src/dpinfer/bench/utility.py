@@ -58,8 +58,10 @@ class UtilityBenchConfig(Config):
     epsilons: tuple[float, ...] = option(RAG_EPSILONS, type=str, help=(
         f"rag: comma-separated ε of the pad rows (default {_floats(RAG_EPSILONS)})"))
     rag_tokens: int = option(RAG.max_new_tokens, help=f"rag: T_max of each answer (default {RAG.max_new_tokens})")
-    synth_per_class: int = option(12, help="synth: training texts per star class and row")
-    synth_test: int = option(250, help="synth: held-out real reviews (balanced over the 5 star classes)")
+    pad_min_p: str = option("default", help=f"rag: min-p of PAD's public support: a number, 'none' (Top-1⁺ alone) "
+                                            f"or 'default' ({RAG.support_min_p})")
+    synth_per_class: int = option(8, help="synth: training texts per star rating (1, 2, 4, 5) and row")
+    synth_test: int = option(252, help="synth: held-out real reviews (as many of each of the 4 star ratings)")
     synth_tokens: int = option(48, help="synth: T_max of each synthetic text (the real texts are cut to it)")
     synth_epsilons: tuple[float, ...] = option(SYNTH_EPSILONS, type=str, help="synth: comma-separated ε of the "
                                                                               "invisibleink rows (default "
@@ -74,7 +76,17 @@ class UtilityBenchConfig(Config):
         f"sanitize: comma-separated ε of the dp-fusion rows (default {_floats(SANITIZE_EPSILONS)})"))
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
+    support_of: str | None = option(None, type=str, help="rag: a bench_utility.json of an earlier run: add the "
+                                                         "public-support diagnostic of its ceiling answers (runs no "
+                                                         "generation)")
     out: str | None = option(None, type=str, help="folder for bench_utility.json, bench_utility.md and the plots")
+
+    @property
+    def support_min_p(self) -> float | None:
+        """PAD's min-p for the pad rows (``--pad-min-p``)."""
+        if self.pad_min_p == "default":
+            return RAG.support_min_p
+        return None if self.pad_min_p == "none" else float(self.pad_min_p)
 
     def __post_init__(self) -> None:
         for t in self.tasks:
@@ -87,6 +99,15 @@ class UtilityBenchConfig(Config):
             for e in getattr(self, name):
                 if not (isinstance(e, float) and math.isfinite(e) and e > 0):
                     raise ConfigurationError(f"--{name.replace('_', '-')}: every value must be a positive number")
+        if self.pad_min_p not in ("default", "none"):
+            try:
+                ok = 0 < float(self.pad_min_p) <= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigurationError("--pad-min-p: give a number in (0, 1], 'none' or 'default'")
+        if self.support_of is not None and not Path(self.support_of).is_file():
+            raise ConfigurationError(f"--support-of: no such file: {self.support_of}")
         if self.questions > self.docs:
             raise ConfigurationError("--questions cannot exceed --docs (the questions are held-in: stored dialogues)")
 
@@ -126,9 +147,23 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
 
     prog = _Progress(progress)
     lm = resolve_lm(config.model)
+    t0 = time.perf_counter()
+    if config.support_of:
+        import json
+
+        from dpinfer.bench.utility_tasks import support_of_run
+
+        res = json.loads(Path(config.support_of).read_text(encoding="utf-8"))
+        res["rag"]["rows"] = [{**r, "epsilon": float(r["epsilon"])} for r in res["rag"]["rows"]]
+        prog("rag: the public support at the ceiling's facts")
+        res["rag"]["support"] = support_of_run(lm, res["rag"])
+        res["markdown"] = markdown(res)
+        if config.out:
+            write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
+            write_text(Path(config.out) / "bench_utility.md", res["markdown"] + "\n")
+        return res
     emb = load_embedder()
     res: dict[str, Any] = {"model": lm.name, "settings": plain(config.to_kwargs())}
-    t0 = time.perf_counter()
 
     def save() -> None:
         res["seconds"] = time.perf_counter() - t0
@@ -206,12 +241,24 @@ def markdown(res: dict[str, Any]) -> str:
                 f"the question does not ({r['targets_per_item']:.1f} such facts per question; {r['items_with_drug']} "
                 f"name a drug), {r['docs']} dialogues stored, T_max {r['T_max']}; vocabulary: "
                 f"{r['vocabulary']['drugs']} drugs, {r['vocabulary']['tests']} tests, computed from the replies)", "",
+                f"PAD's public support: Top-{RAG.support_top_k}⁺"
+                + (f" ∩ min-p {mp:g}" if (mp := r.get("pad_min_p", RAG.support_min_p)) else " alone (no min-p)")
+                + (" (the default)" if mp == RAG.support_min_p else ""), "",
                 *md_table(["method", "ε", "answers naming ≥ 1 of the reply's facts (95% CI)",
                            "same, questions whose reply names a drug", "share of the reply's facts named, % (95% CI)",
                            "vs floor, points (paired 95% CI)", "tokens", "s / answer"], "llllllrr",
                           ([_label(x["method"]), _eps(x["epsilon"]), _pct(x["hit"]), _pct(x["drug_hit"]),
                             _ci(x["recall"]), _ci(x.get("vs_floor"), signed=True), f"{x['tokens']:.0f}",
                             f"{x['seconds']:.1f}"] for x in r["rows"]))]
+            sup = r.get("support")
+            if sup and sup["n"]:
+                top = ", ".join(f"ε = {e}: {_pct(v)}" for e, v in sup["in_top1_plus"].items())
+                out += ["", f"Why (a diagnostic of the ceiling's answers, not a release): of the {sup['n']} questions "
+                        "whose `none` answer names a fact of the reply, the first token of that name is, under the "
+                        f"public row (the question and `none`'s answer so far), at median rank {sup['median_rank']:g} "
+                        f"and {sup['median_gap']:.2f} logits below the public maximum. In PAD's support with min-p "
+                        f"{sup['min_p']:g} (within ln 2 of the maximum): {_pct(sup['in_min_p'])}; in Top-1⁺ alone "
+                        f"(within 2C of the maximum): {top}."]
             if r.get("partial"):
                 out.append(f"(partial: {len(r['rows'])} rows so far)")
             if r.get("failed"):
@@ -250,9 +297,9 @@ def _synth(out: list[str], y: dict[str, Any] | None) -> None:
     if not _head(out, "synth", y):
         return
     assert y is not None
-    out += [f"**synth** (Yelp star rating, {y['classes']} classes: MiniLM + logistic regression trained on "
-            f"{y['per_class']} texts per class, tested on {y['test']} held-out real reviews, balanced (chance 0.20); "
-            f"T_max {y['T_max']}, B = {y['B']})", "",
+    out += [f"**synth** (Yelp sentiment: 1–2 stars negative, 4–5 positive; MiniLM + logistic regression trained on "
+            f"{y['per_class']} texts per star rating ({', '.join(y['stars'])}), tested on {y['test']} held-out real "
+            f"reviews, half of each class (chance 0.50); T_max {y['T_max']}, B = {y['B']})", "",
             *md_table(["training texts", "ε", "accuracy on real reviews (95% CI)", "vs public, points (paired 95% CI)",
                        "MAUVE to the test reviews [interval]"], "lllll",
                       ([x["method"], _eps(x["epsilon"]), _pct(x["accuracy"]), _ci(x.get("vs_floor"), signed=True),

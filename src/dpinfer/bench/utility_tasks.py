@@ -240,7 +240,7 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
         "vocabulary": {"drugs": sum(t.kind == "drug" for t in matcher.terms),
                        "tests": sum(t.kind == "test" for t in matcher.terms)},
         "targets_per_item": _mean([len(x["targets"]) for x in items]),
-        "items_with_drug": sum(bool(x["drug_targets"]) for x in items),
+        "items_with_drug": sum(bool(x["drug_targets"]) for x in items), "pad_min_p": cfg.support_min_p,
     }
     rows: list[dict[str, Any]] = []
     questions = [x["question"] for x in items]
@@ -252,7 +252,7 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
             label = method if eps is None else f"{method} ε={eps:g}"
             progress(f"rag {label} ({len(questions)} questions)")
             t0 = time.perf_counter()
-            extra: dict[str, Any] = {"epsilon": eps} if eps is not None else {}
+            extra: dict[str, Any] = {"epsilon": eps, "support_min_p": cfg.support_min_p} if eps is not None else {}
             answers: list[Any] = [None] * len(questions)
             for i, ans, error in rag.ask_many(questions, mechanism=method, seed=cfg.seed,
                                               max_new_tokens=cfg.rag_tokens, **extra):
@@ -269,6 +269,11 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
             rows.append(summarise_rag_row({
                 "method": method, "epsilon": answers[0].guarantee.epsilon if answers else math.nan,
                 "target_epsilon": eps, "items": row_items, "seconds": seconds / max(1, len(questions))}))
+            if method == "none":
+                progress("rag: the public support at the ceiling's facts")
+                norms = clip_norms(cfg.epsilons, cfg.rag_tokens)
+                about["support"] = support_reach(lm, [rag.public_ids(q) for q in questions], row_items, matcher,
+                                                 norms)
             compare_to_floor(rows)
             if checkpoint is not None:
                 checkpoint({**about, "rows": rows})
@@ -276,8 +281,17 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
 
 
 # ------------------------------------------------------------------------------------------------ synth
-STARS = ("Review Stars: 1.0", "Review Stars: 2.0", "Review Stars: 3.0", "Review Stars: 4.0", "Review Stars: 5.0")
-"""The classes of the synth task: Yelp's star rating (``label2``), five classes."""
+STARS = ("Review Stars: 1.0", "Review Stars: 2.0", "Review Stars: 4.0", "Review Stars: 5.0")
+"""The star ratings (``label2``) the synth task generates and tests on; 3 stars is left out."""
+
+
+def sentiment(stars: str) -> str:
+    """The class of the synth task: ``negative`` for 1 or 2 stars, ``positive`` for 4 or 5.
+
+    >>> sentiment("Review Stars: 2.0"), sentiment("Review Stars: 4.0")
+    ('negative', 'positive')
+    """
+    return "negative" if float(stars.rsplit(" ", 1)[-1]) < 3 else "positive"
 
 
 def classify(emb: Any, train: Sequence[str], labels: Sequence[str], test_x: Any, test_y: Sequence[str],
@@ -300,9 +314,10 @@ def summarise_accuracy(row: dict[str, Any], floor: Sequence[float] | None) -> di
 
 def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
               checkpoint: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """The synth rows: a star-rating classifier (MiniLM + logistic regression) trained on ``cfg.synth_per_class``
-    texts per class from ``invisibleink`` at each ε, from ``public`` (the floor) and the same number of real
-    references cut to the same length (the ceiling), tested on balanced held-out real reviews; MAUVE beside it."""
+    """The synth rows: a sentiment classifier (MiniLM + logistic regression; 1–2 stars negative, 4–5 positive)
+    trained on ``cfg.synth_per_class`` texts per star rating (1, 2, 4, 5) from ``invisibleink`` at each ε, from
+    ``public`` (the floor) and on the same number of real references cut to the same length (the ceiling), tested
+    on held-out real reviews balanced over the two classes; MAUVE to them beside it."""
     from dpinfer.bench.synth import mauve_with_interval
     from dpinfer.defaults import SYNTH
     from dpinfer.errors import DataNotFoundError
@@ -319,10 +334,10 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
     pool, rest = refs[:pool_size], refs[pool_size:]
     test = [r for s in STARS for r in [x for x in rest if x.labels["label2"] == s][:cfg.synth_test // len(STARS)]]
     cut = [lm.decode(lm.encode(r.text)[:t_max]) for r in test]
-    test_x, test_y = emb.encode(cut), [r.labels["label2"] for r in test]
+    test_x, test_y = emb.encode(cut), [sentiment(r.labels["label2"]) for r in test]
     by_star = {s: [r for r in pool if r.labels["label2"] == s] for s in STARS}
-    about: dict[str, Any] = {"per_class": k, "classes": len(STARS), "test": len(test), "T_max": t_max, "B": b,
-                             "majority": max(test_y.count(s) for s in STARS) / max(1, len(test_y))}
+    about: dict[str, Any] = {"per_class": k, "stars": [s.rsplit(" ", 1)[-1] for s in STARS], "test": len(test),
+                             "T_max": t_max, "B": b}
     rows: list[dict[str, Any]] = []
     floor: list[float] | None = None
 
@@ -335,7 +350,7 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
         if checkpoint is not None:
             checkpoint({**about, "rows": rows})
 
-    real = [(lm.decode(lm.encode(r.text)[:t_max]), s) for s in STARS for r in by_star[s][:k]]
+    real = [(lm.decode(lm.encode(r.text)[:t_max]), sentiment(s)) for s in STARS for r in by_star[s][:k]]
     progress("synth real references")
     add({"method": "real (ceiling)", "epsilon": math.inf, "n_train": len(real),
          "correct": classify(emb, [t for t, _ in real], [s for _, s in real], test_x, test_y, cfg.seed)},
@@ -350,7 +365,7 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
             res = synthesize(group, lm=lm, method=method, epsilon=eps or 1.0, batch_size=b, max_new_tokens=t_max,
                              prompt_template="yelp", seed=cfg.seed, max_texts=k)
             texts += [t.text for t in res.texts]
-            labels += [t.labels["label2"] for t in res.texts]
+            labels += [sentiment(t.labels["label2"]) for t in res.texts]
             guarantee = res.guarantee
         correct = classify(emb, texts, labels, test_x, test_y, cfg.seed)
         if method == "public":
@@ -480,3 +495,81 @@ def compare_sanitize(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r is not floor and len(r["items"]) == len(base):
             r["vs_floor"] = paired([_recall(x) for x in r["items"]], base)
+
+
+# ------------------------------------------------------------------------------------------------ rag: why
+def clip_norms(epsilons: Iterable[float], max_new_tokens: int) -> dict[float, float]:
+    """PAD's clip norm C at each ε (δ, σ, T_max: the defaults and ``max_new_tokens``), from the parameters alone."""
+    from dpinfer.pipelines.rag import ask_guarantee
+
+    return {e: float(ask_guarantee("pad", epsilon=e, max_new_tokens=max_new_tokens).parameters["clip_norm"])
+            for e in sorted(epsilons)}
+
+
+def support_of_run(lm: Any, result: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`support_reach` for a finished run's ``rag`` result (its ``none`` row's answers, its questions read
+    again from the data by index): the diagnostic of a run made before it existed."""
+    from dpinfer.defaults import RAG
+    from dpinfer.paths import data_file
+    from dpinfer.rag.prompts import RagRows, RagTemplate
+
+    with data_file("medical", "genmedgpt_dialogues.jsonl").open(encoding="utf-8") as f:
+        every = [json.loads(line) for line in f if line.strip()]
+    matcher = TermMatcher(medical_vocabulary(r["output"] for r in every))
+    none = next(r for r in result["rows"] if r["method"] == "none")
+    rows = RagRows(lm, RagTemplate(), RAG.top_n, RAG.max_doc_tokens)
+    prompts = [rows.public_ids(every[x["index"]]["input"]) for x in none["items"]]
+    eps = [r["target_epsilon"] for r in result["rows"] if r["method"] == "pad"]
+    return support_reach(lm, prompts, none["items"], matcher, clip_norms(eps, result["T_max"]))
+
+
+def first_target_token(lm: Any, ids: Sequence[int], text: str, targets: Sequence[str],
+                       matcher: TermMatcher) -> int | None:
+    """The index in ``ids`` of the token where the first mention of a target term starts in the decoded ``text``
+    (None when no target is named)."""
+    starts = [m.start() for t, pats in matcher._patterns if t.name in targets for p in pats
+              for m in [p.search(text)] if m]
+    if not starts:
+        return None
+    start = min(starts)
+    for j in range(len(ids)):
+        if len(lm.decode(list(ids[:j + 1])).strip()) > start:
+            return j
+    return None
+
+
+def support_reach(lm: Any, public_prompts: Sequence[Sequence[int]], items: Sequence[Mapping[str, Any]],
+                  matcher: TermMatcher, clip_norms: Mapping[float, float]) -> dict[str, Any]:
+    """Why ``pad`` can or cannot name what the retrieved record holds: for each question whose ceiling (``none``)
+    answer (``item["text"]``, tokenised again) names a target, the first token of that name, and the PUBLIC row's
+    logits at that point of the ceiling's answer (the question alone, then the ceiling's answer so far). PAD can
+    only emit a token of its public support: within ln(1/min-p) of the public maximum (min-p) and within 2C of it
+    (Top-1⁺). Returns the gaps (public maximum − the token's public logit), their ranks, and the share of tokens
+    inside each support. A diagnostic of the benchmark (it reads the private answer), never part of a release."""
+    import torch
+
+    from dpinfer.defaults import RAG
+
+    gaps: list[float] = []
+    ranks: list[int] = []
+    for prompt, item in zip(public_prompts, items, strict=True):
+        ids = list(lm.encode(item["text"])) if item["found"] else []
+        j = first_target_token(lm, ids, item["text"], item["found"], matcher) if ids else None
+        if j is None:
+            continue
+        row = torch.as_tensor([list(prompt) + ids[:j]], dtype=torch.long, device=lm.device)
+        with torch.inference_mode():
+            z = lm.model(input_ids=row, use_cache=False).logits[0, -1].to(torch.float64).cpu()
+        tok = ids[j]
+        gaps.append(float(z.max() - z[tok]))
+        ranks.append(int((z > z[tok]).sum()) + 1)
+    n = len(gaps)
+    min_p = RAG.support_min_p or 1.0
+    return {
+        "n": n, "gaps": gaps, "ranks": ranks,
+        "median_gap": statistics.median(gaps) if gaps else math.nan,
+        "median_rank": statistics.median(ranks) if ranks else math.nan,
+        "in_min_p": share(sum(g <= -math.log(min_p) + 1e-12 for g in gaps), n), "min_p": RAG.support_min_p,
+        "in_top1_plus": {f"{e:g}": share(sum(g <= 2 * c for g in gaps), n) for e, c in clip_norms.items()},
+        "clip_norms": {f"{e:g}": c for e, c in clip_norms.items()},
+    }

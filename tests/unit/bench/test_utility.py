@@ -153,7 +153,8 @@ def test_report_and_plots_of_every_task(tmp_path: Path) -> None:
                                          "mauve_high": 0.6}, None)
                   for m, e, c in (("real (ceiling)", math.inf, [1.0, 1.0]), ("public", 0.0, [0.0, 1.0]),
                                   ("invisibleink", 10.0, [1.0, 0.0]))]
-    synth = {"per_class": 2, "classes": 5, "test": 2, "T_max": 8, "B": 8, "rows": synth_rows}
+    synth = {"per_class": 2, "stars": ["1.0", "2.0", "4.0", "5.0"], "test": 2, "T_max": 8, "B": 8,
+             "rows": synth_rows}
     s_items = [{"doc": "d", "kept": 1, "values": 2, "years": 1, "years_kept": 1, "ppl": 3.0, "tokens": 8,
                 "seconds": 1.0, "text": ""}] * 2
     san_rows = [ut.summarise_sanitize_row({"method": m, "epsilon": e, "items": s_items})
@@ -167,3 +168,26 @@ def test_report_and_plots_of_every_task(tmp_path: Path) -> None:
                             ("sanitize", plots.utility_sanitize, san)):
         assert fig(part, tmp_path / f"{name}.png") == tmp_path / f"{name}.png"
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
+
+
+def test_classifier_learns_from_its_training_texts_and_scores_each_test_item() -> None:
+    pytest.importorskip("sklearn")
+    emb = _WordEmbedder()
+    train = ["great food lovely staff", "lovely great place", "awful rude slow", "rude awful dirty"]
+    labels = ["5", "5", "1", "1"]
+    test = ["great lovely", "awful dirty"]
+    assert ut.classify(emb, train, labels, emb.encode(test), ["5", "1"]) == [1.0, 1.0]
+    assert ut.classify(emb, train, labels, emb.encode(test), ["1", "5"]) == [0.0, 0.0]
+
+
+def test_support_diagnostic_reads_the_public_row_at_the_first_token_of_the_named_fact(tiny_lm) -> None:
+    m = ut.TermMatcher([ut.Term("prednisone", ("prednisone",), "drug")])
+    text = "You should take prednisone twice a day."
+    ids = tiny_lm.encode(text)
+    j = ut.first_target_token(tiny_lm, ids, text, ["prednisone"], m)
+    assert j is not None and len(tiny_lm.decode(ids[:j]).strip()) <= text.index("prednisone")
+    items = [{"found": ["prednisone"], "text": text}, {"found": [], "text": "nothing"}]
+    prompts = [tiny_lm.encode("Doctor, my joint hurts."), tiny_lm.encode("Hello")]
+    sup = ut.support_reach(tiny_lm, prompts, items, m, {64.0: 1.43, 4.0: 0.16})
+    assert sup["n"] == 1 and sup["gaps"][0] >= 0 and sup["ranks"][0] >= 1
+    assert sup["in_top1_plus"]["64"]["count"] >= sup["in_top1_plus"]["4"]["count"]  # a wider C never holds fewer
