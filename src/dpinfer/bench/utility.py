@@ -76,6 +76,11 @@ class UtilityBenchConfig(Config):
         f"sanitize: comma-separated ε of the dp-fusion rows (default {_floats(SANITIZE_EPSILONS)})"))
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
+    rag_baselines: bool = option(True, help="rag: run the ceiling (none) and the floor (public) rows too (default; "
+                                            "--no-rag-baselines for a run that adds ε to another, see --merge)")
+    merge: tuple[str, ...] = option((), type=str, help="comma-separated bench_utility.json files of one bench split "
+                                                       "across processes: their rag rows on the questions every run "
+                                                       "asked, one table; runs no model")
     support_of: str | None = option(None, type=str, help="rag: a bench_utility.json of an earlier run: add the "
                                                          "public-support diagnostic of its ceiling answers (runs no "
                                                          "generation)")
@@ -106,6 +111,9 @@ class UtilityBenchConfig(Config):
                 ok = False
             if not ok:
                 raise ConfigurationError("--pad-min-p: give a number in (0, 1], 'none' or 'default'")
+        for path in self.merge:
+            if not Path(path).is_file():
+                raise ConfigurationError(f"--merge: no such file: {path} (give the bench_utility.json of each run)")
         if self.support_of is not None and not Path(self.support_of).is_file():
             raise ConfigurationError(f"--support-of: no such file: {self.support_of}")
         if self.questions > self.docs:
@@ -119,6 +127,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> UtilityBenchConfig:
     """The config of parsed ``dpinfer bench utility`` options (checked when built, before any model loads)."""
     lists: dict[str, Any] = {}
+    if getattr(args, "merge", None) not in (None, ()):
+        lists["merge"] = tuple(parse_list(args.merge, str, "--merge"))
     if getattr(args, "tasks", None) not in (None, ()):
         lists["tasks"] = tuple(parse_list(args.tasks, str, "--tasks"))
     for name in ("epsilons", "synth_epsilons", "protect_temperatures", "sanitize_epsilons"):
@@ -145,6 +155,8 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
 
+    if config.merge:
+        return _merge(config)
     prog = _Progress(progress)
     lm = resolve_lm(config.model)
     t0 = time.perf_counter()
@@ -197,6 +209,41 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
         save()
         if config.out and (res[task].get("rows") or res[task].get("gtr")):
             figures[task](res[task], Path(config.out) / f"utility_{task}.png")
+    return res
+
+
+def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
+    """``--merge``: the rag rows of several runs as one result (:func:`~dpinfer.bench.utility_tasks.merge_rag`);
+    the other tasks as the first run that has them measured them."""
+    import json
+
+    from dpinfer.bench import plots
+    from dpinfer.bench.utility_tasks import merge_rag
+
+    def floats(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: floats(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [floats(v) for v in x]
+        return float(x) if x in ("inf", "-inf", "nan") else x
+
+    parts = [floats(json.loads(Path(p).read_text(encoding="utf-8"))) for p in config.merge]
+    res: dict[str, Any] = {"model": parts[0]["model"], "merged": list(config.merge),
+                           "seconds": max(float(p.get("seconds", 0.0)) for p in parts)}
+    rag = [p["rag"] for p in parts if p.get("rag", {}).get("rows")]
+    if rag:
+        res["rag"] = merge_rag(rag)
+    for task in ("synth", "protect", "sanitize"):
+        found = [p[task] for p in parts if task in p]
+        if found:
+            res[task] = found[0]
+    res["markdown"] = markdown(res)
+    if config.out:
+        out = Path(config.out)
+        write_json(out / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
+        write_text(out / "bench_utility.md", res["markdown"] + "\n")
+        if "rag" in res:
+            plots.utility_rag(res["rag"], out / "utility_rag.png")
     return res
 
 

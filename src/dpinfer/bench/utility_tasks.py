@@ -210,11 +210,44 @@ def rag_items(records: Sequence[Mapping[str, str]], matcher: TermMatcher, n: int
     return out
 
 
-def rag_methods(epsilons: Sequence[float], default_epsilon: float) -> list[tuple[str, float | None]]:
-    """The rows in the order they run: the ceiling, the floor, ``pad`` at the default ε, then the other ε."""
+def rag_methods(epsilons: Sequence[float], default_epsilon: float,
+                baselines: bool = True) -> list[tuple[str, float | None]]:
+    """The rows in the order they run: the ceiling, the floor (unless not ``baselines``), ``pad`` at the default ε,
+    then the other ε."""
     rest = [e for e in epsilons if e != default_epsilon]
     pads = ([default_epsilon] if default_epsilon in epsilons else []) + rest
-    return [("none", None), ("public", None), *(("pad", e) for e in pads)]
+    return [*([("none", None), ("public", None)] if baselines else []), *(("pad", e) for e in pads)]
+
+
+def merge_rag(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One RAG result of several runs (e.g. one with the baselines and ``pad`` at the default ε, one with the other
+    ε and ``--no-rag-baselines``): every row restricted to the questions that every run asked (the same first
+    questions of the same data), its figures and paired differences recomputed; a method and ε measured twice is
+    kept from the first run that has it."""
+    common = set.intersection(*({x["index"] for x in p["rows"][0]["items"]} for p in parts if p.get("rows")))
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, Any]] = set()
+    for p in parts:
+        for r in p.get("rows", []):
+            key = (r["method"], r.get("target_epsilon"))
+            if key in seen:
+                continue
+            seen.add(key)
+            items = [x for x in r["items"] if x["index"] in common]
+            rows.append(summarise_rag_row({k: v for k, v in r.items() if k != "vs_floor"} | {"items": items}))
+    order = {"none": 0, "public": 1, "pad": 2}
+    rows.sort(key=lambda r: (order.get(r["method"], 3), r.get("target_epsilon") or 0))
+    compare_to_floor(rows)
+    first = next(p for p in parts if p.get("rows"))
+    items0 = rows[0]["items"] if rows else []
+    out = {k: v for k, v in first.items() if k not in ("rows", "partial", "support")}
+    out.update({"rows": rows, "questions": len(common), "merged": len(parts),
+                "targets_per_item": _mean([len(x["targets"]) for x in items0]),
+                "items_with_drug": sum(bool(x["drug_targets"]) for x in items0)})
+    support = next((p["support"] for p in parts if p.get("support")), None)
+    if support is not None:
+        out["support"] = support
+    return out
 
 
 def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
@@ -248,7 +281,7 @@ def run_rag(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
         rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb, ledger=None)  # a measurement, not a release
         progress(f"rag: storing {len(stored)} dialogues")
         rag.add([f"Patient: {r['input']}\nDoctor: {r['output']}" for r in stored])
-        for method, eps in rag_methods(cfg.epsilons, RAG.epsilon):
+        for method, eps in rag_methods(cfg.epsilons, RAG.epsilon, cfg.rag_baselines):
             label = method if eps is None else f"{method} ε={eps:g}"
             progress(f"rag {label} ({len(questions)} questions)")
             t0 = time.perf_counter()

@@ -191,3 +191,22 @@ def test_support_diagnostic_reads_the_public_row_at_the_first_token_of_the_named
     sup = ut.support_reach(tiny_lm, prompts, items, m, {64.0: 1.43, 4.0: 0.16})
     assert sup["n"] == 1 and sup["gaps"][0] >= 0 and sup["ranks"][0] >= 1
     assert sup["in_top1_plus"]["64"]["count"] >= sup["in_top1_plus"]["4"]["count"]  # a wider C never holds fewer
+
+
+def test_merge_keeps_the_questions_every_run_asked_and_recomputes_the_paired_figures() -> None:
+    t = ["a"]
+
+    def row(method: str, eps: float | None, found: list[list[str]]) -> dict:
+        items = [{**_item(f, t), "index": i} for i, f in enumerate(found)]
+        return ut.summarise_rag_row({"method": method, "epsilon": eps or 0.0, "target_epsilon": eps,
+                                     "seconds": 1.0, "items": items})
+
+    a = {"docs": 5, "T_max": 8, "vocabulary": {},
+         "rows": [row("none", None, [t, t, t]), row("public", None, [[], [], t]), row("pad", 64.0, [t, [], t])]}
+    b = {"docs": 5, "T_max": 8, "vocabulary": {}, "rows": [row("pad", 4.0, [[], []]), row("pad", 64.0, [[], []])]}
+    m = ut.merge_rag([a, b])
+    assert m["questions"] == 2 and [(r["method"], r["target_epsilon"]) for r in m["rows"]] == [
+        ("none", None), ("public", None), ("pad", 4.0), ("pad", 64.0)]
+    pad64 = m["rows"][-1]
+    assert pad64["hit"]["count"] == 1 and pad64["hit"]["n"] == 2  # from the first run, on the common questions
+    assert pad64["vs_floor"]["mean"] == pytest.approx(0.5) and m["rows"][2]["vs_floor"]["mean"] == 0.0
