@@ -150,7 +150,6 @@ class _Progress:
 
 def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
-    from dpinfer.bench import plots
     from dpinfer.bench.utility_tasks import run_protect, run_rag, run_sanitize, run_synth
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
@@ -197,10 +196,7 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
         "protect": lambda: run_protect(lm, config, prog),
         "sanitize": lambda: run_sanitize(lm, config, prog, checkpoint("sanitize")),
     }
-    figures: dict[str, Callable[[dict[str, Any], Path], Path | None]] = {
-        "rag": plots.utility_rag, "synth": plots.utility_synth, "sanitize": plots.utility_sanitize,
-        "protect": lambda r, p: plots.gtr_leakage_accuracy(r["gtr"], p, PROTECT_LABELS),
-    }
+
     for task in (t for t in TASKS if t in config.tasks):
         try:
             res[task] = runners[task]()
@@ -208,8 +204,22 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
             res[task] = {**res.get(task, {}), "failed": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
         save()
         if config.out and (res[task].get("rows") or res[task].get("gtr")):
-            figures[task](res[task], Path(config.out) / f"utility_{task}.png")
+            FIGURES[task](res[task], Path(config.out) / f"utility_{task}.png")
     return res
+
+
+def _figure(name: str) -> Callable[[dict[str, Any], Path], Path | None]:
+    def draw(part: dict[str, Any], path: Path) -> Path | None:
+        from dpinfer.bench import plots
+
+        if name == "protect":
+            return plots.gtr_leakage_accuracy(part["gtr"], path, PROTECT_LABELS)
+        return getattr(plots, f"utility_{name}")(part, path)  # type: ignore[no-any-return]
+    return draw
+
+
+FIGURES = {name: _figure(name) for name in TASKS}
+"""Each task's plot (:mod:`dpinfer.bench.plots`), drawn into ``--out`` as ``utility_TASK.png``."""
 
 
 def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
@@ -217,7 +227,6 @@ def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
     the other tasks as the first run that has them measured them."""
     import json
 
-    from dpinfer.bench import plots
     from dpinfer.bench.utility_tasks import merge_rag
 
     def floats(x: Any) -> Any:
@@ -242,8 +251,9 @@ def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
         out = Path(config.out)
         write_json(out / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
         write_text(out / "bench_utility.md", res["markdown"] + "\n")
-        if "rag" in res:
-            plots.utility_rag(res["rag"], out / "utility_rag.png")
+        for task, part in res.items():
+            if task in FIGURES and isinstance(part, dict) and (part.get("rows") or part.get("gtr")):
+                FIGURES[task](part, out / f"utility_{task}.png")
     return res
 
 
