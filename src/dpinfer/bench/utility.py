@@ -167,7 +167,7 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
         res = json.loads(Path(config.support_of).read_text(encoding="utf-8"))
         res["rag"]["rows"] = [{**r, "epsilon": float(r["epsilon"])} for r in res["rag"]["rows"]]
         prog("rag: the public support at the ceiling's facts")
-        res["rag"]["support"] = support_of_run(lm, res["rag"])
+        res["rag"]["support"] = support_of_run(lm, res["rag"], config.epsilons)
         res["markdown"] = markdown(res)
         if config.out:
             write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})

@@ -539,7 +539,7 @@ def clip_norms(epsilons: Iterable[float], max_new_tokens: int) -> dict[float, fl
             for e in sorted(epsilons)}
 
 
-def support_of_run(lm: Any, result: Mapping[str, Any]) -> dict[str, Any]:
+def support_of_run(lm: Any, result: Mapping[str, Any], epsilons: Sequence[float]) -> dict[str, Any]:
     """:func:`support_reach` for a finished run's ``rag`` result (its ``none`` row's answers, its questions read
     again from the data by index): the diagnostic of a run made before it existed."""
     from dpinfer.defaults import RAG
@@ -552,8 +552,7 @@ def support_of_run(lm: Any, result: Mapping[str, Any]) -> dict[str, Any]:
     none = next(r for r in result["rows"] if r["method"] == "none")
     rows = RagRows(lm, RagTemplate(), RAG.top_n, RAG.max_doc_tokens)
     prompts = [rows.public_ids(every[x["index"]]["input"]) for x in none["items"]]
-    eps = [r["target_epsilon"] for r in result["rows"] if r["method"] == "pad"]
-    return support_reach(lm, prompts, none["items"], matcher, clip_norms(eps, result["T_max"]))
+    return support_reach(lm, prompts, none["items"], matcher, clip_norms(epsilons, result["T_max"]))
 
 
 def first_target_token(lm: Any, ids: Sequence[int], text: str, targets: Sequence[str],
