@@ -246,6 +246,13 @@ def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
         found = [p[task] for p in parts if task in p]
         if found:
             res[task] = found[0]
+    if res.get("synth", {}).get("rows"):  # a run stopped early has no paired difference for its ceiling yet
+        from dpinfer.bench.utility_tasks import paired
+
+        floor = next((r for r in res["synth"]["rows"] if r["method"] == "public"), None)
+        for r in res["synth"]["rows"]:
+            if floor is not None and r is not floor:
+                r["vs_floor"] = paired(r["correct"], floor["correct"])
     res["markdown"] = markdown(res)
     if config.out:
         out = Path(config.out)
@@ -270,9 +277,12 @@ def _ci(d: dict[str, Any] | None, scale: float = 100.0, signed: bool = False) ->
         return "–"
     lo, hi = d["ci95"]
     sign = "+" if signed else ""
+
+    def n(x: float) -> str:  # whole numbers, never "-0"
+        return f"{round(scale * x):{sign}d}"
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{scale * d['mean']:{sign}.0f}"
-    return f"{scale * d['mean']:{sign}.0f} [{scale * lo:{sign}.0f}, {scale * hi:{sign}.0f}]"
+        return n(d["mean"])
+    return f"{n(d['mean'])} [{n(lo)}, {n(hi)}]"
 
 
 def _eps(x: Any) -> str:
