@@ -1,19 +1,33 @@
 """``dpinfer bench utility``: what the private data buys: each DP method over ε, on a measure only the private input
 can raise, beside its public floor and the no-privacy ceiling.
 
-    dpinfer bench utility [--tasks rag] [--questions 60] [--epsilons 4,8,16,32,64,128] [--out DIR]
+    dpinfer bench utility [--tasks rag,synth,protect,sanitize] [--questions 60] [--epsilons 4,8,16,32,64,128]
+                          [--merge A/bench_utility.json,B/...] [--support-of RUN/bench_utility.json] [--out DIR]
 
-One run, one table and one plot per task; every row decodes with the SAME model, on the same items (paired):
+One table and one plot per task; every row decodes with the SAME model, on the same items (paired):
 
 * **rag** (GenMedGPT dialogues from ``../shared/data``): the first ``--docs`` dialogues are stored; the questions are
   the patient messages of the first ``--questions`` of them whose doctor's reply names a drug or a test that the
-  message does not (held-in: the dialogue is in the store). The vocabulary of drugs and tests is computed
-  deterministically from the dialogues' replies (:func:`~dpinfer.bench.utility_tasks.medical_vocabulary`). An
-  answer *recovers* a fact when it names one of those reply terms. Rows: ``none`` (the retrieved context without
-  privacy: the ceiling), ``public`` (the question alone: the floor) and ``pad`` at each ``--epsilons`` value.
-  Figures: the share of questions with at least one fact recovered (Wilson 95%), the same on the questions whose
-  reply names a drug, the mean share of the reply's facts recovered (t 95%), and each row's paired difference to the
-  floor over the same questions (t 95%).
+  message does not (held-in). The vocabulary of drugs and tests is computed deterministically from the dialogues'
+  replies (:func:`~dpinfer.bench.utility_tasks.medical_vocabulary`). Rows: ``none`` (the ceiling), ``public`` (the
+  floor; both skipped with ``--no-rag-baselines``) and ``pad`` at each ``--epsilons`` value (``--pad-min-p``: its
+  public support). Figures: the share of answers naming at least one of the reply's facts (Wilson 95%), the same on
+  the questions whose reply names a drug, the mean share of the facts named (t 95%), each row's paired difference
+  to the floor (t 95%). ``--support-of`` adds, for a finished run, where the first token of each fact the ceiling
+  names stands in the public row (rank, gap to the maximum, inside PAD's support or not): why ``pad`` can or
+  cannot name it.
+* **synth** (Yelp): a sentiment classifier (all-MiniLM-L6-v2 + logistic regression; 1–2 stars negative, 4–5
+  positive) trained on ``--synth-per-class`` texts per star rating from ``invisibleink`` at each
+  ``--synth-epsilons`` value, from ``public`` (floor) and on real references (ceiling), tested on held-out real
+  reviews; MAUVE beside it.
+* **protect** (CommonsenseQA): ``dpinfer bench gtr``'s measurement, called, over ``--protect-temperatures``: the
+  MiniLM answerer's accuracy against ROUGE-1 leakage, the original question (ceiling) and chance (floor).
+* **sanitize** (TAB-ECHR, gold spans): ``original`` (ceiling), ``ner-scrub`` (floor), ``dp-fusion`` at each
+  ``--sanitize-epsilons`` value: the share of the document's DATETIME, QUANTITY, LOC, ORG, DEM and MISC values the
+  release keeps verbatim, the share of its years kept, PPL under the rewriting prompt with the original document.
+
+A long bench can be split across processes (by ``--tasks``, or ``--epsilons`` with ``--no-rag-baselines``) and
+printed as one table with ``--merge`` (the rag rows on the questions every run asked).
 
 Intervals: :mod:`dpinfer.eval.intervals`. The JSON (per item: the targets, what was found, the answer) is written
 after every row, so a run that is stopped keeps what it measured. Data that is absent skips its task with the reason.
