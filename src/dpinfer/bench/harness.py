@@ -81,6 +81,8 @@ MANIFEST: tuple[BenchEntry, ...] = (
     BenchEntry("quality", "dpinfer.bench.quality", "each task's DP method beside the same model without privacy "
                                                    "(ceiling) and the public floor: derailment, PPL, loops, relevance, "
                                                    "accuracy, MAUVE, in one table"),
+    BenchEntry("utility", "dpinfer.bench.utility", "what the private data buys: each DP method over ε on a measure "
+                                                   "only the private input can raise, beside its floor and ceiling"),
     BenchEntry("tagger", "dpinfer.bench.tagger", "tagger precision / recall / F1 against gold spans",
                common_options=False),
     BenchEntry("rag", "dpinfer.bench.rag", "RAG extraction attack: leakage, PPL, tokens/s or --perf"),

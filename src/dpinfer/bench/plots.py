@@ -134,3 +134,93 @@ def gtr_leakage_accuracy(res: Mapping[str, Any], path: Path, labels: Mapping[str
         ax.set_title("CSQA: DP-GTR vs DP-Prompt")
         ax.legend(fontsize=8)
     return path
+
+
+def utility_rag(res: Mapping[str, Any], path: Path) -> Path | None:
+    """``dpinfer bench utility`` (rag): the share of answers naming one of the reply's facts (Wilson bars) vs ε for
+    pad, the ceiling and the floor as lines with their intervals as bands."""
+    with figure(path, (6.4, 4.2)) as ax:
+        if ax is None:
+            return None
+        rows = res["rows"]
+        pad = sorted((r for r in rows if r["method"] == "pad"), key=lambda r: r["epsilon"])
+        for method, colour, name in (("none", "tab:green", "none (ceiling)"), ("public", "grey", "public (floor)")):
+            r = next((r for r in rows if r["method"] == method), None)
+            if r is not None:
+                ax.axhspan(*r["hit"]["wilson95"], color=colour, alpha=0.15)
+                ax.axhline(r["hit"]["share"], color=colour, linestyle="--", label=name)
+        if pad:
+            ys = [r["hit"]["share"] for r in pad]
+            ax.errorbar([r["epsilon"] for r in pad], ys, marker="o", capsize=3, color="tab:blue", label="pad",
+                        yerr=_error_bars(ys, [r["hit"]["wilson95"][0] for r in pad],
+                                         [r["hit"]["wilson95"][1] for r in pad]))
+            ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("ε per answer (pad, δ = 1e-5)")
+        ax.set_ylabel("answers naming a drug/test of the reply")
+        ax.set_title(f"RAG on GenMedGPT: {res['questions']} held-in questions, 95% intervals", fontsize=9)
+        ax.legend(fontsize=8)
+    return path
+
+
+def _floor_ceiling(ax: Any, rows: Sequence[Mapping[str, Any]], key: str, lines: Mapping[str, tuple[str, str]],
+                   share: bool = True) -> None:
+    """The rows named in ``lines`` (method → colour, label) as horizontal lines with their 95% bands."""
+    for method, (colour, name) in lines.items():
+        r = next((r for r in rows if r["method"] == method), None)
+        if r is None:
+            continue
+        v = r[key]
+        y, (lo, hi) = (v["share"], v["wilson95"]) if share else (v["mean"], v["ci95"])
+        ax.axhspan(lo, hi, color=colour, alpha=0.15)
+        ax.axhline(y, color=colour, linestyle="--", label=name)
+
+
+def utility_synth(res: Mapping[str, Any], path: Path) -> Path | None:
+    """``dpinfer bench utility`` (synth): sentiment accuracy on held-out real reviews of a classifier trained on
+    InvisibleInk texts vs ε (Wilson bars), trained on ``public`` texts and on real references as bands."""
+    with figure(path, (6.4, 4.2)) as ax:
+        if ax is None:
+            return None
+        rows = res["rows"]
+        _floor_ceiling(ax, rows, "accuracy", {"real (ceiling)": ("tab:green", "real references (ceiling)"),
+                                              "public": ("grey", "public (floor)")})
+        ii = sorted((r for r in rows if r["method"] == "invisibleink"), key=lambda r: r["epsilon"])
+        if ii:
+            ys = [r["accuracy"]["share"] for r in ii]
+            ax.errorbar([r["epsilon"] for r in ii], ys, marker="o", capsize=3, color="tab:blue", label="invisibleink",
+                        yerr=_error_bars(ys, [r["accuracy"]["wilson95"][0] for r in ii],
+                                         [r["accuracy"]["wilson95"][1] for r in ii]))
+            ax.set_xscale("log")
+        ax.axhline(0.5, color="black", linestyle=":", linewidth=1, label="chance")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("ε per reference (invisibleink)")
+        ax.set_ylabel("accuracy on held-out real reviews")
+        ax.set_title(f"Yelp sentiment: trained on {res['per_class']} texts per star rating, {res['test']} test "
+                     "reviews", fontsize=9)
+        ax.legend(fontsize=8)
+    return path
+
+
+def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
+    """``dpinfer bench utility`` (sanitize): the mean share of the document's non-direct values the release keeps
+    vs ε for dp-fusion (t bars), ``original`` and ``ner-scrub`` as bands."""
+    with figure(path, (6.4, 4.2)) as ax:
+        if ax is None:
+            return None
+        rows = res["rows"]
+        _floor_ceiling(ax, rows, "recall", {"original": ("tab:green", "original (ceiling)"),
+                                            "ner-scrub": ("grey", "ner-scrub (floor)")}, share=False)
+        dp = sorted((r for r in rows if r["method"] == "dp-fusion"), key=lambda r: r["epsilon"])
+        if dp:
+            ys = [r["recall"]["mean"] for r in dp]
+            ax.errorbar([r["epsilon"] for r in dp], ys, marker="o", capsize=3, color="tab:blue", label="dp-fusion",
+                        yerr=_error_bars(ys, [r["recall"]["ci95"][0] for r in dp],
+                                         [r["recall"]["ci95"][1] for r in dp]))
+            ax.set_xscale("log")
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("ε per group (dp-fusion)")
+        ax.set_ylabel("share of the document's values kept")
+        ax.set_title(f"TAB-ECHR: {res['docs']} documents, T_max {res['T_max']}", fontsize=9)
+        ax.legend(fontsize=8)
+    return path
