@@ -206,6 +206,12 @@ class LedgerDefaults:
     """The environment variable the command line reads for ``--ledger``."""
     busy_timeout_s: float = 120.0
     """How long a spend waits for another process's transaction on the same ledger before giving up."""
+    lease_s: float = 3600.0
+    """A pending reservation's lease: a holder on another machine (whose process cannot be looked up) that has not
+    touched its reservation for this long is presumed dead by ``dpinfer budget settle-dead`` (a live holder presumed
+    dead fails closed: its later cancel is refused, its reservation stays counted)."""
+    connect_timeout_s: float = 10.0
+    """How long opening a connection to a PostgreSQL ledger may take."""
 
 
 GENERATE = GenerateDefaults()
