@@ -200,16 +200,24 @@ class LedgerCharges:
     line settled as released) is charged ``bound_of(key)``, an upper bound from the parameters alone."""
 
     def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
-                 bound_of: Callable[[str], Cost], exact: bool = False) -> None:
+                 bound_of: Callable[[str], Cost], exact: bool = False, priced_elsewhere: bool = False) -> None:
         self.ledger, self.job, self.scope, self.mechanism = ledger, job, scope, mechanism
         self.unit_of, self.bound_of = unit_of, bound_of
         self.exact = exact
         """``bound_of`` is each record's exact cost (from the parameters alone): reserved as it is, never settled."""
+        self.priced_elsewhere = priced_elsewhere
+        """Records are priced by another process (a Ray actor) reserving under the same resume key: the placeholder
+        is reserved ``settle_first`` and its phase in the ledger says whether it was priced."""
         self.spends: dict[str, Spend] = {}
 
     def reserve(self, key: str) -> Spend:
         spend = Spend(self.ledger, self.unit_of(key), self.scope, resume_key=self.ledger.resume_key(self.job, key))
-        spend.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
+        if self.priced_elsewhere:
+            spend.charge = self.ledger.reserve(spend.unit, Cost.of(PureDp(0.0)), mechanism=self.mechanism,
+                                               parameters={"estimate": False}, scope=self.scope,
+                                               resume_key=spend.resume_key, settle_first=True)
+        else:
+            spend.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
         self.spends[key] = spend
         return spend
 
@@ -218,6 +226,8 @@ class LedgerCharges:
         self.spends[key].settle(guarantee)
 
     def commit(self, spend: Spend) -> None:
+        if self.priced_elsewhere and spend.charge is not None and spend.charge.state == "pending":
+            spend.settled = self.ledger.charge(spend.charge.id).phase == "releasing"
         if spend.charge is not None and spend.charge.state == "pending" and not spend.settled:
             spend.charge.settle(self.bound_of(_key_of(self.spends, spend)), force=True)
         spend.commit()
