@@ -230,3 +230,17 @@ def test_budget_commands_on_postgresql(postgres_url: str, capsys: pytest.Capture
     history = json.loads(cli("history", "case-42", "--json"))
     assert [c["state"] for c in history["charges"]] == ["committed"]
     assert "0 pending charges of dead holders settled" in cli("settle-dead")
+
+
+@pytest.mark.slow
+def test_bench_ledger_measures_both_backends(postgres_url: str) -> None:
+    from argparse import Namespace
+
+    from dpinfer.bench import ledger as bench
+
+    base = postgres_url.rsplit("/", 1)[0] + "/test"
+    res = bench.run(bench.config_from_args(Namespace(clients="1,2", spends=2, units=2, postgres=base)))
+    assert [(r["backend"], r["clients"], r["spends"]) for r in res["rows"]] == [
+        ("sqlite", 1, 2), ("sqlite", 2, 4), ("postgresql", 1, 2), ("postgresql", 2, 4)]
+    assert all(r["p99_ms"] >= r["p50_ms"] > 0 and r["spends_per_s"] > 0 for r in res["rows"])
+    assert "| postgresql | 2 | 4 |" in bench.render(res)

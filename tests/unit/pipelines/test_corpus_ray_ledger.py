@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_corpus import DOCS, T_MAX, _corpus_args, _spans
+from test_corpus import DOCS, _corpus_args, _spans
 
 from dpinfer.accounting.ledger import Ledger
 from dpinfer.cli import main
@@ -34,9 +34,10 @@ def _corpus(path: Path) -> list[str]:
         base, spans = DOCS[i % len(DOCS)]
         text = f"{base} Case {i}."  # a different document each: its own unit
         texts.append(text)
+        marks = _spans(text, *((base[s.start:s.end], s.label) for s in spans))
         rows.append({"id": f"doc-{i}", "text": text, "entity_mentions": [
             {"start_offset": s.start, "end_offset": s.end, "entity_type": s.label,
-             "span_text": text[s.start:s.end]} for s in _spans(text, *((base[s.start:s.end], s.label) for s in spans))]})
+             "span_text": text[s.start:s.end]} for s in marks]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return texts
 
