@@ -188,6 +188,8 @@ class ServeDefaults:
     """Cache positions per row of the stage-3 batch, at least: a default stage-3 request (template, exemplar,
     keywords: under 200 tokens) plus its T_max fits; a longer one waits for the batch to drain."""
     tagger: str = "presidio"
+    replica_max_ongoing_requests: int = 64
+    """``serve --replicas``: requests Ray Serve lets one replica hold at once (its batcher decodes them together)."""
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
 

@@ -348,11 +348,13 @@ class Ledger(LedgerStore):
         releasing) is cancelled; any other is committed, counted for good. A holder is dead when it ran on this
         machine and its process is gone (or its id now names another process), or when it ran elsewhere and its
         lease ran out. A charge without a holder (written before ledger schema 2) is left pending (void it by hand
-        if you know it released nothing). Returns the charges settled."""
+        if you know it released nothing), and so is a charge reserved under a resume key: it belongs to a resumable
+        job whose next run takes it over (or commits it, when its release reached the output), and settling it here
+        would make that run charge the record a second time. Returns the charges settled."""
         now = time.time() if now is None else now
         settled: list[ChargeRecord] = []
         rows = self._query("SELECT id, holder, lease FROM charges WHERE state = 'pending' AND holder IS NOT NULL "
-                           "ORDER BY id")
+                           "AND resume_key IS NULL ORDER BY id")
         for charge_id, holder, lease in rows:
             if holder_alive(holder, lease, now):
                 continue

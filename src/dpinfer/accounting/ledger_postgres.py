@@ -22,7 +22,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from dpinfer.accounting.ledger_store import _SCHEMA, MIGRATIONS, SCHEMA_VERSION
+from dpinfer.accounting.ledger_schema import _SCHEMA, MIGRATIONS, SCHEMA_VERSION
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError, install_hint
 

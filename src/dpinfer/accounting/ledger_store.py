@@ -27,51 +27,20 @@ from typing import Any
 
 from dpinfer._json import plain
 from dpinfer.accounting.costs import ALL_GROUPS
+from dpinfer.accounting.ledger_schema import (
+    _MAX_UNIT,
+    _SCHEMA,
+    _SQLITE_HEADER,
+    APPLICATION_ID,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+)
 from dpinfer.checks import check_delta, format_up, non_negative_number
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError
 
-APPLICATION_ID = 0x64704C67
-"""``PRAGMA application_id`` of a dpinfer ledger ("dpLg"): a SQLite file without it is refused as foreign."""
-SCHEMA_VERSION = 2
-"""Version 2 adds each pending reservation's holder, lease and phase (settle_dead's rule, docs/budget.md)."""
-_SQLITE_HEADER = b"SQLite format 3\x00"
-_MAX_UNIT = 128
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS units (
-    unit TEXT PRIMARY KEY,
-    epsilon REAL NOT NULL CHECK (epsilon >= 0),
-    delta REAL NOT NULL CHECK (delta > 0 AND delta < 1),
-    scope TEXT,
-    created REAL NOT NULL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS charges (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    unit TEXT NOT NULL REFERENCES units(unit),
-    mechanism TEXT NOT NULL,
-    scope TEXT,
-    parameters TEXT NOT NULL,
-    cost TEXT NOT NULL,
-    epsilon REAL NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('pending', 'committed', 'cancelled', 'void')),
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    resume_key TEXT
-);
-CREATE INDEX IF NOT EXISTS charges_by_unit ON charges (unit, state);
-CREATE INDEX IF NOT EXISTS charges_by_resume_key ON charges (resume_key);
-"""
-
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    2: ("ALTER TABLE charges ADD COLUMN holder TEXT",
-        "ALTER TABLE charges ADD COLUMN lease {real}",
-        "ALTER TABLE charges ADD COLUMN phase TEXT"),
-}
-"""The statements that bring a ledger of version ``n - 1`` to version ``n``, the same on both backends (``{real}``:
-the backend's double-precision type). A new ledger is created at version 1 and migrated, so both paths are one."""
+__all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "ChargeRecord", "LedgerStore", "UnitStatus",
+           "check_unit", "is_database_url"]
 
 
 def check_unit(unit: object) -> str:
@@ -342,6 +311,17 @@ class LedgerStore:
         if create:
             self._db.create()
         self._db.check()
+
+    @staticmethod
+    def exists(location: str | os.PathLike[str]) -> bool:
+        """Whether a ledger (of any version) is at ``location``: the file exists, or the database has its schema."""
+        if not is_database_url(location):
+            return Path(location).exists()
+        from dpinfer.accounting.ledger_postgres import PostgresDb
+
+        db = PostgresDb(str(location))
+        with db.connect() as con:
+            return db.run(lambda: db._version(con), "read the ledger") is not None
 
     def _refuse(self, why: str) -> LedgerError:
         return self._db.refuse(why)

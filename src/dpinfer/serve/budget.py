@@ -66,6 +66,21 @@ class Owners:
             return row[0] if row else None
 
 
+class DatabaseOwners:
+    """:class:`Owners` in the ledger's own database (its ``owners`` table): replicas sharing a PostgreSQL ledger share
+    their tenants. A claim is one transaction (two tenants claiming the same name at once get one owner)."""
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+
+    def owner(self, resource: str, tenant: str | None = None) -> str | None:
+        with self.ledger._transaction("claim a resource") as con:
+            if tenant is not None:
+                con.execute("INSERT INTO owners VALUES (?, ?) ON CONFLICT (resource) DO NOTHING", (resource, tenant))
+            row = con.execute("SELECT tenant FROM owners WHERE resource = ?", (resource,)).fetchone()
+            return None if row is None else str(row[0])
+
+
 class LedgerBudgets:
     """The service's budgets: a :class:`dpinfer.Ledger` at ``path`` (created with a default budget for new units
     when it does not exist; ``default_epsilon`` given: the default is (re)set) and the tenants file beside it."""
@@ -74,10 +89,14 @@ class LedgerBudgets:
                  default_delta: float | None = None, create_epsilon: float | None = None,
                  create_delta: float | None = None) -> None:
         from dpinfer.accounting.ledger import Ledger
+        from dpinfer.accounting.ledger_store import is_database_url
 
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
+        if is_database_url(path):  # one PostgreSQL ledger shared by replicas: the tenants are in it too
+            self.path: Any = str(path)
+        else:
+            self.path = Path(path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not Ledger.exists(self.path):
             self.ledger = Ledger.init(self.path, epsilon=create_epsilon, **({"delta": create_delta}
                                                                            if create_delta is not None else {}))
         else:
@@ -85,7 +104,8 @@ class LedgerBudgets:
         if default_epsilon is not None:
             delta = default_delta if default_delta is not None else self.ledger.default_budget()[1]
             self.ledger.set_default(default_epsilon, delta)
-        self.owners = Owners(self.path.with_name(self.path.name + ".tenants"))
+        self.owners: Any = DatabaseOwners(self.ledger) if isinstance(self.path, str) else \
+            Owners(self.path.with_name(self.path.name + ".tenants"))
 
     def owner(self, resource: str, tenant: str | None = None) -> str | None:
         return self.owners.owner(resource, tenant)

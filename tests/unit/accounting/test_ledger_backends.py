@@ -100,7 +100,8 @@ c = ledger.reserve("u", Zcdp(0.1), mechanism="gaussian", settle_first=True)
 c.settle(Zcdp(0.2))                                                           # planned: may be releasing
 d = ledger.reserve("u", Zcdp(0.1), mechanism="gaussian", settle_first=True)
 d.releasing()
-print(a.id, b.id, c.id, d.id, flush=True)
+e = ledger.reserve("u", Zcdp(0.1), mechanism="gaussian", resume_key="r-job-1")  # its job's next run takes it over
+print(a.id, b.id, c.id, d.id, e.id, flush=True)
 time.sleep(600)
 """
 
@@ -112,7 +113,7 @@ def test_a_kill_9_holder_is_settled_by_the_rule_at_the_next_start(location: str)
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, location], stdout=subprocess.PIPE, env=env, text=True)
     try:
         ids = [int(x) for x in proc.stdout.readline().split()]  # type: ignore[union-attr]
-        assert len(ids) == 4
+        assert len(ids) == 5
         assert ledger.settle_dead() == []  # alive: nothing settled
         before = ledger.status("u").spent
     finally:
@@ -121,9 +122,9 @@ def test_a_kill_9_holder_is_settled_by_the_rule_at_the_next_start(location: str)
     settled = settle_dead(Ledger(location))  # what a service runs at its start
     assert {r.id: r.state for r in settled} == {ids[0]: "cancelled", ids[1]: "committed", ids[2]: "committed",
                                                 ids[3]: "committed"}
-    assert ledger.charge(mine.id).state == "pending"
+    assert ledger.charge(mine.id).state == "pending" and ledger.charge(ids[4]).state == "pending"
     after = ledger.status("u")
-    assert (after.releases, after.pending) == (3, 1)
+    assert (after.releases, after.pending) == (3, 2)
     assert after.spent <= before  # only a never-released reservation stopped counting
     assert settle_dead(ledger) == []  # settled once
     mine.commit()
@@ -156,7 +157,7 @@ def test_a_version_1_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
                     json.loads(_cost_json(Zcdp(0.1)))),))
     con.close()
     ledger = Ledger(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     old = ledger.history("u")[0]
     assert (old.state, old.holder, old.phase) == ("pending", None, None)
     assert ledger.settle_dead() == []  # no holder: left pending for the operator
