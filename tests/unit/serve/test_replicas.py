@@ -125,3 +125,16 @@ def test_two_replicas_admit_exactly_what_the_shared_budget_affords(postgres_url,
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def test_replicas_on_a_cluster_refuse_a_sqlite_ledger_before_ray_starts(tmp_path, capsys, monkeypatch) -> None:
+    pytest.importorskip("ray", reason="Ray is an optional extra (pip install -e '.[ray]')")
+    import dpinfer.pipelines.corpus_ray as corpus_ray
+    from dpinfer.cli import main
+
+    monkeypatch.setattr(corpus_ray, "init_ray", lambda *a, **k: pytest.fail("Ray started"))
+    assert main(["serve", "--replicas", "2", "--ray-address", "auto", "--ledger", str(tmp_path / "l.db")]) == 2
+    err = capsys.readouterr().err
+    assert "give them one ledger with --ledger postgresql://" in err and err.count("\n") == 1
+    assert main(["serve", "--replicas", "0"]) == 2
+    assert "--replicas" in capsys.readouterr().err
