@@ -306,8 +306,8 @@ class LedgerStore:
             self.path = Path(path)
             self._db = SqliteDb(self.path)
         self.backend = "postgresql" if is_database_url(path) else "sqlite"
-        self.location = str(path)
-        """What opens this ledger again (the path, or the full URL): for a worker process."""
+        self.location = str(path) if is_database_url(path) else os.path.abspath(path)
+        """What opens this ledger again (the absolute path, or the full URL): for a worker process."""
         if create:
             self._db.create()
         self._db.check()
