@@ -211,12 +211,17 @@ def run_replicas(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 time.sleep(1.0)
 
             def request(i: int, tokens: int = t_max, url: str = url) -> tuple[float, int]:
+                """(seconds, tokens released); tokens -1 when the request failed (counted, not retried)."""
                 d = docs[i % len(docs)]
                 body = {"text": d.text, "spans": [s.to_dict() for s in d.spans], "max_new_tokens": tokens,
                         "unit": f"bench-{i}"}
                 t0 = time.perf_counter()
-                r = httpx.post(url + "/v1/sanitize", json=body, timeout=3600)
-                r.raise_for_status()
+                try:
+                    r = httpx.post(url + "/v1/sanitize", json=body, timeout=3600)
+                except httpx.HTTPError:
+                    return time.perf_counter() - t0, -1
+                if r.status_code != 200:
+                    return time.perf_counter() - t0, -1
                 return time.perf_counter() - t0, int(r.json()["generated_tokens"])
 
             def client(c: int) -> list[tuple[float, int]]:
@@ -236,10 +241,11 @@ def run_replicas(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                 server.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 server.kill()
-        lat = [g[0] for g in got]
-        tokens = sum(g[1] for g in got)
-        rows.append({"replicas": k, "clients": clients, "requests": len(got), "total_s": round(total, 2),
-                     "requests_per_s": round(len(got) / total, 3), "tokens": tokens,
+        done = [g for g in got if g[1] >= 0]
+        lat = [g[0] for g in done] or [math.nan]
+        tokens = sum(g[1] for g in done)
+        rows.append({"replicas": k, "clients": clients, "requests": len(got), "failed": len(got) - len(done),
+                     "total_s": round(total, 2), "requests_per_s": round(len(done) / total, 3), "tokens": tokens,
                      "tokens_per_s": round(tokens / total, 1), "p50_s": round(_percentile(lat, 50), 2),
                      "p99_s": round(_percentile(lat, 99), 2)})
     base = rows[0]["requests_per_s"]
@@ -254,10 +260,10 @@ def render(result: dict[str, Any]) -> str:
         lines = [f"dpinfer bench serve --replicas: DP-Fusion sanitisations of TAB documents, up to "
                  f"{result['max_new_tokens']} tokens each, model {result['model']}; {load['cpu_count']} CPUs, load "
                  f"average {load['load_average_1min']}", "",
-                 "| replicas | clients | requests | total (s) | requests/s | tokens/s | p50 (s) | p99 (s) | vs first |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| replicas | clients | requests | failed | total (s) | requests/s | tokens/s | p50 (s) | p99 (s) | "
+                 "vs first |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in result["replicas"]:
-            lines.append(f"| {r['replicas']} | {r['clients']} | {r['requests']} | {r['total_s']:.1f} | "
+            lines.append(f"| {r['replicas']} | {r['clients']} | {r['requests']} | {r['failed']} | {r['total_s']:.1f} | "
                          f"{r['requests_per_s']:.3f} | {r['tokens_per_s']:.1f} | {r['p50_s']:.2f} | "
                          f"{r['p99_s']:.2f} | {r['vs_first']:.2f}x |")
         return "\n".join(lines) + "\n"
