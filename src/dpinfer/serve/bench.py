@@ -250,7 +250,7 @@ def run_replicas(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
                      "p99_s": round(_percentile(lat, 99), 2)})
     base = rows[0]["requests_per_s"]
     for r in rows:
-        r["vs_first"] = round(r["requests_per_s"] / base, 2)
+        r["vs_first"] = round(r["requests_per_s"] / base, 2) if base else math.nan
     return {"replicas": rows, "max_new_tokens": t_max, "model": args.model or "embedded", "load": machine_load()}
 
 
