@@ -89,23 +89,27 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     what.add_argument("--unit", help="a unit of the ledger, by its name there")
     what.add_argument("--store", help="a folder of the stores folder, by its name")
     ad.add_argument("--as", dest="as_name", default=None, help="its name for the tenant (default: the same)")
-    ad.add_argument("--ledger", default=None, help="the service's ledger (default: serve/ledger.db in dpinfer's data "
-                                                   "folder)")
+    ad.add_argument("--ledger", default=None, help="the service's ledger, a file or postgresql://USER@HOST/DB "
+                                                   "(default: serve/ledger.db in dpinfer's data folder)")
     ad.add_argument("--stores", default=None, help="the service's stores folder (default: serve/stores in dpinfer's "
                                                    "data folder)")
     ad.set_defaults(func=run_adopt)
 
 
 def run_adopt(args: argparse.Namespace) -> int:
+    from dpinfer.accounting.ledger import Ledger
+    from dpinfer.accounting.ledger_store import is_database_url
     from dpinfer.serve.budget import LedgerBudgets, adopt_store, adopt_unit
     from dpinfer.serve.keys import check_name, check_unit_name
 
     check_name(args.tenant, "--tenant")
     home = default_home()
-    ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
-    if not ledger.exists():
-        raise ConfigurationError(f"no ledger at {ledger}; give the service's --ledger")
-    budgets = LedgerBudgets(ledger)
+    ledger: Any = args.ledger if is_database_url(args.ledger) else Path(args.ledger) if args.ledger else \
+        home / "ledger.db"
+    if not Ledger.exists(ledger):
+        raise ConfigurationError(f"no ledger at {ledger if isinstance(ledger, Path) else 'that URL'}; give the "
+                                 "service's --ledger")
+    budgets = LedgerBudgets(ledger)  # the adoptions go in the ledger's database: every replica sharing it sees them
     if args.unit is not None:
         name = check_unit_name(args.as_name or args.unit)
         adopt_unit(budgets, args.tenant, name, check_unit_name(args.unit))
