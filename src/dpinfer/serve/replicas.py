@@ -3,7 +3,7 @@
 Each replica is a Ray actor that builds its own runtime (model, engine, batcher: the app of ``dpinfer serve``, from
 the same builder) and hands its app to Ray Serve (``@serve.ingress``, the app built at replica start); Ray Serve's
 proxy on ``--host``/``--port`` spreads the requests over the replicas and restarts a replica whose process died.
-What the replicas share must live outside them: the privacy-budget ledger and the tenants (``--ledger
+What the replicas share must live outside them: the privacy-budget ledger and its adoptions (``--ledger
 postgresql://…``: every spend of every replica is one transaction that locks its unit's row, so the budget holds
 across replicas; a SQLite file works only while every replica runs on this machine) and the keys file (read at
 each replica's start: give every node the same file). Each replica settles the pending charges of dead holders at
