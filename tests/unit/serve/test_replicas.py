@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+from dpinfer.serve.budget import ledger_unit
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 DOC = "Mr John Smith lives in London and was born on 12 March 1961."
@@ -75,11 +76,15 @@ def test_two_replicas_admit_exactly_what_the_shared_budget_affords(postgres_url,
         assert probe.status_code == 200, probe.text
         ledger = Ledger(postgres_url)
         with ledger._connect() as con:
-            (cost,) = con.execute("SELECT cost FROM charges WHERE unit = ?", ("probe",)).fetchone()
+            (cost,) = con.execute("SELECT cost FROM charges WHERE unit = ?",
+                                  (ledger_unit("local", "probe"),)).fetchone()
         one = Cost.from_json(cost)
         delta = probe.json()["budget"]["budget"]["delta"]
         three, four = (max(composed_epsilon([one] * k, delta).values()) for k in (3, 4))
         budget = (three + four) / 2
+        # each release is charged to the document's unit too (the unit rule): give it room, so that the unit each
+        # load names is the one that binds
+        ledger.set_budget(ledger_unit("local", ledger.unit_for_text(DOC)), 1e6)
 
         def load(unit: str, kill: bool = False) -> list[int]:
             r = httpx.put(url + f"/v1/budget/{unit}", json={"epsilon": budget}, timeout=60)
@@ -103,19 +108,20 @@ def test_two_replicas_admit_exactly_what_the_shared_budget_affords(postgres_url,
 
         codes = load("u3")
         assert codes.count(200) == 3 and codes.count(402) == 47, codes
-        status = ledger.status("u3")
+        status = ledger.status(ledger_unit("local", "u3"))
         assert (status.releases, status.pending) == (3, 0) and status.spent <= budget
 
         codes = load("k3", kill=True)
         ok = codes.count(200)
         assert ok <= 3 and set(codes) <= {200, 402, 500, 502, 503, -1}, codes
         # Ray starts a successor, which settles the dead replica's reservations at its start
-        _wait(lambda: len(_replica_pids(server)) == 2 and ledger.status("k3").pending == 0, 400,
+        _wait(lambda: len(_replica_pids(server)) == 2 and ledger.status(ledger_unit("local", "k3")).pending == 0, 400,
               "the killed replica's successor to settle its reservations")
         assert killed[0] not in _replica_pids(server)  # a successor, not the same process
-        dead = [c for c in ledger.history("k3") if c.holder is not None and c.holder.split(":")[1] == str(killed[0])]
+        dead = [c for c in ledger.history(ledger_unit("local", "k3"))
+                if c.holder is not None and c.holder.split(":")[1] == str(killed[0])]
         assert all(c.state in ("committed", "cancelled") for c in dead)  # settled by the rule, none left pending
-        status = ledger.status("k3")
+        status = ledger.status(ledger_unit("local", "k3"))
         assert ok <= status.releases <= 3 and status.spent <= budget  # nothing committed lost, no over-spend
         assert httpx.post(url + "/v1/sanitize", json={**BODY, "unit": "u3"}, timeout=120).status_code == 402
     finally:
