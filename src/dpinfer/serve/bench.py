@@ -193,7 +193,9 @@ def run_replicas(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
         progress(f"{k} replicas: starting")
+        # budgets no benchmark exhausts (as the one-process bench): each release also charges its document's unit
         cmd = [sys.executable, "-m", "dpinfer", "serve", "--replicas", str(k), "--ledger", str(tmp / "ledger.db"),
+               "--default-epsilon", "1e12", "--default-delta", "0.5",
                "--tagger", "regex", "--port", str(port), *(["--model", args.model] if args.model else [])]
         with open(tmp / "serve.log", "wb") as log:
             server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
