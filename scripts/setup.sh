@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="pii,rag,serve"
 # --dev also installs the MAUVE extra (mauve-text is GPL-3.0; only for running its tests, never a core dependency)
-[[ "${1:-}" == "--dev" ]] && extras="pii,serve,dev,eval,mauve,rag,textmetrics,ray"
+[[ "${1:-}" == "--dev" ]] && extras="pii,serve,dev,eval,mauve,rag,textmetrics,ray,postgres"
 py="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)

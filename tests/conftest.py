@@ -112,3 +112,43 @@ def shared_data() -> Path:
     if d is None:
         pytest.skip("evaluation data not found: put the shared data at ../shared/data or set DPINFER_DATA")
     return d
+
+
+# ---------------------------------------------------------------------------------------- PostgreSQL (ledger tests)
+POSTGRES_BASE = os.environ.get("DPINFER_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+"""The server the PostgreSQL ledger tests use (trust authentication); each test makes its own database and drops it."""
+
+
+def _postgres_or_skip() -> object:
+    """psycopg and a reachable server, or skip with the reason; with ``CI`` set, a missing one FAILS the test."""
+    why = None
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_BASE, autocommit=True, connect_timeout=3) as con:
+            con.execute("SELECT 1")
+        return psycopg
+    except ImportError:
+        why = 'psycopg is not installed (.venv/bin/pip install -e ".[postgres]")'
+    except Exception as exc:
+        why = f"no PostgreSQL at {POSTGRES_BASE} ({type(exc).__name__})"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set and the PostgreSQL ledger tests cannot run: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def postgres_url() -> object:
+    """The URL of a fresh, empty PostgreSQL database, dropped after the test."""
+    import secrets
+
+    psycopg = _postgres_or_skip()
+    name = f"dpinfer_test_{secrets.token_hex(6)}"
+    with psycopg.connect(POSTGRES_BASE, autocommit=True) as con:  # type: ignore[attr-defined]
+        con.execute(f"CREATE DATABASE {name}")
+    base = POSTGRES_BASE.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(POSTGRES_BASE, autocommit=True) as con:  # type: ignore[attr-defined]
+            con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

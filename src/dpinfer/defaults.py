@@ -188,6 +188,8 @@ class ServeDefaults:
     """Cache positions per row of the stage-3 batch, at least: a default stage-3 request (template, exemplar,
     keywords: under 200 tokens) plus its T_max fits; a longer one waits for the batch to drain."""
     tagger: str = "presidio"
+    replica_max_ongoing_requests: int = 64
+    """``serve --replicas``: requests Ray Serve lets one replica hold at once (its batcher decodes them together)."""
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
 
@@ -206,6 +208,12 @@ class LedgerDefaults:
     """The environment variable the command line reads for ``--ledger``."""
     busy_timeout_s: float = 120.0
     """How long a spend waits for another process's transaction on the same ledger before giving up."""
+    lease_s: float = 3600.0
+    """A pending reservation's lease: a holder on another machine (whose process cannot be looked up) that has not
+    touched its reservation for this long is presumed dead by ``dpinfer budget settle-dead`` (a live holder presumed
+    dead fails closed: its later cancel is refused, its reservation stays counted)."""
+    connect_timeout_s: float = 10.0
+    """How long opening a connection to a PostgreSQL ledger may take."""
 
 
 GENERATE = GenerateDefaults()

@@ -94,24 +94,29 @@ class Reservation:
         """The first unit's charge (None before step 1)."""
         return self.charges[0] if self.charges else None
 
-    def _reserve_all(self, price: Price, mechanism: str | None, parameters: Mapping[str, Any] | None) -> None:
+    def _reserve_all(self, price: Price, mechanism: str | None, parameters: Mapping[str, Any] | None, *,
+                     settle_first: bool = False) -> None:
         try:
             for unit, key in zip(self.units, self.resume_keys, strict=True):
                 self.refused = unit
                 self.charges.append(self.ledger.reserve(unit, price, mechanism=mechanism, parameters=parameters,
-                                                        scope=self.scope, resume_key=key))
+                                                        scope=self.scope, resume_key=key,
+                                                        settle_first=settle_first))
             self.refused = None
         except BaseException:
             self.cancel()  # every unit or none
             raise
 
-    def reserve(self, estimate: Price | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None) -> None:
+    def reserve(self, estimate: Price | None, *, mechanism: str, parameters: Mapping[str, Any] | None = None,
+                settle_first: bool = False) -> None:
         """Step 1 (before the model runs): reserve ``estimate`` on every unit (None: a placeholder of ε = 0, priced
-        at :meth:`settle`). Nothing happens on a reservation already made."""
+        at :meth:`settle`). Nothing happens on a reservation already made. ``settle_first``: nothing is released
+        before the charges are settled (or marked releasing), so a holder that dies before has them cancelled
+        (:meth:`Ledger.reserve <dpinfer.accounting.ledger.Ledger.reserve>`)."""
         if self.charges:
             return
         self._reserve_all(estimate if estimate is not None else Cost.of(PureDp(0.0)), mechanism,
-                          {"estimate": estimate is not None, **(parameters or {})})
+                          {"estimate": estimate is not None, **(parameters or {})}, settle_first=settle_first)
         self.settled = estimate is not None
 
     def settle(self, price: Price, *, mechanism: str | None = None, force: bool = False) -> None:
@@ -236,19 +241,28 @@ class RecordCharges:
     ``bound_of(key)``, known from the parameters alone); the pipeline prices it when it plans the record
     (:meth:`settle`; a refusal becomes the record's error); ``commit`` charges a record whose line is durable; one
     released without being priced (a torn line settled as released) is charged ``bound_of(key)``, an upper bound
-    from the parameters alone."""
+    from the parameters alone.
+
+    ``priced_elsewhere``: another process prices the records (a Ray actor, reserving its exact cost under the same
+    resume key, which takes over this placeholder: :mod:`dpinfer.pipelines.corpus_ray`). The placeholder is then
+    reserved ``settle_first`` (a holder that dies before it is priced released nothing), and at ``commit`` the
+    ledger's phase of each charge says whether it was priced there (``releasing``) or still needs the bound."""
 
     def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
-                 bound_of: Callable[[str], Cost], exact: bool = False) -> None:
+                 bound_of: Callable[[str], Cost], exact: bool = False, priced_elsewhere: bool = False) -> None:
         self.ledger, self.job, self.scope, self.mechanism = ledger, job, scope, mechanism
         self.unit_of, self.bound_of = unit_of, bound_of
         self.exact = exact
+        self.priced_elsewhere = priced_elsewhere
         self.open: dict[str, Reservation] = {}
 
     def reserve(self, key: str) -> Reservation:
         res = Reservation(self.ledger, self.unit_of(key), self.scope,
                           resume_key=self.ledger.resume_key(self.job, key))
-        res.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
+        if self.priced_elsewhere:
+            res.reserve(None, mechanism=self.mechanism, settle_first=True)
+        else:
+            res.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
         self.open[key] = res
         return res
 
@@ -257,6 +271,8 @@ class RecordCharges:
         self.open[key].settle(guarantee)
 
     def commit(self, res: Reservation) -> None:
+        if self.priced_elsewhere and any(c.state == "pending" for c in res.charges):
+            res.settled = all(self.ledger.charge(c.id).phase == "releasing" for c in res.charges)
         if not res.settled and res.charge is not None and res.charge.state == "pending":
             key = next(k for k, v in self.open.items() if v is res)
             res.settle(self.bound_of(key), force=True)

@@ -7,6 +7,8 @@ Since every dpinfer guarantee is ex ante, the cost of a release is known from it
 
 One SQLite file (WAL journal, ``synchronous=FULL``), usable by many processes and threads at once: every spend is
 checked and written in one ``BEGIN IMMEDIATE`` transaction, so two spends never both see the same remaining budget.
+Or one PostgreSQL database (``Ledger("postgresql://USER@HOST/DB")``, :mod:`dpinfer.accounting.ledger_postgres`),
+shared by processes on many machines: a spend locks its unit's row (``SELECT … FOR UPDATE``) in one transaction.
 
 Composition is the accountant's: a unit's charges are kept as their Rényi-DP losses (:class:`Cost`, from the
 release's :class:`~dpinfer.accounting.Guarantee`), composed per privacy group in RDP (:func:`compose`: ten releases at
@@ -67,7 +69,7 @@ import hmac
 import json
 import math
 import os
-import sqlite3
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -104,6 +106,9 @@ __all__ = [
     "UnitStatus",
     "check_unit",
     "composed_epsilon",
+    "holder_alive",
+    "holder_id",
+    "settle_dead",
 ]
 
 
@@ -121,8 +126,10 @@ class Charge:
         self.released = False
 
     def releasing(self) -> None:
-        """Mark that the release may become visible: from now on :meth:`Ledger.spend` commits even on an error."""
+        """Mark that the release may become visible: from now on :meth:`Ledger.spend` commits even on an error, and
+        the ledger holds the charge in the ``releasing`` phase (a dead holder's charge is then committed)."""
         self.released = True
+        self.ledger._mark_releasing(self.id)
 
     def commit(self) -> None:
         """The release happened: the charge stays spent for good (a voided reservation is revived: fail closed)."""
@@ -152,8 +159,8 @@ class Charge:
 
 # ------------------------------------------------------------------------------------------------------ the ledger
 class Ledger(LedgerStore):
-    """A privacy-budget ledger in one SQLite file (see the module docstring). Safe to share between threads; each
-    process opens its own (a forked child may reuse the object: every operation opens its own connection)."""
+    """A privacy-budget ledger in one SQLite file or one PostgreSQL database (see the module docstring). Safe to share
+    between threads; a forked child may reuse the object (it opens its own connections)."""
 
     # ---------------------------------------------------------------- opening
     @classmethod
@@ -182,14 +189,21 @@ class Ledger(LedgerStore):
     # ---------------------------------------------------------------- spending
     def reserve(self, unit: str, cost: Cost | Guarantee | Loss, *, mechanism: str | None = None,
                 parameters: Mapping[str, Any] | None = None, scope: str | None = None,
-                resume_key: str | None = None) -> Charge:
+                resume_key: str | None = None, settle_first: bool = False, holder: str | None = None) -> Charge:
         """Check that ``cost`` fits ``unit``'s budget and reserve it, in one transaction; or raise
         :class:`~dpinfer.errors.BudgetExceededError` (one line: unit, budget, spent, cost). ``mechanism`` and
         ``parameters`` default to the guarantee's (public parameters only). ``scope`` names what the unit protects
         (``"document"``, ``"corpus"``, ``"store"``, ``"prompt-source"``): a unit keeps the scope of its first charge
         and refuses charges of another, whose adjacency would not compose with it. ``resume_key`` (a job's key for
         one record, :meth:`resume_key`): a PENDING charge of the unit with the same key, left by a killed run of the
-        same job, is taken over (re-priced) instead of reserving the record a second time."""
+        same job or by a failed attempt of a retried task, is taken over (re-priced) instead of reserving the record
+        a second time, so reserving under one key is idempotent.
+
+        The charge records its holder (``holder``, default this process: ``host:pid:start``) and a lease.
+        ``settle_first``: the caller releases nothing before :meth:`Charge.settle` or :meth:`Charge.releasing`;
+        until then the charge is in the ``reserved`` phase, and if its holder dies :func:`settle_dead` cancels it.
+        Without it (the default) the charge is ``releasing`` from the start and a dead holder's charge is committed
+        (counted for good): never an under-count."""
         unit = check_unit(unit)
         if isinstance(cost, Guarantee):
             mechanism = cost.mechanism if mechanism is None else mechanism
@@ -199,8 +213,11 @@ class Ledger(LedgerStore):
         price = Cost.of(cost)
         params = json.dumps(plain(dict(parameters or {})), sort_keys=True, ensure_ascii=False)
         now = time.time()
+        owner = holder_id() if holder is None else check_unit(holder)
+        phase = "reserved" if settle_first else "releasing"
+        lock = self.lock_rows
         with self._transaction("reserve a spend") as con:
-            row = con.execute("SELECT epsilon, delta, scope FROM units WHERE unit = ?", (unit,)).fetchone()
+            row = con.execute(f"SELECT epsilon, delta, scope FROM units WHERE unit = ?{lock}", (unit,)).fetchone()
             if row is None:
                 default_eps, default_delta = self.default_budget(con)
                 if default_eps is None:
@@ -209,10 +226,11 @@ class Ledger(LedgerStore):
                         "--epsilon E` or a default for new units with `dpinfer budget init --epsilon E`"
                     )
                 con.execute("INSERT INTO units (unit, epsilon, delta, scope, created, updated) VALUES "
-                            "(?, ?, ?, ?, ?, ?)", (unit, default_eps, default_delta, scope, now, now))
-                budget, delta, unit_scope = default_eps, default_delta, scope
-            else:
-                budget, delta, unit_scope = row
+                            "(?, ?, ?, ?, ?, ?) ON CONFLICT (unit) DO NOTHING",
+                            (unit, default_eps, default_delta, scope, now, now))
+                # the row is ours, or another spend's that created it first (its insert is committed by now)
+                row = con.execute(f"SELECT epsilon, delta, scope FROM units WHERE unit = ?{lock}", (unit,)).fetchone()
+            budget, delta, unit_scope = row
             if scope is not None and unit_scope is not None and scope != unit_scope:
                 raise LedgerError(
                     f"unit {unit!r} protects a {unit_scope}; this release protects a {scope} (another adjacency): "
@@ -221,23 +239,26 @@ class Ledger(LedgerStore):
             if scope is not None and unit_scope is None:
                 con.execute("UPDATE units SET scope = ? WHERE unit = ?", (scope, unit))
             if resume_key is not None:
-                left = con.execute("SELECT id FROM charges WHERE unit = ? AND resume_key = ? AND state = 'pending' "
-                                   "ORDER BY id LIMIT 1", (unit, resume_key)).fetchone()
+                left = con.execute("SELECT id, phase FROM charges WHERE unit = ? AND resume_key = ? AND "
+                                   f"state = 'pending' ORDER BY id LIMIT 1{lock}", (unit, resume_key)).fetchone()
                 if left is not None:  # the same record of the same job, reserved by a run that was killed
                     alone = self._check_fits(con, unit, budget, delta, price, without=left[0])
-                    con.execute("UPDATE charges SET cost = ?, epsilon = ?, parameters = ?, updated = ? WHERE id = ?",
-                                (price.to_json(), alone if math.isfinite(alone) else 1e308, params, now, left[0]))
+                    taken = phase if left[1] == "reserved" else "releasing"  # a phase never goes back
+                    con.execute("UPDATE charges SET cost = ?, epsilon = ?, parameters = ?, updated = ?, holder = ?, "
+                                "lease = ?, phase = ? WHERE id = ?",
+                                (price.to_json(), _stored(alone), params, now, owner, now + LEDGER.lease_s, taken,
+                                 left[0]))
                     return Charge(self, int(left[0]), unit, alone)
             alone = self._check_fits(con, unit, budget, delta, price)
-            cursor = con.execute(
+            charge_id = con.execute(
                 "INSERT INTO charges (unit, mechanism, scope, parameters, cost, epsilon, state, created, updated, "
-                "resume_key) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)",
-                (unit, mechanism, scope, params, price.to_json(), alone if math.isfinite(alone) else 1e308, now, now,
-                 resume_key))
-            charge_id = int(cursor.lastrowid or 0)
-        return Charge(self, charge_id, unit, alone)
+                "resume_key, holder, lease, phase) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?) "
+                "RETURNING id",
+                (unit, mechanism, scope, params, price.to_json(), _stored(alone), now, now, resume_key, owner,
+                 now + LEDGER.lease_s, phase)).fetchone()[0]
+        return Charge(self, int(charge_id), unit, alone)
 
-    def _check_fits(self, con: sqlite3.Connection, unit: str, budget: float, delta: float, price: Cost,
+    def _check_fits(self, con: Any, unit: str, budget: float, delta: float, price: Cost,
                     without: int | None = None) -> float:
         """Raise BudgetExceededError unless ``price`` fits ``unit``'s budget next to its counted charges (except
         charge ``without``); return the ε of ``price`` alone."""
@@ -267,7 +288,7 @@ class Ledger(LedgerStore):
         refused: BudgetExceededError | None = None
         with self._transaction(f"settle charge {charge.id}") as con:
             row = con.execute("SELECT c.state, u.epsilon, u.delta FROM charges c JOIN units u ON u.unit = c.unit "
-                              "WHERE c.id = ?", (charge.id,)).fetchone()
+                              f"WHERE c.id = ?{self.lock_rows}", (charge.id,)).fetchone()
             if row is None or row[0] != "pending":
                 raise LedgerError(f"charge {charge.id} is {row[0] if row else 'unknown'}; only a pending charge can "
                                   "be settled")
@@ -279,8 +300,9 @@ class Ledger(LedgerStore):
                 con.execute("UPDATE charges SET state = 'cancelled', updated = ? WHERE id = ?",
                             (time.time(), charge.id))
             else:
-                con.execute("UPDATE charges SET cost = ?, epsilon = ?, updated = ? WHERE id = ?",
-                            (price.to_json(), alone if math.isfinite(alone) else 1e308, time.time(), charge.id))
+                now = time.time()  # settled: the release is planned and may start (never back to 'reserved')
+                con.execute("UPDATE charges SET cost = ?, epsilon = ?, updated = ?, lease = ?, phase = 'releasing' "
+                            "WHERE id = ?", (price.to_json(), _stored(alone), now, now + LEDGER.lease_s, charge.id))
                 if params is not None:
                     con.execute("UPDATE charges SET parameters = ? WHERE id = ?", (params, charge.id))
         if refused is not None:
@@ -307,12 +329,44 @@ class Ledger(LedgerStore):
 
     def _transition(self, charge_id: int, state: str, allowed: tuple[str, ...]) -> None:
         with self._transaction(f"mark charge {charge_id} {state}") as con:
-            row = con.execute("SELECT state FROM charges WHERE id = ?", (charge_id,)).fetchone()
+            row = con.execute(f"SELECT state FROM charges WHERE id = ?{self.lock_rows}", (charge_id,)).fetchone()
             if row is None:
                 raise self._refuse(f"has no charge {charge_id}; list them with `dpinfer budget history UNIT`")
             if row[0] not in allowed:
                 raise LedgerError(f"charge {charge_id} is {row[0]}; it cannot become {state}")
             con.execute("UPDATE charges SET state = ?, updated = ? WHERE id = ?", (state, time.time(), charge_id))
+
+    def _mark_releasing(self, charge_id: int) -> None:
+        now = time.time()
+        with self._transaction(f"mark charge {charge_id} releasing") as con:
+            con.execute("UPDATE charges SET phase = 'releasing', updated = ?, lease = ? WHERE id = ? AND "
+                        "state = 'pending'", (now, now + LEDGER.lease_s, charge_id))
+
+    def settle_dead(self, *, now: float | None = None) -> list[ChargeRecord]:
+        """Settle the pending charges whose holder died, by one rule (docs/budget.md): a charge still in the
+        ``reserved`` phase (nothing can have been released: its holder had neither settled it nor marked it
+        releasing) is cancelled; any other is committed, counted for good. A holder is dead when it ran on this
+        machine and its process is gone (or its id now names another process), or when it ran elsewhere and its
+        lease ran out. A charge without a holder (written before ledger schema 2) is left pending (void it by hand
+        if you know it released nothing), and so is a charge reserved under a resume key: it belongs to a resumable
+        job whose next run takes it over (or commits it, when its release reached the output), and settling it here
+        would make that run charge the record a second time. Returns the charges settled."""
+        now = time.time() if now is None else now
+        settled: list[ChargeRecord] = []
+        rows = self._query("SELECT id, holder, lease FROM charges WHERE state = 'pending' AND holder IS NOT NULL "
+                           "AND resume_key IS NULL ORDER BY id")
+        for charge_id, holder, lease in rows:
+            if holder_alive(holder, lease, now):
+                continue
+            with self._transaction(f"settle charge {charge_id} of a dead holder") as con:
+                row = con.execute(f"SELECT state, phase, holder FROM charges WHERE id = ?{self.lock_rows}",
+                                  (charge_id,)).fetchone()
+                if row is None or row[0] != "pending" or row[2] != holder:
+                    continue  # settled meanwhile, or taken over by a live run
+                state = "cancelled" if row[1] == "reserved" else "committed"
+                con.execute("UPDATE charges SET state = ?, updated = ? WHERE id = ?", (state, time.time(), charge_id))
+            settled.append(self.charge(int(charge_id)))
+        return settled
 
     def void(self, charge_id: int) -> ChargeRecord:
         """Operator's decision that a PENDING reservation released nothing (e.g. its process was killed before it
@@ -392,3 +446,48 @@ class Ledger(LedgerStore):
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"
+
+
+def _stored(epsilon: float) -> float:
+    return epsilon if math.isfinite(epsilon) else 1e308
+
+
+def _start_ticks(pid: int) -> str:
+    """The start time of process ``pid`` in clock ticks since boot (Linux; "" elsewhere or when it is gone): with
+    the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def holder_id() -> str:
+    """This process as a reservation's holder: ``host:pid:start``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
+
+
+def holder_alive(holder: str, lease: float | None, now: float) -> bool:
+    """Whether a reservation's holder may still be alive: a process of this machine is looked up (gone, or its pid
+    reused by another process: dead); any other holder (another machine, a replica's id) is alive until its lease
+    runs out."""
+    host, _, rest = holder.partition(":")
+    pid, _, start = rest.partition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        ticks = _start_ticks(int(pid))
+        if not ticks:
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return not start  # alive, but /proc cannot tell which process it is: trust the pid without a start
+        return not start or ticks == start
+    return lease is None or lease > now
+
+
+def settle_dead(ledger: Ledger) -> list[ChargeRecord]:
+    """Settle the pending charges of dead holders by the ledger's rule (:meth:`Ledger.settle_dead`): what a service
+    calls at its start and ``dpinfer budget settle-dead`` runs."""
+    return ledger.settle_dead()

@@ -89,6 +89,8 @@ MANIFEST: tuple[BenchEntry, ...] = (
     BenchEntry("gtr", "dpinfer.bench.gtr", "prompt protection on CSQA: ROUGE/BLEU leakage vs accuracy, DP-GTR vs "
                                            "DP-Prompt, or --perf"),
     BenchEntry("load", "dpinfer.bench.load", "the warm model load in a new process, stage by stage"),
+    BenchEntry("ledger", "dpinfer.bench.ledger", "the budget ledger: reserve + commit p50/p99 and spends/s, SQLite "
+                                                 "and PostgreSQL, at 1, 8, 32 clients"),
     BenchEntry("serve", "dpinfer.serve.bench", "batching across HTTP requests: 8 concurrent vs sequential "
                                                "sanitisations, p50/p99 at 1, 8, 32 clients"),
 )

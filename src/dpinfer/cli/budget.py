@@ -13,8 +13,9 @@ from dpinfer.cli.output import print_json
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError
 
-LEDGER_HELP = (f"charge this release to the privacy-budget ledger PATH (default: ${LEDGER.env}); refused before the "
-               "model loads when the unit cannot afford it (dpinfer budget --help)")
+LEDGER_HELP = (f"charge this release to the privacy-budget ledger PATH, a SQLite file, or postgresql://USER@HOST/DB "
+               f"(default: ${LEDGER.env}); refused before the model loads when the unit cannot afford it (dpinfer "
+               "budget --help)")
 
 
 def add_ledger_options(parser: argparse.ArgumentParser, unit_help: str) -> None:
@@ -53,10 +54,12 @@ def report_charge(spend: Any) -> None:
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--ledger", default=None, metavar="PATH", help=f"the ledger file (default: ${LEDGER.env})")
+    where.add_argument("--ledger", default=None, metavar="PATH",
+                       help=f"the ledger: a SQLite file, or postgresql://USER@HOST:PORT/DB (default: ${LEDGER.env})")
     b = sub.add_parser(
         "budget", parents=[common], help="the privacy-budget ledger: budgets per unit, what is spent",
-        description="A persistent privacy-budget ledger (one SQLite file): every release charged with --ledger is "
+        description="A persistent privacy-budget ledger (one SQLite file, or one PostgreSQL database shared by many "
+                    "machines): every release charged with --ledger is "
                     "composed with the unit's earlier releases by the accountant and refused, before the model "
                     "loads, once the unit's budget would be exceeded. Units: a document (sanitize), a corpus "
                     "(synth), a RAG store (rag ask), a prompt source (protect-prompt); see docs/budget.md.")
@@ -84,6 +87,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          help="void a pending charge (its process died before releasing anything)")
     vo.add_argument("charge", metavar="CHARGE", type=int)
     vo.set_defaults(func=run_void)
+    sd = bsub.add_parser(
+        "settle-dead", parents=[common, where], help="settle the pending charges whose holder died",
+        description="Settle every pending charge whose holder is dead (a process of this machine that is gone, or "
+                    "another holder whose lease ran out) by one rule: a charge still 'reserved' (its holder had not "
+                    "started releasing) is cancelled; any other is committed, counted for good. Never an under-count; "
+                    "a service runs it at its start. Charges without a holder (older ledgers) are left pending.")
+    sd.set_defaults(func=run_settle_dead)
 
 
 def _open(args: argparse.Namespace, create: bool = False) -> Any:
@@ -179,4 +189,18 @@ def run_void(args: argparse.Namespace) -> int:
         print_json(record.to_dict())
     else:
         print(f"charge #{record.id} of unit {record.unit} voided: it no longer counts")
+    return 0
+
+
+def run_settle_dead(args: argparse.Namespace) -> int:
+    from dpinfer.accounting.ledger import settle_dead
+
+    settled = settle_dead(_open(args))
+    if args.json:
+        print_json({"settled": [r.to_dict() for r in settled]})
+        return 0
+    for r in settled:
+        print(f"charge #{r.id} of unit {r.unit} (holder {r.holder}, dead): {r.state}")
+    print(f"{len(settled)} pending charge{'' if len(settled) == 1 else 's'} of dead holders settled "
+          "(reserved: cancelled; releasing: committed)")
     return 0

@@ -233,8 +233,6 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
         if args.unit is not None:
             raise LedgerError("--unit was given without a ledger: give --ledger PATH or DPINFER_LEDGER")
         return None
-    if args.backend == "ray":
-        raise LedgerError("--backend ray does not charge a ledger yet: run the corpus with --backend local")
     texts = {str(id_key(r.id)): r.text for r in records}
     # an upper bound of any record's cost, from the parameters alone: every group a record could have
     every = resolve_groups([Span(0, 1, label) for label in TAB_LABELS], options.get("groups"))
@@ -243,7 +241,7 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
         bound = Cost.of(ApproxDp(options.get("epsilon") or SANITIZE.epsilon, options["delta"]))
     return RecordCharges(ledger, job=os.path.abspath(args.out), scope="document", mechanism=options["method"],
                          unit_of=lambda key: args.unit or ledger.unit_for_text(texts[key]),
-                         bound_of=lambda key: bound)
+                         bound_of=lambda key: bound, priced_elsewhere=args.backend == "ray")
 
 
 def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any],
@@ -251,10 +249,12 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
     """The output records of ``todo``, as they finish, on the chosen backend (``charge``: the ledger's hook, which
     prices each record when it is planned)."""
     tagger = args.tagger
-    if args.backend == "ray":
+    if args.backend == "ray":  # each actor prices its records on the ledger, under the keys reserved here
+        charged = {} if charge is None else {"ledger": charge.ledger.location, "charge_of": lambda r: (
+            charge.unit_of(str(id_key(r.id))), charge.ledger.resume_key(charge.job, str(id_key(r.id))))}
         yield from sanitize_corpus_ray(todo, model=args.model, device=args.device, quantize=args.quantize,
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
-                                       batch_size=args.ray_batch_size, actors=args.ray_actors)
+                                       batch_size=args.ray_batch_size, actors=args.ray_actors, **charged)
         return
     from dpinfer.pipelines.sanitize import sanitize_many  # torch: imported when the job runs
     from dpinfer.pipelines.sanitize_many import needs_tagger

@@ -32,7 +32,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--host", default=SERVE.host, help=f"address to bind (default {SERVE.host}; another address "
                                                        "needs --keys)")
     sp.add_argument("--port", type=int, default=SERVE.port, help=f"port (default {SERVE.port})")
-    sp.add_argument("--ledger", default=None, help="the privacy-budget ledger (dpinfer budget; default: "
+    sp.add_argument("--ledger", default=None, help="the privacy-budget ledger, a file or postgresql://USER@HOST/DB "
+                                                   "(dpinfer budget; default: "
                                                    "serve/ledger.db in dpinfer's data folder, created with a default "
                                                    f"budget of ε = {show(SERVE.default_epsilon)} per new unit)")
     sp.add_argument("--keys", default=None, help="the keys file (made by 'dpinfer serve keys create'); without it "
@@ -51,6 +52,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     sp.add_argument("--default-delta", type=float, default=None,
                     help=f"with --default-epsilon: the δ of new units (a ledger the server creates gets "
                          f"{show(SERVE.default_delta)})")
+    sp.add_argument("--replicas", type=int, default=None, metavar="N",
+                    help="deploy the service as N replicas on Ray Serve, each with its own model and engine, sharing "
+                         "--ledger (give postgresql://USER@HOST/DB beyond one machine) and --keys (needs the ray "
+                         "extra; docs/deploy.md)")
+    sp.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="--replicas: join this Ray cluster (e.g. ray://HOST:10001 or auto); default: a local Ray")
     sp.add_argument("--batch-window", type=float, default=SERVE.batch_window_s,
                     help=f"seconds the batcher waits for more requests to join a batch (default "
                          f"{show(SERVE.batch_window_s)})")
@@ -83,23 +90,27 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     what.add_argument("--unit", help="a unit of the ledger, by its name there")
     what.add_argument("--store", help="a folder of the stores folder, by its name")
     ad.add_argument("--as", dest="as_name", default=None, help="its name for the tenant (default: the same)")
-    ad.add_argument("--ledger", default=None, help="the service's ledger (default: serve/ledger.db in dpinfer's data "
-                                                   "folder)")
+    ad.add_argument("--ledger", default=None, help="the service's ledger, a file or postgresql://USER@HOST/DB "
+                                                   "(default: serve/ledger.db in dpinfer's data folder)")
     ad.add_argument("--stores", default=None, help="the service's stores folder (default: serve/stores in dpinfer's "
                                                    "data folder)")
     ad.set_defaults(func=run_adopt)
 
 
 def run_adopt(args: argparse.Namespace) -> int:
+    from dpinfer.accounting.ledger import Ledger
+    from dpinfer.accounting.ledger_store import is_database_url
     from dpinfer.serve.budget import LedgerBudgets, adopt_store, adopt_unit
     from dpinfer.serve.keys import check_name, check_unit_name
 
     check_name(args.tenant, "--tenant")
     home = default_home()
-    ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
-    if not ledger.exists():
-        raise ConfigurationError(f"no ledger at {ledger}; give the service's --ledger")
-    budgets = LedgerBudgets(ledger)
+    ledger: Any = args.ledger if is_database_url(args.ledger) else Path(args.ledger) if args.ledger else \
+        home / "ledger.db"
+    if not Ledger.exists(ledger):
+        raise ConfigurationError(f"no ledger at {ledger if isinstance(ledger, Path) else 'that URL'}; give the "
+                                 "service's --ledger")
+    budgets = LedgerBudgets(ledger)  # the adoptions go in the ledger's database: every replica sharing it sees them
     if args.unit is not None:
         name = check_unit_name(args.as_name or args.unit)
         adopt_unit(budgets, args.tenant, name, check_unit_name(args.unit))
@@ -179,6 +190,8 @@ def check_serve_args(args: argparse.Namespace) -> Any:
 
 
 def build_app(args: argparse.Namespace, keys: Any) -> Any:
+    from dpinfer.accounting.ledger import settle_dead
+    from dpinfer.accounting.ledger_store import is_database_url
     from dpinfer.models import load_model
     from dpinfer.packed import pack_now
     from dpinfer.serve.app import allowed_hosts, create_app
@@ -186,13 +199,15 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.serve.service import Service
 
     home = default_home()
-    ledger = Path(args.ledger) if args.ledger else home / "ledger.db"
+    ledger = args.ledger if is_database_url(args.ledger) else Path(args.ledger) if args.ledger else home / "ledger.db"
     budgets = LedgerBudgets(ledger, default_epsilon=args.default_epsilon, default_delta=args.default_delta,
                             create_epsilon=SERVE.default_epsilon, create_delta=SERVE.default_delta)
+    settle_dead(budgets.ledger)  # the pending charges a dead server (or replica) left: settled by the ledger's rule
     lm = load_model(args.model, device=args.device, quantize=args.quantize)
     pack_now(lm.model)  # the packed linears' copies now, not during the first request
     runtime = Service(lm, budgets, tagger=args.tagger, stores=Path(args.stores) if args.stores else home / "stores",
-                      window=args.batch_window)  # resumes the synthesis jobs a stopped server left unfinished
+                      window=args.batch_window,  # resumes the synthesis jobs a stopped server left unfinished
+                      state=getattr(args, "state", None) or (home / "jobs" if isinstance(ledger, str) else None))
     return create_app(runtime, keys, upstream=args.upstream, upstream_model=args.upstream_model,
                       hosts=allowed_hosts(args.host, args.allowed_host), docs=args.docs, forward=args.forward_roles)
 
@@ -205,6 +220,13 @@ def run(args: argparse.Namespace) -> int:
         raise MissingDependencyError("dpinfer serve needs the serve extra: pip install -e '.[serve]' (or bash "
                                      "scripts/setup.sh)") from None
     keys = check_serve_args(args)
+    if args.replicas is not None or args.ray_address is not None:
+        from dpinfer.serve.replicas import check_replica_args, serve_replicas
+
+        args.replicas = 1 if args.replicas is None else args.replicas
+        check_replica_args(args)
+        serve_replicas(args, build_app, default_home() / "replicas")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     app = build_app(args, keys)

@@ -9,6 +9,13 @@ per batch; ``num_gpus=1`` per actor when the model runs on CUDA, else ``num_cpus
 back to the driver as its output line as soon as its batch finishes, and the driver appends it (the same line the
 local backend would write: with a test seed, the same text, since a record's seed depends on its id only).
 
+With a ledger (``--ledger``: a PostgreSQL URL, or a SQLite file on a one-machine Ray), each record's unit is charged
+exactly once: the driver reserves a placeholder per record under the record's resume key before the job starts
+(``settle_first``: nothing can be released before it is priced), the actor that plans the record prices it by
+reserving under the same key (:meth:`Ledger.reserve <dpinfer.accounting.ledger.Ledger.reserve>` takes over the
+pending charge: idempotent, so a task Ray retries after a failed attempt re-prices the same charge instead of adding
+one), and the driver commits it once the record's line is durably in ``OUT``.
+
 Nothing leaves the machine: usage statistics are off (``RAY_USAGE_STATS_ENABLED=0``, set before ``ray`` is imported)
 and a local Ray starts without its dashboard. With ``--ray-address`` the records travel to that cluster's nodes: its
 object store holds (and may spill to its local disk) the private texts while they are processed; run it only on a
@@ -20,7 +27,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.errors import ConfigurationError, install_hint
@@ -73,7 +80,7 @@ class SanitizeActor:
     ``{"key", "line"}``: each record's output line (:func:`~dpinfer.jobs.corpus.release_record`)."""
 
     def __init__(self, model: str | None, device: str | None, quantize: str | None, tagger: str | None,
-                 seed: int | None, options: Mapping[str, Any]) -> None:
+                 seed: int | None, options: Mapping[str, Any], ledger: str | None = None) -> None:
         from dpinfer.engine import Engine
         from dpinfer.models import load_model
         from dpinfer.taggers import get_tagger
@@ -85,6 +92,20 @@ class SanitizeActor:
                                                                          else {}))
         self.seed = seed
         self.options = dict(options)
+        self.ledger: Any = None
+        if ledger:
+            from dpinfer.accounting.ledger import Ledger
+
+            self.ledger = Ledger(ledger)
+        self.charges: dict[str, tuple[str, str]] = {}
+
+    def _planned(self, record_id: str | int, guarantee: Any) -> None:
+        """A record is planned (before any of its tokens): its exact cost, reserved under its resume key (taking
+        over the driver's placeholder, or the charge an earlier attempt of this task priced)."""
+        from dpinfer.jobs.corpus import id_key
+
+        unit, resume_key = self.charges[id_key(record_id)]
+        self.ledger.reserve(unit, guarantee, scope="document", resume_key=resume_key)
 
     def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, list[str]]:
         from dpinfer.io import encode_record
@@ -93,9 +114,14 @@ class SanitizeActor:
 
         records = [Record(json.loads(str(k)), str(t), None if not s else json.loads(str(s)))
                    for k, t, s in zip(batch["key"], batch["text"], batch["spans"], strict=True)]
+        planned = None
+        if self.ledger is not None:
+            self.charges = {str(k): (str(u), str(r)) for k, u, r in zip(batch["key"], batch["unit"], batch["rkey"],
+                                                                        strict=True)}
+            planned = self._planned
         keys, lines = [], []
         for outcome in sanitize_many(records, engine=self.engine, tagger=self.tagger, seed=self.seed,
-                                     **self.options):
+                                     on_planned=planned, **self.options):
             keys.append(id_key(outcome.id))
             lines.append(encode_record(release_record(outcome)).decode("utf-8"))
         return {"key": keys, "line": lines}
@@ -105,10 +131,13 @@ def sanitize_corpus_ray(records: Sequence[Record], *, model: str | None = None, 
                         quantize: str | None = None, tagger: str | None = None, seed: int | None = None,
                         options: Mapping[str, Any] | None = None, address: str | None = None,
                         batch_size: int = 8, actors: int | None = None, in_flight: int = 2,
-                        num_cpus: int | None = None) -> Iterator[dict[str, Any]]:
+                        num_cpus: int | None = None, ledger: str | None = None,
+                        charge_of: Callable[[Record], tuple[str, str]] | None = None) -> Iterator[dict[str, Any]]:
     """Sanitise ``records`` on Ray Data; yield each output record (a dict, as the local backend writes it) as soon as
     its batch finishes. ``actors``: engine actors (default: one per GPU when the model runs on CUDA, else 1);
-    ``in_flight``: batches queued per actor; ``num_cpus``: CPUs of a local Ray (default: all)."""
+    ``in_flight``: batches queued per actor; ``num_cpus``: CPUs of a local Ray (default: all). ``ledger`` (where
+    the ledger is: a PostgreSQL URL or a file every actor can open) and ``charge_of(record)`` (its unit and resume
+    key): each actor prices the records it plans there (see the module docstring)."""
     import torch
 
     from dpinfer.pipelines.sanitize_many import needs_tagger
@@ -121,13 +150,15 @@ def sanitize_corpus_ray(records: Sequence[Record], *, model: str | None = None, 
         actors = max(1, int(ray.cluster_resources().get("GPU", 0))) if use_gpu else 1
     resources: dict[str, Any] = {"num_gpus": 1} if use_gpu else {"num_cpus": 1}
     rows = [{"key": json.dumps(r.id, ensure_ascii=False), "text": r.text,
-             "spans": "" if r.spans is None else json.dumps(r.spans, ensure_ascii=False)} for r in records]
+             "spans": "" if r.spans is None else json.dumps(r.spans, ensure_ascii=False),
+             **dict(zip(("unit", "rkey"), charge_of(r) if ledger and charge_of else ("", ""), strict=True))}
+            for r in records]
     ds = ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // batch_size)))
     out = ds.map_batches(
         SanitizeActor, batch_size=batch_size, batch_format="numpy",
         fn_constructor_kwargs={"model": model, "device": device, "quantize": quantize,
                                "tagger": tagger if needs_tagger(records, options) else None,
-                               "seed": seed, "options": dict(options or {})},
+                               "seed": seed, "options": dict(options or {}), "ledger": ledger or None},
         compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=in_flight),
         **resources)
     for row in out.iter_rows():

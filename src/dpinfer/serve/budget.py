@@ -9,9 +9,8 @@ entity's own unit, and a unit the request names) or on none, through the one cha
 with the unit's public budget state). A reservation whose process died
 before its commit stays counted (fail closed; ``dpinfer budget show`` lists it as pending). A tenant's unit ``NAME``
 is the ledger's unit ``TENANT/NAME`` (:func:`ledger_unit`); units and store folders made outside the service are
-reached only through the operator's adoption (``dpinfer serve adopt``; no route adopts), kept in a small SQLite
-file beside the ledger (``LEDGER.adopted``): names
-only, never text.
+reached only through the operator's adoption (``dpinfer serve adopt``; no route adopts), kept in the ledger's own
+database (:class:`Tenancy`; replicas sharing a PostgreSQL ledger share them): names only, never text.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import hashlib
 import os
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,73 +50,73 @@ def ledger_unit(tenant: str, name: str) -> str:
 class Tenancy:
     """The resources made outside the service that the operator adopted for a tenant with ``dpinfer serve adopt``
     (``adopt``: a unit of the ledger by its own name, a store folder by its path; no route of the service adopts), in
-    one SQLite file (WAL, one transaction each: a resource is adopted by one tenant at most). Names only, never
-    text."""
+    the ledger's own database (its ``adopted`` table, on SQLite and PostgreSQL alike: replicas sharing a PostgreSQL
+    ledger see the same adoptions). One transaction each: a resource is adopted by one tenant at most. Names only,
+    never text."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+
+    def _tx(self) -> Any:
+        return self.ledger._transaction("adopt a resource")
+
+    def import_file(self, path: str | os.PathLike[str]) -> None:
+        """Take over the adoptions an earlier server kept in a SQLite file beside the ledger (``LEDGER.adopted``):
+        copied into the ledger in one transaction, then the file is renamed ``….imported`` (kept, never read
+        again)."""
+        old = Path(path)
+        if not old.is_file():
+            return
         try:
-            with self._tx() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS adopted (kind TEXT NOT NULL, tenant TEXT NOT NULL, "
-                           "name TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (kind, tenant, name), "
-                           "UNIQUE (kind, target))")
+            with closing(sqlite3.connect(old, timeout=60)) as db:
+                rows = db.execute("SELECT kind, tenant, name, target FROM adopted").fetchall()
         except sqlite3.DatabaseError:
-            raise ConfigurationError(f"{self.path} is not a dpinfer tenants file (SQLite); move it away") from None
-        os.chmod(self.path, 0o600)
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        finally:
-            db.close()
+            raise ConfigurationError(f"{old} is not a dpinfer tenants file (SQLite); move it away") from None
+        with self._tx() as db:
+            for row in rows:
+                db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", tuple(row))
+        old.replace(old.with_name(old.name + ".imported"))
 
     def adopted(self, kind: str, tenant: str, name: str) -> str | None:
         """The target (a ledger unit's name, a store's folder) the tenant's ``kind`` ``name`` stands for, or None."""
-        with self._tx() as db:
-            row = db.execute("SELECT target FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
-                             (kind, tenant, name)).fetchone()
-        return row[0] if row else None
+        rows = self.ledger._query("SELECT target FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
+                                  (kind, tenant, name))
+        return str(rows[0][0]) if rows else None
 
     def names(self, kind: str, tenant: str) -> dict[str, str]:
-        with self._tx() as db:
-            rows = db.execute("SELECT name, target FROM adopted WHERE kind = ? AND tenant = ?", (kind, tenant))
-            return dict(rows.fetchall())
+        rows = self.ledger._query("SELECT name, target FROM adopted WHERE kind = ? AND tenant = ?", (kind, tenant))
+        return {str(n): str(t) for n, t in rows}
 
     def adopt(self, kind: str, tenant: str, name: str, target: str) -> None:
         """Give the tenant ``kind`` ``name`` standing for ``target``; refused if the target or the name is taken."""
         with self._tx() as db:
+            db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (kind, tenant, name, target))
             row = db.execute("SELECT tenant, name FROM adopted WHERE kind = ? AND target = ?",
                              (kind, target)).fetchone()
             if row is not None and tuple(row) != (tenant, name):
                 raise InvalidInputError(f"that {kind} is already adopted; each is adopted by one tenant at most")
-            if row is None:
-                if db.execute("SELECT 1 FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
-                              (kind, tenant, name)).fetchone():
-                    raise InvalidInputError(f"the tenant already has a {kind} of that name; adopt under another name")
-                db.execute("INSERT INTO adopted VALUES (?, ?, ?, ?)", (kind, tenant, name, target))
+            row = db.execute("SELECT target FROM adopted WHERE kind = ? AND tenant = ? AND name = ?",
+                             (kind, tenant, name)).fetchone()
+            if row is None or row[0] != target:
+                raise InvalidInputError(f"the tenant already has a {kind} of that name; adopt under another name")
 
 
 class LedgerBudgets:
     """The service's budgets: a :class:`dpinfer.Ledger` at ``path`` (created with a default budget for new units
-    when it does not exist; ``default_epsilon`` given: the default is (re)set) and the tenants file beside it."""
+    when it does not exist; ``default_epsilon`` given: the default is (re)set) and its adoptions (:class:`Tenancy`)."""
 
     def __init__(self, path: str | os.PathLike[str], *, default_epsilon: float | None = None,
                  default_delta: float | None = None, create_epsilon: float | None = None,
                  create_delta: float | None = None) -> None:
         from dpinfer.accounting.ledger import Ledger
+        from dpinfer.accounting.ledger_store import is_database_url
 
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
+        if is_database_url(path):  # one PostgreSQL ledger shared by replicas: the tenants are in it too
+            self.path: Any = str(path)
+        else:
+            self.path = Path(path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not Ledger.exists(self.path):
             self.ledger = Ledger.init(self.path, epsilon=create_epsilon, **({"delta": create_delta}
                                                                            if create_delta is not None else {}))
         else:
@@ -125,7 +124,9 @@ class LedgerBudgets:
         if default_epsilon is not None:
             delta = default_delta if default_delta is not None else self.ledger.default_budget()[1]
             self.ledger.set_default(default_epsilon, delta)
-        self.tenancy = Tenancy(self.path.with_name(self.path.name + ".adopted"))
+        self.tenancy = Tenancy(self.ledger)
+        if isinstance(self.path, Path):  # the adoptions file of an earlier server: moved into the ledger
+            self.tenancy.import_file(self.path.with_name(self.path.name + ".adopted"))
 
     def state(self, unit: str, name: str | None = None) -> dict[str, Any]:
         """The unit's budget, spent (composed, pending included), left, releases, pending, and its guarantee;

@@ -11,7 +11,9 @@ measured as JSON and exits 1 if an invariant fails:
 * phase 1: exactly ``admits`` requests succeed, the others are refused (402), and the ledger agrees (``admits``
   committed releases, nothing pending, composed ε ≤ budget);
 * phase 2: no over-spend (committed + pending ≤ ``admits``, composed ε ≤ budget) and nothing committed lost (every
-  200 a client received before the kill is a committed charge after the restart).
+  200 a client received before the kill is a committed charge after the restart; the restarted server settles the
+  killed one's pending reservations by the ledger's rule, so they may become committed, never disappear unless
+  provably unreleased).
 
 The budget that admits exactly ``admits`` releases is read from the server: a calibration unit is charged ``admits``
 times and its composed ε (the ledger's own figure) becomes the budget of the test units.
@@ -183,7 +185,9 @@ def run(model: str | None, *, clients: int = 50, admits: int = 3, max_new_tokens
         "phase1_ledger_agrees": led1["releases"] == admits and led1["pending"] == 0 and eps_ok(led1),
         "phase2_no_overspend": led2["releases"] + led2["pending"] <= admits and eps_ok(led2),
         "phase2_nothing_committed_lost": restart["releases"] >= p2["ok_before_kill"]
-                                          and led2["releases"] == restart["releases"] + p2["ok_after_restart"],
+                                          and led2["releases"] >= restart["releases"] + p2["ok_after_restart"]
+                                          and led2["releases"] + led2["pending"]
+                                          <= restart["releases"] + restart["pending"] + p2["ok_after_restart"],
         "phase2_every_client_answered_or_refused": p2["ok_before_kill"] + p2["refused_before_kill"]
                                                    + p2["ok_after_restart"] + p2["refused_after_restart"] == clients,
         "no_document_text_in_the_log": not out["log_has_document_text"],

@@ -118,3 +118,24 @@ def test_one_resume_key_per_unit_takes_over_a_killed_run_and_commit_left_spends_
     assert _states(ledger, "doc") == _states(ledger, "store") == ["committed"]
     with pytest.raises(LedgerError):
         Reservation(ledger, ["doc", "store"], "corpus", resume_key=keys[:1])  # one key, or one per unit
+
+
+def test_record_charges_priced_elsewhere_take_the_pricing_of_another_process(ledger: Ledger) -> None:
+    """A Ray corpus job: the driver's placeholders are reserved ``settle_first`` under each record's resume key; a
+    worker prices one record by reserving under the same key (taking the placeholder over, twice for a retried
+    task); at commit the priced one keeps its exact cost, the unpriced one is charged the bound."""
+    from dpinfer.accounting.charge import RecordCharges
+
+    jobs = RecordCharges(ledger, job="/out.jsonl", scope="document", mechanism="test", unit_of=lambda key: f"u{key}",
+                         bound_of=lambda key: LARGE, priced_elsewhere=True)
+    priced, unpriced = jobs.reserve("1"), jobs.reserve("2")
+    assert [ledger.charge(r.charge.id).phase for r in (priced, unpriced)] == ["reserved", "reserved"]
+    for _ in range(2):  # the worker, and Ray's retry of its task
+        Ledger(ledger.location).reserve("u1", SMALL, mechanism="test", scope="document",
+                                        resume_key=ledger.resume_key("/out.jsonl", "1"))
+    jobs.commit(priced)
+    jobs.commit(unpriced)
+    (one,), (two,) = ledger.history("u1"), ledger.history("u2")
+    assert (one.state, one.phase, two.state) == ("committed", "releasing", "committed")
+    assert one.epsilon == pytest.approx(ledger.reserve("x", SMALL, mechanism="test").epsilon)  # its exact cost, once
+    assert two.epsilon == pytest.approx(ledger.reserve("y", LARGE, mechanism="test").epsilon)  # the bound

@@ -68,7 +68,7 @@ def test_every_manifest_entry_is_a_sub_command_with_the_bench_protocol(capsys) -
 
     names = [e.name for e in MANIFEST]
     assert names == ["engine", "sanitize", "synth", "serving", "quality", "utility", "tagger", "rag", "gtr", "load",
-                     "serve"]
+                     "ledger", "serve"]
     for e in MANIFEST:
         bench = e.load()
         for member in ("DESCRIPTION", *(n for n in vars(Bench) if not n.startswith("_"))):
