@@ -1,0 +1,214 @@
+"""Batched decisions (:meth:`Mechanism.step_batch`): DP-Fusion with a top-k support and the sampler.
+
+* a job's release (token and statistics) is bit for bit the same whatever jobs sit beside it (other logits, other
+  parameters, other batch sizes, other positions), and equal to the per-job ``step`` for the same seed;
+* a support that reaches beyond the gathered columns (ties at the k-th logit) is redone on the whole vocabulary, on
+  both paths alike; a job with NaN logits is refused alone;
+* float32 logits (what the engine hands over) give the tokens of their float64 conversion (what ``step`` is given);
+* through the engine, batched and per-job decisions release the same tokens and statistics for the same seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dpinfer.engine import Engine, EngineJob
+from dpinfer.errors import InvalidInputError
+from dpinfer.mechanisms import get_mechanism
+from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.dp_fusion import DPFusion
+from dpinfer.mechanisms.sampler import Sampler
+from dpinfer.mechanisms.transforms import NoRepeatNGram
+
+V = 300
+
+
+def fusion(bounds=(0.05, 0.2), temperature=0.7, top_k=20, min_p=None, margin=0.0) -> DPFusion:
+    mech = DPFusion(bounds=list(bounds), group_names=["A", "B"], temperature=temperature, top_k=top_k, min_p=min_p,
+                    support_margin=margin)
+    mech.start(3, V)
+    return mech
+
+
+def logits(seed: int, k: int = 3, scale: float = 3.0) -> torch.Tensor:
+    return torch.randn(k, V, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def info(k: int = 3, joint: bool = True) -> StepInfo:
+    return StepInfo(step=0, max_new_tokens=10, num_contexts=k,
+                    finished=None if joint else torch.zeros(k, dtype=torch.bool))
+
+
+def alone(mech: Mechanism, z: torch.Tensor, seed: int) -> StepResult:
+    return mech.step(z, info(z.shape[0], mech.mode == "joint"), torch.Generator().manual_seed(seed))
+
+
+def batch(mechs: list[Mechanism], zs: list[torch.Tensor], seeds: list[int]) -> list[StepResult | Exception]:
+    infos = [info(z.shape[0], m.mode == "joint") for m, z in zip(mechs, zs, strict=True)]
+    return type(mechs[0]).step_batch(mechs, zs, infos, [torch.Generator().manual_seed(s) for s in seeds])
+
+
+def same(a: StepResult, b: StepResult) -> bool:
+    return torch.equal(a.tokens, b.tokens) and a.stats == b.stats
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"min_p": 0.1}, {"top_k": 3, "margin": 0.5}, {"temperature": 1.0}])
+def test_fusion_release_does_not_depend_on_its_neighbours(kwargs) -> None:
+    mine = logits(0)
+    ref = alone(fusion(**kwargs), mine, seed=5)
+    assert len(ref.stats["lambda"]) == 2 and 0 <= int(ref.tokens) < V
+    for n, pos in ((1, 0), (2, 1), (6, 3)):
+        zs = [logits(100 + i, scale=1.0 + i) for i in range(n)]
+        mechs = [fusion(**{**kwargs, "bounds": (0.01 * (i + 1), 1.0), "temperature": 0.5 + 0.2 * i})
+                 for i in range(n)]
+        zs.insert(pos, mine)
+        mechs.insert(pos, fusion(**kwargs))
+        seeds = [1000 + i for i in range(n)]
+        seeds.insert(pos, 5)
+        got = batch(mechs, zs, seeds)
+        assert same(got[pos], ref), (n, pos)
+        for i, (m, z, s) in enumerate(zip(mechs, zs, seeds, strict=True)):  # every job: its per-job step's token
+            assert same(got[i], alone(m, z, s))
+
+
+def test_fusion_batch_of_one_and_of_two_agree_on_a_tiny_vocabulary() -> None:
+    """A case the property suite found: V = 2, where a batch of one and of two once took different SIMD paths."""
+    mechs = [DPFusion(bounds=[1.0, 0.03125], group_names=["A", "B"], alpha=1.5, temperature=0.5, top_k=2,
+                      adjacency="replace-one") for _ in range(2)]
+    for mech in mechs:
+        mech.start(3, 2)
+    z = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    beside = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    ref = mechs[0].step(z, info(), torch.Generator().manual_seed(0))
+    for order in ((0, 1), (1, 0)):
+        zs = [(z, beside)[i] for i in order]
+        got = type(mechs[0]).step_batch(mechs, zs, [info(), info()], [torch.Generator().manual_seed(0)] * 2)
+        assert same(got[order.index(0)], ref)
+
+
+def test_fusion_float32_logits_release_what_their_float64_conversion_does() -> None:
+    zs = [logits(i).to(torch.float32) for i in range(4)]
+    mechs = [fusion() for _ in zs]
+    got = batch(mechs, zs, [7, 8, 9, 10])
+    for m, z, s, r in zip(mechs, zs, [7, 8, 9, 10], got, strict=True):
+        assert same(r, alone(m, z.to(torch.float64), s))
+
+
+def test_fusion_ties_beyond_the_gathered_columns_take_the_whole_vocabulary() -> None:
+    z = logits(3)
+    z[0, :40] = 50.0  # 40 public ties at the top: top-k = 20 keeps them all, more than 20 + SUPPORT_SLACK columns
+    mech = fusion()
+    cols = mech.private_columns(z[0])
+    assert cols.tolist() == list(range(40))
+    probs, _lam, _ = mech.distribution(z)
+    assert bool((probs[:40] > 0).all()) and float(probs[40:].sum()) == 0.0
+    assert abs(float(probs.sum()) - 1.0) < 1e-12
+    ref = alone(mech, z, seed=3)
+    assert int(ref.tokens) < 40
+    got = batch([fusion(), fusion()], [logits(4), z], [1, 3])
+    assert same(got[1], ref)
+
+
+def test_fusion_bound_holds_on_the_released_distribution() -> None:
+    from dpinfer.mechanisms.divergences import mix, symmetric_renyi
+
+    mech = fusion(bounds=(0.02, 0.5), min_p=0.05)
+    z = logits(11)
+    _probs, lam, _div = mech.distribution(z)
+    idx = mech.private_columns(z[0])
+    lp = torch.log_softmax(z[:, idx] / 0.7, dim=-1)
+    q = mix(lp[0], lp[1:], lam)
+    d = symmetric_renyi(q, lp[0].expand_as(q), 2.0)
+    assert bool((d <= torch.tensor([0.02, 0.5], dtype=torch.float64)).all())
+    assert bool((lam < 1).all()) and bool((lam > 0).all())  # both groups were solved, not at an end point
+    # bisection: λ + tol violates the bound
+    worse = symmetric_renyi(mix(lp[0], lp[1:], lam + mech.tol), lp[0].expand_as(q), 2.0)
+    assert bool((worse > torch.tensor([0.02, 0.5], dtype=torch.float64)).all())
+
+
+def test_a_job_with_nan_logits_is_refused_alone() -> None:
+    bad = logits(1)
+    bad[2, int(bad[0].argmax())] = math.nan  # on the support (a NaN where the mechanism reads nothing is not read)
+    good = logits(2)
+    got = batch([fusion(), fusion()], [bad, good], [1, 2])
+    assert isinstance(got[0], InvalidInputError) and "NaN" in str(got[0])
+    assert same(got[1], alone(fusion(), good, 2))
+    with pytest.raises(InvalidInputError, match="NaN"):
+        alone(fusion(), bad, 1)
+
+
+@pytest.mark.parametrize("mode", ["independent", "joint"])
+@pytest.mark.parametrize("top_k", [None, 5, 40])
+def test_sampler_release_does_not_depend_on_its_neighbours(mode: str, top_k: int | None) -> None:
+    def sampler(t: float = 0.8) -> Sampler:
+        return Sampler(temperature=t, top_k=top_k, mode=mode)
+
+    mine = logits(0, k=3)
+    if top_k == 5:
+        mine[1, :12] = 9.0  # ties beyond top-k + slack in one row: that row on the whole vocabulary
+    ref = alone(sampler(), mine, seed=4)
+    zs = [logits(50 + i, k=1 + i) for i in range(3)]
+    mechs = [sampler(0.5 + i) for i in range(3)]
+    zs.insert(1, mine)
+    mechs.insert(1, sampler())
+    got = batch(mechs, zs, [1, 4, 2, 3])
+    assert same(got[1], ref)
+    for m, z, s, r in zip(mechs, zs, [1, 4, 2, 3], got, strict=True):
+        assert same(r, alone(m, z, s))
+    if top_k == 5:
+        assert int(ref.tokens.reshape(-1)[1 if mode == "independent" else 0]) in (range(12) if mode == "independent"
+                                                                                  else range(V))
+
+
+def test_sampler_without_top_k_keeps_the_former_per_row_draws() -> None:
+    """Without top-k the batched sampler is ``sample_rows(softmax(z/τ))`` as before (same draws for a seed)."""
+    from dpinfer.mechanisms.sampler import sample_rows
+
+    z = logits(9, k=4)
+    got = alone(Sampler(temperature=0.6), z, seed=2)
+    assert torch.equal(got.tokens, sample_rows(z / 0.6, torch.Generator().manual_seed(2)))
+
+
+def test_greedy_and_top_p_stay_on_the_per_job_path() -> None:
+    assert Sampler(temperature=0.0).batch_key() is None
+    assert Sampler(temperature=1.0, top_p=0.9).batch_key() is None
+    assert DPFusion(bounds=[0.1], group_names=["A"]).batch_key() is None  # no top-k: the full-vocabulary solver
+    assert get_mechanism("invisibleink", clip_norm=1.0, batch_size=2, top_k=5).batch_key() is None
+
+
+# ------------------------------------------------------------------------------------------------ through the engine
+def _jobs(lm) -> list[EngineJob]:
+    pub = lm.encode("The applicant, Mr ____, was born in ____.")
+    a = lm.encode("The applicant, Mr Smith, was born in 1970.")
+    b = lm.encode("The applicant, Mr Jones, was born in Ankara.")
+    width = max(map(len, (pub, a, b)))
+
+    def f(bounds):
+        return get_mechanism("dp-fusion", bounds=bounds, group_names=["A", "B"], temperature=0.8, top_k=10,
+                             min_p=0.05)
+
+    return [
+        EngineJob([pub, a, b], f([0.05, 0.3]), max_new_tokens=6, min_new_tokens=3, seed=1, pad_width=width,
+                  processors=[NoRepeatNGram(2)]),
+        EngineJob([pub, b, a], f([0.5, 0.1]), max_new_tokens=5, seed=2, pad_width=width),
+        EngineJob([a, b], Sampler(temperature=0.9, top_k=8), max_new_tokens=6, seed=3, pad_width=width),
+        EngineJob([pub], Sampler(temperature=0.7, mode="joint"), max_new_tokens=4, seed=4, pad_width=width),
+        EngineJob([pub, a, b], f([0.2, 0.2]), max_new_tokens=4, seed=5, pad_width=width,
+                  processors=[NoRepeatNGram(2), lambda g, z: z]),  # a processor that is not a ban: decides alone
+    ]
+
+
+def test_engine_batched_decisions_release_the_per_job_tokens(tiny_lm) -> None:
+    engine = Engine(tiny_lm)
+    out = {}
+    for batched in (True, False):
+        engine.batched_decisions = batched
+        out[batched] = dict(engine.run_jobs(_jobs(tiny_lm)))
+    for i in range(len(_jobs(tiny_lm))):
+        assert out[True][i].sequences == out[False][i].sequences, i
+        assert out[True][i].steps == out[False][i].steps, i
+        assert out[True][i].finish_reasons == out[False][i].finish_reasons
+    assert all(out[True][0].steps[t]["lambda"] for t in range(len(out[True][0].steps)))
