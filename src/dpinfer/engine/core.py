@@ -12,7 +12,10 @@ The engine owns the model; a :class:`~dpinfer.mechanisms.Mechanism` owns the cho
 One step: the scheduler admits what fits (each admitted job is prefilled alone); each running job's mechanism turns
 its pending logits (float64, unclamped) into its token(s), which are recorded (joint mode: one token for every row,
 the job stops at EOS or ``T_max``; independent mode: one token per row, a row stops at its own EOS); finished jobs
-leave; one forward computes the next logits of the others. :meth:`Engine.stream`, :meth:`Engine.generate` and
+leave; one forward computes the next logits of the others. Jobs whose mechanisms share a
+:meth:`~dpinfer.mechanisms.base.Mechanism.batch_key` decide together (:meth:`Engine._decide`,
+:attr:`Engine.batched_decisions`): one :meth:`~dpinfer.mechanisms.base.Mechanism.step_batch` call, one host transfer,
+the same tokens as each job alone. :meth:`Engine.stream`, :meth:`Engine.generate` and
 :meth:`Engine.run_jobs` are loops over :meth:`Engine.step`; jobs may be submitted between steps (a server). An engine
 is not thread-safe: one thread (or one lock) calls ``submit``, ``step`` and ``cancel``; a server's loop steps while
 :attr:`Engine.busy` and hands each request its events (:attr:`StepOutput.events`) and output (:attr:`Job.output`).

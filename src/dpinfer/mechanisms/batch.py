@@ -69,11 +69,6 @@ def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], t
     return vals, ids, keep, over
 
 
-def bad_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per row of ``parts``, whether it holds a NaN or ``+inf`` (nothing can be sampled from it)."""
-    return torch.cat([(torch.isnan(p) | (p == math.inf)).any(dim=-1) for p in parts])
-
-
 def ascending(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept ids of each row in increasing order, padded at the end (``(R, W)`` ids, clamped to a valid id on the
     padding, and the mask of the real ones): the order in which every sampler of dpinfer lays out its CDF."""

@@ -79,7 +79,6 @@ from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.batch import (
     SUPPORT_SLACK,
     ascending,
-    bad_rows,
     draw_integers,
     fetch,
     finish_exact,
@@ -539,7 +538,8 @@ def _fusion_mixture(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], f
     sid, real, over = _batch_support(mechs, public, full)
     z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
     z = (z * inv_t.unsqueeze(-1)).masked_fill(~real.unsqueeze(1), _NEG_INF)
-    bad = bad_rows(public) | (torch.isnan(z) | (z == math.inf)).flatten(1).any(dim=-1)
+    # a public row is checked whole (its maximum: NaN propagates), a private row on S only (where it is read)
+    bad = (torch.isnan(z) | (z == math.inf)).flatten(1).any(dim=-1) | _public_bad(public)
     logp = torch.log_softmax(z, dim=-1)
     no_public = ~(logp[:, 0].amax(dim=-1) > _NEG_INF)
     b = host_tensor([m.bounds for m in mechs], torch.float64, device) * (1.0 - 1e-9)
@@ -566,10 +566,16 @@ def _fusion_math(logp: torch.Tensor, b: torch.Tensor, order: float, rounds: int)
     d_one = symmetric_renyi(lq, lpx, order)
     lo, hi = torch.zeros_like(b), torch.ones_like(b)
     d_lo = torch.zeros_like(b)
+    # the bisection evaluates D↔ as symmetric_renyi does (the same terms, masks and log-sum-exp, both directions in
+    # one call): on S every mixture is finite for λ < 1, and the padding columns are -inf in every row
+    pad = ~torch.isfinite(lpx)
+    scale = 1.0 / (order - 1.0)
     for _ in range(rounds):
         x = 0.5 * (lo + hi)
         xc = x.unsqueeze(-1)
-        d = symmetric_renyi(torch.logaddexp(torch.log1p(-xc) + lpx, torch.log(xc) + lq), lpx, order)
+        lmix = torch.logaddexp(torch.log1p(-xc) + lpx, torch.log(xc) + lq)
+        both = torch.stack([order * lmix + (1.0 - order) * lpx, order * lpx + (1.0 - order) * lmix])
+        d = torch.logsumexp(both.masked_fill(pad, _NEG_INF), dim=-1).amax(dim=0) * scale
         ok = d <= b
         lo, d_lo, hi = torch.where(ok, x, lo), torch.where(ok, d, d_lo), torch.where(ok, hi, x)
     one = d_one <= b
@@ -589,6 +595,12 @@ def _fusion_math(logp: torch.Tensor, b: torch.Tensor, order: float, rounds: int)
     for t in terms[1:]:
         acc = acc + torch.exp(t - top)
     return torch.exp(top + torch.log(acc)), lam, div
+
+
+def _public_bad(public: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per job, whether its public row holds a NaN or +inf (its maximum is NaN or +inf: one pass per row)."""
+    top = torch.stack([p[0].amax() for p in public])
+    return torch.isnan(top) | (top == math.inf)
 
 
 def _fusion_step(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], ints: Sequence[Any], srcs: Sequence[Any],
