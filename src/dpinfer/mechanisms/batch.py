@@ -22,13 +22,17 @@ whole vocabulary (``W = V``), alone: a public, per-row decision, the same on bot
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from dpinfer.mechanisms.randomness import TWO_M53, Randomness, as_random_source
+from dpinfer.errors import InvalidInputError
+from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
 
 SUPPORT_SLACK = 8
 """Columns gathered beyond ``top_k`` so that ties at the k-th logit (kept by every top-k here) fit without a second
@@ -129,8 +133,6 @@ def invert(probs: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 def finish_exact(row: torch.Tensor, k: int, src: Any) -> int:
     """The index of one uncertain row (:func:`invert`), exactly, drawing more bits from the job's source."""
-    from dpinfer.mechanisms.sampler import _exact_index
-
     return _exact_index(row.detach().to("cpu", torch.float64).numpy(), int(k), src)
 
 
@@ -173,3 +175,28 @@ def fits_aligned(per_row: int) -> bool:
 def fixed_bisection_rounds(tol: float) -> int:
     """Bisection rounds after which a bracket of [0, 1] is at most ``tol/2`` wide."""
     return max(1, math.ceil(math.log2(2.0 / tol)))
+
+
+def _exact_index(w: np.ndarray, k: int, src: RandomSource) -> int:
+    """The index drawn by :func:`~dpinfer.mechanisms.sampler.sample_probs` for one row ``w`` whose uniform starts
+    with the 53 bits ``k``, in exact integer arithmetic: the uniform is ``(k + R) · 2⁻⁵³`` with ``R`` uniform on
+    [0, 1), and R's bits are drawn 64 at a time from ``src`` until the whole interval it may still lie in maps to one
+    bucket."""
+    if not bool(np.isfinite(w).all()) or bool((w < 0).any()):
+        raise InvalidInputError("sampling weights must be finite, ≥ 0 and not NaN")
+    pos = np.flatnonzero(w > 0)
+    if pos.size == 0:
+        raise InvalidInputError("no token has positive probability; nothing can be sampled")
+    mant, expo = np.frexp(w[pos])  # w = mant · 2^expo, mant in [0.5, 1): mant · 2⁵³ is an integer
+    ints = (mant * 2.0**53).astype(np.int64).tolist()
+    expo = expo.astype(np.int64) - 53
+    shifts = (expo - expo.min()).tolist()
+    cum = list(itertools.accumulate(m << s for m, s in zip(ints, shifts, strict=True)))
+    total = cum[-1]
+    num, bits = k, 53  # the uniform lies in [num, num + 1) · 2^-bits
+    while True:
+        i = bisect.bisect_right(cum, (num * total) >> bits)  # first i with cum_i · 2^bits > num · total
+        if cum[i] << bits >= (num + 1) * total:
+            return int(pos[i])
+        num = (num << 64) | int(src.words(1)[0])
+        bits += 64

@@ -6,8 +6,6 @@ K rows gets its own token; in ``joint`` mode only row ``row`` (default 0) is rea
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
 from dpinfer.mechanisms.batch import (
+    _exact_index,
     ascending,
     draw_integers,
     fetch,
@@ -26,7 +25,7 @@ from dpinfer.mechanisms.batch import (
     to_device,
     top_columns,
 )
-from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
+from dpinfer.mechanisms.randomness import TWO_M53, Randomness, as_random_source
 from dpinfer.mechanisms.transforms import LogitsProcessor, Temperature, TopK, TopP, apply
 
 
@@ -86,30 +85,6 @@ def sample_probs(probs: torch.Tensor, generator: Randomness) -> torch.Tensor:
 
 _TINY = 2.0**-900
 _HUGE = 2.0**1000
-
-
-def _exact_index(w: np.ndarray, k: int, src: RandomSource) -> int:
-    """The index drawn by :func:`sample_probs` for one row ``w`` whose uniform starts with the 53 bits ``k``, in exact
-    integer arithmetic: the uniform is ``(k + R) · 2⁻⁵³`` with ``R`` uniform on [0, 1), and R's bits are drawn 64 at a
-    time from ``src`` until the whole interval it may still lie in maps to one bucket."""
-    if not bool(np.isfinite(w).all()) or bool((w < 0).any()):
-        raise InvalidInputError("sampling weights must be finite, ≥ 0 and not NaN")
-    pos = np.flatnonzero(w > 0)
-    if pos.size == 0:
-        raise InvalidInputError("no token has positive probability; nothing can be sampled")
-    mant, expo = np.frexp(w[pos])  # w = mant · 2^expo, mant in [0.5, 1): mant · 2⁵³ is an integer
-    ints = (mant * 2.0**53).astype(np.int64).tolist()
-    expo = expo.astype(np.int64) - 53
-    shifts = (expo - expo.min()).tolist()
-    cum = list(itertools.accumulate(m << s for m, s in zip(ints, shifts, strict=True)))
-    total = cum[-1]
-    num, bits = k, 53  # the uniform lies in [num, num + 1) · 2^-bits
-    while True:
-        i = bisect.bisect_right(cum, (num * total) >> bits)  # first i with cum_i · 2^bits > num · total
-        if cum[i] << bits >= (num + 1) * total:
-            return int(pos[i])
-        num = (num << 64) | int(src.words(1)[0])
-        bits += 64
 
 
 def sample_rows(logits: torch.Tensor, generator: Randomness) -> torch.Tensor:
