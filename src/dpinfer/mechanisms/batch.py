@@ -50,11 +50,13 @@ def support_width(top_k: int | None, vocab: int, full: bool = False) -> int:
 
 
 def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor], top_k: int,
-                margin: float, full: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                margin: float | torch.Tensor, full: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The top-k support of every row of ``parts`` (tensors ``(r_i, V)`` in any float dtype, e.g. each job's rows as
     the output head gave them; no full-vocabulary float64 copy): the ``W`` largest entries of each row, gathered and
     scaled to float64 by ``scale`` (the temperature; ``(R, W)`` descending), their ids, the mask of
-    ``{v : scale(z_v) ≥ kth largest − margin}`` and, per row, whether that set may reach beyond the gathered columns.
+    ``{v : scale(z_v) ≥ kth largest − margin}`` (``margin``: a number, or one per row as an ``(R, 1)`` tensor) and,
+    per row, whether that set may reach beyond the gathered columns.
 
     ``scale`` is increasing (it may round two values to one), so the k-th largest scaled value is the scaled k-th
     largest, and a row whose ``W``-th scaled value is below the threshold has its whole support among its ``W``

@@ -20,6 +20,7 @@ from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import DPFusion
+from dpinfer.mechanisms.invisibleink import InvisibleInk
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.mechanisms.transforms import NoRepeatNGram
 
@@ -176,7 +177,66 @@ def test_greedy_and_top_p_stay_on_the_per_job_path() -> None:
     assert Sampler(temperature=0.0).batch_key() is None
     assert Sampler(temperature=1.0, top_p=0.9).batch_key() is None
     assert DPFusion(bounds=[0.1], group_names=["A"]).batch_key() is None  # no top-k: the full-vocabulary solver
-    assert get_mechanism("invisibleink", clip_norm=1.0, batch_size=2, top_k=5).batch_key() is None
+    assert get_mechanism("invisibleink", clip_norm=1.0, batch_size=2, top_k=None).batch_key() is None
+
+
+# ------------------------------------------------------------------------------------------------------ InvisibleInk
+def ink(clip: float = 0.8, b: int = 2, temperature: float = 1.0, top_k: int = 20) -> InvisibleInk:
+    mech = InvisibleInk(clip_norm=clip, batch_size=b, temperature=temperature, top_k=top_k)
+    mech.start(b + 1, V)
+    return mech
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"top_k": 3, "clip": 4.0}, {"temperature": 1.2, "b": 4}])
+def test_invisibleink_release_does_not_depend_on_its_neighbours(kwargs) -> None:
+    k = kwargs.get("b", 2) + 1
+    mine = logits(0, k=k)
+    ref = alone(ink(**kwargs), mine, seed=5)
+    assert 0 <= int(ref.tokens) < V and ref.stats is not None and ref.stats["support"] >= kwargs.get("top_k", 20)
+    for n, pos in ((1, 0), (2, 1), (6, 3)):
+        zs = [logits(100 + i, k=k, scale=1.0 + i) for i in range(n)]
+        mechs = [ink(**{**kwargs, "clip": 0.1 * (i + 1), "temperature": 0.5 + 0.2 * i}) for i in range(n)]
+        zs.insert(pos, mine)
+        mechs.insert(pos, ink(**kwargs))
+        seeds = [1000 + i for i in range(n)]
+        seeds.insert(pos, 5)
+        got = batch(mechs, zs, seeds)
+        assert same(got[pos], ref), (n, pos)
+        for m, z, s, r in zip(mechs, zs, seeds, got, strict=True):
+            assert same(r, alone(m, z, s))
+
+
+def test_invisibleink_batched_distribution_is_the_former_one() -> None:
+    """The batched computation releases ``softmax(ℓ̄[V⁺]/τ)`` as the per-job formula does (DClip, mean, Top-k⁺)."""
+    from dpinfer.mechanisms.invisibleink import dclip_aggregate, topk_plus
+
+    mech = ink(clip=0.5, b=3, temperature=1.1, top_k=10)
+    z = logits(21, k=4)
+    z[2, 5] = -math.inf  # a private −inf clips to −C
+    probs, support = mech.distribution(z)
+    mask, _ = topk_plus(z[0], 10, 0.5, 3)
+    assert torch.equal(support, mask)
+    idx = mask.nonzero().squeeze(-1)
+    want = torch.softmax(dclip_aggregate(z[:, idx], 0.5) / 1.1, dim=-1)
+    assert torch.allclose(probs[idx], want, rtol=1e-12, atol=0.0) and float(probs[~mask].sum()) == 0.0
+    assert torch.equal(mech.private_columns(z[0]), idx)
+
+
+def test_invisibleink_wide_support_takes_the_whole_vocabulary_and_nan_is_refused_alone() -> None:
+    z = logits(3)
+    z[0, :40] = 50.0  # 40 public ties: V⁺ reaches beyond top_k + SUPPORT_SLACK columns
+    ref = alone(ink(), z, seed=3)
+    assert int(ref.tokens) < 40 and ref.stats["support"] == 40.0
+    got = batch([ink(), ink()], [logits(4), z], [1, 3])
+    assert same(got[1], ref)
+    bad = logits(1)
+    bad[2, int(bad[0].argmax())] = math.nan
+    got = batch([ink(), ink()], [bad, logits(2)], [1, 2])
+    assert isinstance(got[0], InvalidInputError) and "NaN" in str(got[0])
+    assert same(got[1], alone(ink(), logits(2), 2))
+    zs = [logits(i).to(torch.float32) for i in range(3)]  # float32: the tokens of the float64 conversion
+    for x, s, r in zip(zs, [7, 8, 9], batch([ink() for _ in zs], zs, [7, 8, 9]), strict=True):
+        assert same(r, alone(ink(), x.to(torch.float64), s))
 
 
 # ------------------------------------------------------------------------------------------------ through the engine
@@ -198,6 +258,10 @@ def _jobs(lm) -> list[EngineJob]:
         EngineJob([pub], Sampler(temperature=0.7, mode="joint"), max_new_tokens=4, seed=4, pad_width=width),
         EngineJob([pub, a, b], f([0.2, 0.2]), max_new_tokens=4, seed=5, pad_width=width,
                   processors=[NoRepeatNGram(2), lambda g, z: z]),  # a processor that is not a ban: decides alone
+        EngineJob([pub, a, b], InvisibleInk(clip_norm=0.5, batch_size=2, top_k=10), max_new_tokens=5, seed=6,
+                  pad_width=width),
+        EngineJob([pub, b, a], InvisibleInk(clip_norm=2.0, batch_size=2, top_k=10, temperature=0.8),
+                  max_new_tokens=4, min_new_tokens=2, seed=7, pad_width=width, processors=[NoRepeatNGram(2)]),
     ]
 
 
