@@ -21,6 +21,7 @@ from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.dp_fusion import DPFusion
 from dpinfer.mechanisms.invisibleink import InvisibleInk
+from dpinfer.mechanisms.pad import Pad
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.mechanisms.transforms import NoRepeatNGram
 
@@ -239,6 +240,74 @@ def test_invisibleink_wide_support_takes_the_whole_vocabulary_and_nan_is_refused
         assert same(r, alone(ink(), x.to(torch.float64), s))
 
 
+# --------------------------------------------------------------------------------------------------------------- PAD
+def pad(clip: float = 1.0, sigma: float = 1.5, top_k: int = 20, temperature: float = 0.0,
+        min_p: float | None = None) -> Pad:
+    mech = Pad(clip_norm=clip, sigma=sigma, top_k=top_k, temperature=temperature, min_p=min_p)
+    mech.start(2, V)
+    return mech
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}, {"top_k": 3, "clip": 3.0, "min_p": 0.05},
+                                    {"sigma": 0.2, "temperature": 1.3}])
+def test_pad_release_does_not_depend_on_its_neighbours(kwargs) -> None:
+    mine = logits(0, k=2)
+    ref = alone(pad(**kwargs), mine, seed=5)
+    assert 0 <= int(ref.tokens) < V and ref.stats["clipped"] in (0.0, 1.0)
+    for n, pos in ((1, 0), (2, 1), (6, 3)):
+        zs = [logits(100 + i, k=2, scale=1.0 + i) for i in range(n)]
+        mechs = [pad(**{**kwargs, "clip": 0.1 * (i + 1), "sigma": 0.5 + 0.3 * i,
+                        **({"temperature": 0.5 + 0.2 * i} if kwargs.get("temperature") else {})}) for i in range(n)]
+        zs.insert(pos, mine)
+        mechs.insert(pos, pad(**kwargs))
+        seeds = [1000 + i for i in range(n)]
+        seeds.insert(pos, 5)
+        got = batch(mechs, zs, seeds)
+        assert same(got[pos], ref), (n, pos)
+        for m, z, s, r in zip(mechs, zs, seeds, got, strict=True):
+            assert same(r, alone(m, z, s))
+
+
+def test_pad_batched_release_is_the_gaussian_mechanism_on_the_former_support() -> None:
+    """The token is the argmax of ``pre_noise_logits + σ·(the job's first |W| normals)`` on V⁺, as defined per job."""
+    from dpinfer.mechanisms.batch import support_width
+    from dpinfer.mechanisms.randomness import as_random_source
+
+    wide = 0
+    for seed in range(20):
+        mech = pad(clip=0.3 + 0.05 * seed, sigma=0.8, top_k=6)
+        z = logits(30 + seed, k=2)
+        idx, _pub, pre = mech.pre_noise_logits(z)
+        assert torch.equal(mech.private_columns(z[0]), idx)
+        src = as_random_source(torch.Generator().manual_seed(seed))
+        noise = src.normal((support_width(6, V),))
+        if idx.numel() >= support_width(6, V):  # beyond the gathered columns: redone on V columns, fresh normals
+            noise, wide = src.normal((V,)), wide + 1
+        # V⁺ (ascending ids) takes the first |V⁺| normals
+        want = idx[torch.argmax(pre + 0.8 * noise[: idx.numel()])]
+        got = alone(mech, z, seed)
+        assert int(got.tokens) == int(want) and got.stats["support"] == float(idx.numel())
+    assert 0 < wide < 20
+
+
+def test_pad_wide_support_takes_the_whole_vocabulary_nan_is_refused_alone_and_float32() -> None:
+    z = logits(3, k=2)
+    z[0, :40] = 50.0  # 40 public ties: V⁺ reaches beyond top_k + SUPPORT_SLACK columns
+    ref = alone(pad(), z, seed=3)
+    assert int(ref.tokens) < 40 and ref.stats["support"] == 40.0
+    assert same(batch([pad(), pad()], [logits(4, k=2), z], [1, 3])[1], ref)
+    bad = logits(1, k=2)
+    bad[0, 7] = math.nan  # the public row is checked whole; a private NaN is no shift (not a refusal)
+    priv = logits(2, k=2)
+    priv[1, int(priv[0].argmax())] = math.nan
+    got = batch([pad(), pad()], [bad, priv], [1, 2])
+    assert isinstance(got[0], InvalidInputError) and "NaN" in str(got[0])
+    assert same(got[1], alone(pad(), priv, 2))
+    zs = [logits(i, k=2).to(torch.float32) for i in range(3)]
+    for x, s, r in zip(zs, [7, 8, 9], batch([pad(temperature=0.9) for _ in zs], zs, [7, 8, 9]), strict=True):
+        assert same(r, alone(pad(temperature=0.9), x.to(torch.float64), s))
+
+
 # ------------------------------------------------------------------------------------------------ through the engine
 def _jobs(lm) -> list[EngineJob]:
     pub = lm.encode("The applicant, Mr ____, was born in ____.")
@@ -262,6 +331,10 @@ def _jobs(lm) -> list[EngineJob]:
                   pad_width=width),
         EngineJob([pub, b, a], InvisibleInk(clip_norm=2.0, batch_size=2, top_k=10, temperature=0.8),
                   max_new_tokens=4, min_new_tokens=2, seed=7, pad_width=width, processors=[NoRepeatNGram(2)]),
+        EngineJob([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=5, seed=8, pad_width=width),
+        EngineJob([pub, b], Pad(clip_norm=2.0, sigma=0.5, top_k=10), max_new_tokens=4, seed=9, pad_width=width),
+        EngineJob([pub, a], Pad(clip_norm=1.0, top_k=10, temperature=0.8, min_p=0.01), max_new_tokens=4, seed=10,
+                  pad_width=width),
     ]
 
 
