@@ -138,6 +138,37 @@ def finish_exact(row: torch.Tensor, k: int, src: Any) -> int:
     return _exact_index(row.detach().to("cpu", torch.float64).numpy(), int(k), src)
 
 
+def sample_weight_rows(weights: Sequence[torch.Tensor], sources: Sequence[Randomness]
+                       ) -> list[list[int] | InvalidInputError]:
+    """One index per row of every job's weights (``weights[b]``: ``(r_b, V)`` float64, ≥ 0, each job's computed by
+    its own kernels), drawn as :func:`~dpinfer.mechanisms.sampler.sample_probs` draws them: ``r_b`` 53-bit integers
+    from job b's own source, one inversion of all rows (row-wise) and one transfer; an uncertain row is finished
+    exactly from its job's source, in row order. The token of a row is a function of its weights and its job's bits
+    only (the inversion is exact), so it does not depend on the rows beside it. Per job, its indices or its
+    refusal."""
+    ints, srcs = draw_integers(sources, [w.shape[0] for w in weights])
+    probs = torch.cat(list(weights))
+    k = to_device(ints, probs.device)
+    if probs.shape[-1] == 0:
+        return [InvalidInputError("cannot sample from an empty vocabulary") for _ in weights]
+    j, ok = invert(probs, k)
+    rows = fetch(j, ok)
+    out: list[list[int] | InvalidInputError] = []
+    at = 0
+    for b, w in enumerate(weights):
+        mine: list[int] = []
+        try:
+            for r in range(w.shape[0]):
+                idx, certain = rows[at + r]
+                mine.append(int(idx) if certain else finish_exact(probs[at + r], int(ints[b][r]), srcs[b]))
+        except InvalidInputError as err:
+            out.append(err)
+        else:
+            out.append(mine)
+        at += w.shape[0]
+    return out
+
+
 def fetch(*parts: torch.Tensor) -> list[list[float]]:
     """Every job's figures of a step in ONE device-to-host transfer: the parts, each ``(R,)`` or ``(R, n)``, as float64
     columns side by side (token ids below 2⁵³ are exact), one list per row."""

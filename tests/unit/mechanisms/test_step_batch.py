@@ -19,7 +19,9 @@ from dpinfer.engine import Engine, EngineJob
 from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.dp_decoding import DPDecoding
 from dpinfer.mechanisms.dp_fusion import DPFusion
+from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_weights
 from dpinfer.mechanisms.invisibleink import InvisibleInk
 from dpinfer.mechanisms.pad import Pad
 from dpinfer.mechanisms.sampler import Sampler
@@ -308,6 +310,56 @@ def test_pad_wide_support_takes_the_whole_vocabulary_nan_is_refused_alone_and_fl
         assert same(r, alone(pad(temperature=0.9), x.to(torch.float64), s))
 
 
+# ------------------------------------------------------------------------------------------ DP-Prompt / DP-Decoding
+def prompt(mode: str = "independent", tau: float = 1.0, hi: float = 4.0) -> DPPrompt:
+    return DPPrompt(0.0, hi, tau, mode=mode)
+
+
+def decoding(mode: str = "joint", lam: float = 0.7, tau: float = 1.0) -> DPDecoding:
+    return DPDecoding(lam, vocab_size=V, temperature=tau, mode=mode)
+
+
+@pytest.mark.parametrize("make", [prompt, decoding])
+@pytest.mark.parametrize("mode", ["independent", "joint"])
+def test_full_vocabulary_mechanisms_release_does_not_depend_on_their_neighbours(make, mode: str) -> None:
+    from dpinfer.mechanisms.sampler import sample_probs
+
+    mine = logits(0, k=3)
+    mine[1, 4] = math.nan  # DP-Prompt reads NaN as b_min, DP-Decoding's row is then uniform: no refusal
+    ref = alone(make(mode=mode), mine, seed=4)
+    # the former per-job draw: sample_probs on the same weights with the same seed
+    mech = make(mode=mode)
+    rows = mine[:1] if mode == "joint" else mine
+    w = (mech._weights(mine) if isinstance(mech, DPDecoding)
+         else clipped_weights(rows, mech.clip_min, mech.clip_max, mech.temperature))
+    former = sample_probs(w, torch.Generator().manual_seed(4))
+    assert torch.equal(ref.tokens, former[0] if mode == "joint" else former)
+    for n, pos in ((1, 0), (3, 2)):
+        zs = [logits(60 + i, k=1 + i) for i in range(n)]
+        mechs = [make(mode=mode, tau=0.5 + 0.4 * i) for i in range(n)]
+        zs.insert(pos, mine)
+        mechs.insert(pos, make(mode=mode))
+        seeds = [10 + i for i in range(n)]
+        seeds.insert(pos, 4)
+        got = batch(mechs, zs, seeds)
+        assert same(got[pos], ref), (n, pos)
+        for m, z, s, r in zip(mechs, zs, seeds, got, strict=True):
+            assert same(r, alone(m, z, s))
+
+
+def test_dp_decoding_wrong_width_is_refused_alone_and_float32_logits() -> None:
+    from dpinfer.errors import ConfigurationError
+
+    narrow = torch.zeros(1, V - 1, dtype=torch.float64)
+    got = batch([decoding(), decoding()], [narrow, logits(2, k=1)], [1, 2])
+    assert isinstance(got[0], ConfigurationError)
+    assert same(got[1], alone(decoding(), logits(2, k=1), 2))
+    zs = [logits(i, k=2).to(torch.float32) for i in range(3)]
+    for make in (prompt, decoding):
+        for x, s, r in zip(zs, [7, 8, 9], batch([make(mode="independent") for _ in zs], zs, [7, 8, 9]), strict=True):
+            assert same(r, alone(make(mode="independent"), x.to(torch.float64), s))
+
+
 # ------------------------------------------------------------------------------------------------ through the engine
 def _jobs(lm) -> list[EngineJob]:
     pub = lm.encode("The applicant, Mr ____, was born in ____.")
@@ -335,6 +387,11 @@ def _jobs(lm) -> list[EngineJob]:
         EngineJob([pub, b], Pad(clip_norm=2.0, sigma=0.5, top_k=10), max_new_tokens=4, seed=9, pad_width=width),
         EngineJob([pub, a], Pad(clip_norm=1.0, top_k=10, temperature=0.8, min_p=0.01), max_new_tokens=4, seed=10,
                   pad_width=width),
+        EngineJob([a, b], DPPrompt(0.0, 4.0, 1.5, num_rewrites=2), max_new_tokens=5, seed=11, pad_width=width),
+        EngineJob([b], DPPrompt(-1.0, 3.0, 1.0, mode="joint"), max_new_tokens=4, seed=12, pad_width=width),
+        EngineJob([a], DPDecoding(0.8, vocab_size=lm.vocab_size), max_new_tokens=4, seed=13, pad_width=width),
+        EngineJob([a, b], DPDecoding(0.5, vocab_size=lm.vocab_size, mode="independent", num_sequences=2),
+                  max_new_tokens=4, seed=14, pad_width=width),
     ]
 
 
