@@ -183,19 +183,23 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     }
 
 
-MECHANISMS = ("dp-fusion",)
+MECHANISMS = ("dp-fusion", "invisibleink")
 """``--mechanism`` choices: the mechanism of ``--jobs N --mechanism M`` (timed per step beside plain sampling)."""
 
 
 def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, mechanism: str, *,
                    plain: bool = False, seed: int = 0) -> list[Any]:
-    """``n_jobs`` DP-Fusion m = 4 jobs (K = 5: row 0 a window of the example document, row i the same window with
-    every 11th token from the i-th changed, as a private context differs from the public one at its tagged spans),
-    the defaults of ``dpinfer sanitize`` (temperature, top-k, min-p; bounds b = 0.05), exactly ``new_tokens`` each;
-    ``plain``: the same rows sampled one by one (temperature and top-k of the same defaults, independent mode)."""
-    from dpinfer.defaults import SANITIZE
+    """``n_jobs`` jobs of K = 5 rows (row 0 a window of the example document, row i the same window with every 11th
+    token from the i-th changed, as a private context differs from the public one at its tagged spans), exactly
+    ``new_tokens`` each: DP-Fusion m = 4 with the defaults of ``dpinfer sanitize`` (temperature, top-k, min-p;
+    bounds b = 0.05), or InvisibleInk with B = 4 references and the defaults of ``dpinfer synth`` (temperature,
+    top-k; C calibrated to ε = 8 over its T_max); ``plain``: the same rows sampled one by one (the mechanism's
+    temperature and top-k, independent mode)."""
+    from dpinfer.accounting.calibration import Budget, Spec
+    from dpinfer.defaults import SANITIZE, SYNTH
     from dpinfer.engine import EngineJob
     from dpinfer.mechanisms.dp_fusion import DPFusion
+    from dpinfer.mechanisms.invisibleink import InvisibleInk
     from dpinfer.mechanisms.sampler import Sampler
 
     if mechanism not in MECHANISMS:
@@ -205,9 +209,16 @@ def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, me
     for j, p in enumerate(job_prompts(lm, n_jobs, prompt_tokens)):
         rows = [list(p)] + [[(t + 1) % lm.vocab_size if (x >= i and (x - i) % 11 == 0) else t
                              for x, t in enumerate(p)] for i in range(1, m + 1)]
-        mech: Any = (Sampler(temperature=SANITIZE.temperature, top_k=SANITIZE.top_k) if plain else
-                     DPFusion(bounds=[0.05] * m, group_names=[f"G{i}" for i in range(1, m + 1)], alpha=SANITIZE.alpha,
-                              temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=SANITIZE.min_p))
+        mech: Any
+        if mechanism == "invisibleink":
+            mech = (Sampler(temperature=SYNTH.temperature, top_k=SYNTH.top_k) if plain else
+                    InvisibleInk.calibrated(Budget(8.0, SYNTH.delta), Spec(SYNTH.max_new_tokens, batch_size=m,
+                                                                             temperature=SYNTH.temperature,
+                                                                             top_k=SYNTH.top_k)))
+        else:
+            mech = (Sampler(temperature=SANITIZE.temperature, top_k=SANITIZE.top_k) if plain else
+                    DPFusion(bounds=[0.05] * m, group_names=[f"G{i}" for i in range(1, m + 1)], alpha=SANITIZE.alpha,
+                             temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=SANITIZE.min_p))
         out.append(EngineJob(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
                              seed=seed + j))
     return out
@@ -384,8 +395,9 @@ class EngineBenchConfig(Config):
     device: str | None = option(None, type=str, help="cpu, cuda or cuda:N (default: CUDA when available)")
     dtype: str | None = option(None, type=str, help="float32, bf16, fp16 (default: float32 on CPU, bf16 on GPU)")
     mechanism: str | None = option(None, type=str, choices=MECHANISMS,
-                                   help="with --jobs: N jobs of this mechanism (m = 4), each decode step timed by "
-                                        "phase beside plain sampling of the same rows, per-job and batched decisions")
+                                   help="with --jobs: N jobs of this mechanism (K = 5: m = 4 groups, B = 4 "
+                                        "references), each decode step timed by phase beside plain sampling of the "
+                                        "same rows, per-job and batched decisions")
     shape: str | None = option(None, type=str, choices=sorted(SHAPES),
                                help="random-weight model of this shape (no download) instead of --model")
 

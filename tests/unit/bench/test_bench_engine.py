@@ -92,13 +92,14 @@ def test_mechanism_options_are_checked_before_any_model():
     assert bench.SHAPES["qwen2.5-tiny"]["num_hidden_layers"] == 2
 
 
-def test_mechanism_bench_times_each_phase_beside_plain_sampling(tiny_lm, monkeypatch):
+@pytest.mark.parametrize("mechanism", ["dp-fusion", "invisibleink"])
+def test_mechanism_bench_times_each_phase_beside_plain_sampling(tiny_lm, monkeypatch, mechanism):
     monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
         ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
          "Mr Smith, a lawyer practising in London, represented the applicants."]))
-    res = bench.run_mechanism_bench(tiny_lm, n_jobs=3, mechanism="dp-fusion", new_tokens=4, prompt_tokens=30)
+    res = bench.run_mechanism_bench(tiny_lm, n_jobs=3, mechanism=mechanism, new_tokens=4, prompt_tokens=30)
     rows = {r["config"]: r for r in res["rows"]}
-    assert set(rows) == {"dp-fusion per-job", "dp-fusion batched", "plain sampling per-job",
+    assert set(rows) == {f"{mechanism} per-job", f"{mechanism} batched", "plain sampling per-job",
                          "plain sampling batched"}
     for r in rows.values():
         assert r["rows"] == 15 and r["steps"] == 3  # 4 tokens: the first step admits (prefill), 3 decode steps
@@ -106,8 +107,8 @@ def test_mechanism_bench_times_each_phase_beside_plain_sampling(tiny_lm, monkeyp
         assert r["syncs"] > 0
     assert rows["plain sampling batched"]["ratio_vs_plain"] == 1.0
     # the batched path reads fewer values on the host than the per-job path (one transfer per step and kind)
-    assert rows["dp-fusion batched"]["syncs"] < rows["dp-fusion per-job"]["syncs"]
-    assert res["same_tokens_batched_vs_per_job"] == {"dp-fusion": "3/3", "plain sampling": "3/3"}
+    assert rows[f"{mechanism} batched"]["syncs"] < rows[f"{mechanism} per-job"]["syncs"]
+    assert res["same_tokens_batched_vs_per_job"] == {mechanism: "3/3", "plain sampling": "3/3"}
     table = bench.format_markdown(res)
     assert "decisions ms" in table and "syncs/step" in table
 
