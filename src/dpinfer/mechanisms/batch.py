@@ -50,7 +50,7 @@ def support_width(top_k: int | None, vocab: int, full: bool = False) -> int:
 
 
 def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], torch.Tensor], top_k: int,
-                margin: float | torch.Tensor, full: bool = False
+                margin: float | torch.Tensor, full: bool = False, width: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The top-k support of every row of ``parts`` (tensors ``(r_i, V)`` in any float dtype, e.g. each job's rows as
     the output head gave them; no full-vocabulary float64 copy): the ``W`` largest entries of each row, gathered and
@@ -60,9 +60,13 @@ def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], t
 
     ``scale`` is increasing (it may round two values to one), so the k-th largest scaled value is the scaled k-th
     largest, and a row whose ``W``-th scaled value is below the threshold has its whole support among its ``W``
-    columns, whatever the dtype the ranking was made in: the same set as ranking the scaled float64 row."""
+    columns, whatever the dtype the ranking was made in: the same set as ranking the scaled float64 row.
+
+    ``width``: gather exactly that many columns, known to hold the whole set (a row redone alone with its support's
+    size, :func:`support_size`); nothing is then over."""
     vocab = parts[0].shape[-1]
-    width = support_width(top_k, vocab, full)
+    exact = width is not None
+    width = min(width, vocab) if width is not None else support_width(top_k, vocab, full)
     if width >= vocab:
         got = [torch.sort(p, dim=-1, descending=True, stable=True) for p in parts]
     else:
@@ -71,8 +75,15 @@ def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], t
     ids = torch.cat([g[1] for g in got])
     k = min(top_k, vocab)
     keep = vals >= vals[:, k - 1 : k] - margin
-    over = keep[:, -1] & (width < vocab)
+    over = keep[:, -1] & (width < vocab) & (not exact)
     return vals, ids, keep, over
+
+
+def support_size(parts: Sequence[torch.Tensor], threshold: torch.Tensor) -> torch.Tensor:
+    """Per row of ``parts`` (``(1, V)`` each, one per job, any float dtype), how many entries are ``≥ threshold[b]``
+    (float64, ``(n,)``): the exact width of a Top-k⁺ support that reaches beyond the gathered columns, fetched with
+    the step's one transfer so that the row is redone on that many columns instead of the whole vocabulary."""
+    return torch.stack([(p[0].to(torch.float64) >= threshold[b]).sum() for b, p in enumerate(parts)])
 
 
 def ascending(ids: torch.Tensor, keep: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,6 +47,7 @@ from dpinfer.mechanisms.batch import (
     host_tensor,
     in_aligned_chunks,
     invert,
+    support_size,
     to_device,
     top_columns,
 )
@@ -230,8 +231,8 @@ class InvisibleInk(Mechanism):
         if self.batch_key() is not None:
             pub = [public_scores.unsqueeze(0)]
             sid, real, _, over = _ink_support([self], pub, False)
-            if bool(over[0]):
-                sid, real, _, _ = _ink_support([self], pub, True)
+            if int(over[0]):
+                sid, real, _, _ = _ink_support([self], pub, int(over[0]))
             return sid[0][real[0]]
         support, kth = topk_plus(public_scores, self.top_k, self.clip_norm, self.batch_size)
         return None if kth is None else support.nonzero().squeeze(-1)
@@ -240,8 +241,8 @@ class InvisibleInk(Mechanism):
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
         if self.batch_key() is not None:
             mix = _ink_mixture([self], [logits], False)
-            if bool(mix.over[0]):
-                mix = _ink_mixture([self], [logits], True)
+            if int(mix.over[0]):
+                mix = _ink_mixture([self], [logits], int(mix.over[0]))
             code = int(mix.code[0])
             if code:
                 raise InvalidInputError(_ERRORS[code])
@@ -332,21 +333,25 @@ _ERRORS = {1: "the logits contain NaN or +inf; nothing is sampled",
            2: "the public row has no finite logit; nothing can be sampled"}
 
 
-def _ink_support(mechs: Sequence[InvisibleInk], public: Sequence[torch.Tensor], full: bool
+def _ink_support(mechs: Sequence[InvisibleInk], public: Sequence[torch.Tensor], full: bool | int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
-    logits ``≥ kth_largest − 2C/B`` on the gathered columns; ``(ids (n, W) ascending, real (n, W), kth (n,),
-    over (n,))``."""
+    logits ``≥ kth_largest − 2C/B`` on the gathered columns (``full``: an int, exactly that many: a job redone alone
+    with its support's size; True: the whole vocabulary); ``(ids (n, W) ascending, real (n, W), kth (n,), over (n,):
+    0, or the size of V⁺ when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
     margin = host_tensor([2.0 * m.clip_norm / m.batch_size for m in mechs], torch.float64,
                          public[0].device).unsqueeze(-1)
     top_k = m0.top_k if m0.top_k is not None else vocab
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full)
+    width = None if isinstance(full, bool) else full
+    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
     keep = keep & torch.isfinite(vals)
+    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
     kth = vals[:, min(top_k, vocab) - 1]
+    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
     sid, real = ascending(ids, keep, vocab)
-    return sid, real, kth, over
+    return sid, real, kth, size
 
 
 @dataclass
@@ -358,10 +363,10 @@ class _InkMixture:
     kth: torch.Tensor  # (n,) the public k-th largest logit
     clipped: torch.Tensor  # (n,) clipped coordinates on V⁺ (a count, exact)
     code: torch.Tensor  # (n,) 0, or the _ERRORS key of the job's refusal
-    over: torch.Tensor  # (n,) V⁺ reaches beyond the gathered columns: redo the job on the whole vocabulary
+    over: torch.Tensor  # (n,) 0, or |V⁺| when it reaches beyond the gathered columns: redo the job on that many
 
 
-def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], full: bool) -> _InkMixture:
+def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], full: bool | int) -> _InkMixture:
     """``softmax(ℓ̄[V⁺]/τ)`` of every job, without a host synchronisation: DClip and the mean over the B references
     element-wise (the sum over references written out, batch-invariant)."""
     b_ref = mechs[0].batch_size
@@ -386,7 +391,7 @@ def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], 
                   ) -> tuple[torch.Tensor, ...]:
         return _ink_math(z, real, clip, temp)
 
-    if full:  # a job alone on the whole vocabulary, on both paths: the same layout, no padding needed
+    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
         probs, clipped = aggregate(z, real, clip, temp)
     else:
         probs, clipped = in_aligned_chunks(aggregate, z, real, clip, temp, per_row=z[0].numel())
@@ -415,10 +420,11 @@ def _ink_math(z: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, temp: tor
 
 
 def _ink_step(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], ints: Sequence[Any],
-              srcs: Sequence[Any], full: bool) -> list[StepResult | Exception]:
+              srcs: Sequence[Any], full: bool | int) -> list[StepResult | Exception]:
     """One token per job from its ``softmax(ℓ̄[V⁺]/τ)`` with its own 53-bit integer (``ints[b]``, drawn before: the
     same draw the per-job step makes), in one transfer; a job whose V⁺ reaches beyond the gathered columns is redone
-    alone on the whole vocabulary with the same integer, an uncertain draw finished exactly from the job's source."""
+    alone on exactly |V⁺| columns (its size, public, fetched in the same transfer) with the same integer, an
+    uncertain draw finished exactly from the job's source."""
     mix = _ink_mixture(mechs, logits, full)
     k = to_device(ints, mix.probs.device)
     j, ok = invert(mix.probs, k)
@@ -432,7 +438,7 @@ def _ink_step(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], int
             out.append(InvalidInputError(_ERRORS[int(row[2])]))
             continue
         if row[3]:
-            out.append(_ink_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], True)[0])
+            out.append(_ink_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], int(row[3]))[0])
             continue
         token, public_logit = int(row[0]), row[6]
         if not row[1]:

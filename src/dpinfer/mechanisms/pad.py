@@ -71,6 +71,7 @@ from dpinfer.mechanisms.batch import (
     host_to_device,
     in_aligned_chunks,
     invert,
+    support_size,
     support_width,
     to_device,
     top_columns,
@@ -259,8 +260,8 @@ class Pad(Mechanism):
         if self.batch_key() is not None:
             pub = [public_scores.unsqueeze(0)]
             sid, real, over = _pad_support([self], pub, False)
-            if bool(over[0]):
-                sid, real, _ = _pad_support([self], pub, True)
+            if int(over[0]):
+                sid, real, _ = _pad_support([self], pub, int(over[0]))
             return sid[0][real[0]]
         mask, everything = self._support(public_scores)
         return None if everything else mask.nonzero().squeeze(-1)
@@ -342,18 +343,22 @@ _ERRORS = {1: "the public row's logits contain NaN or +inf; nothing is released"
            2: "the public row has no finite logit; nothing can be released"}
 
 
-def _pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: bool
+def _pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: bool | int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
-    logits ``≥ kth_largest − 2C`` (and ``≥ max + ln min_p``) on the gathered columns; ``(ids (n, W) ascending,
-    real (n, W), over (n,))``."""
+    logits ``≥ kth_largest − 2C`` (and ``≥ max + ln min_p``) on the gathered columns (``full``: an int, exactly
+    that many: a job redone alone with the size of its Top-k⁺; True: the whole vocabulary); ``(ids (n, W)
+    ascending, real (n, W), over (n,): 0, or the size of Top-k⁺ when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
     top_k = m0.top_k if m0.top_k is not None else vocab
     margin = host_tensor([2.0 * m.clip_norm for m in mechs], torch.float64, public[0].device).unsqueeze(-1)
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full)
+    width = None if isinstance(full, bool) else full
+    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
     keep = keep & torch.isfinite(vals)
     over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
+    kth = vals[:, min(top_k, vocab) - 1]
+    over = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
     if m0.min_p is not None:  # relative to the PUBLIC maximum (the first gathered column)
         keep = keep & (vals >= vals[:, :1] + math.log(m0.min_p))
     sid, real = ascending(ids, keep, vocab)
@@ -367,10 +372,10 @@ class _PadRelease:
     size: torch.Tensor  # (n,) |V⁺|
     clipped: torch.Tensor  # (n,) 1.0 when the shift was scaled down (DATA-DEPENDENT)
     code: torch.Tensor  # (n,) 0, or the _ERRORS key of the job's refusal
-    over: torch.Tensor  # (n,) V⁺ reaches beyond the gathered columns: redo the job on the whole vocabulary
+    over: torch.Tensor  # (n,) 0, or |Top-k⁺| when it reaches beyond the gathered columns: redo the job on that many
 
 
-def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: torch.Tensor, full: bool
+def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: torch.Tensor, full: bool | int
                  ) -> _PadRelease:
     """The noisy release of every job on its V⁺, without a host synchronisation (``noise``: ``(n, W)`` standard
     normals, each job's from its own source)."""
@@ -393,7 +398,7 @@ def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: to
                 noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return _pad_math(pub, ctx, real, clip, sigma, noise)
 
-    if full:  # a job alone on the whole vocabulary, on both paths: the same layout, no padding needed
+    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
         noisy, clipped = release(pub, ctx, real, clip, sigma, noise)
     else:
         noisy, clipped = in_aligned_chunks(release, pub, ctx, real, clip, sigma, noise, per_row=4 * pub.shape[-1])
@@ -427,14 +432,16 @@ def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: An
     return host_to_device(torch.stack(noise), device), ints
 
 
-def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], full: bool
+def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], full: bool | int
               ) -> list[StepResult | Exception]:
     """One token per job: the argmax of its noisy release on V⁺ (ties to the lowest id), or at τ > 0 a draw from
     ``softmax(release/τ)`` with its own 53-bit integer, in one transfer; a job whose V⁺ reaches beyond the gathered
-    columns is redone alone on the whole vocabulary with fresh draws from its source (a public decision, the same on
-    both paths), an uncertain draw finished exactly from the job's source."""
+    columns is redone alone on exactly that many columns (the size of its Top-k⁺, public, fetched in the same
+    transfer) with fresh draws from its source (a public decision, the same on both paths), an uncertain draw
+    finished exactly from the job's source."""
     device = logits[0].device
-    width = support_width(mechs[0].top_k, logits[0].shape[-1], full)
+    vocab = logits[0].shape[-1]
+    width = min(full, vocab) if not isinstance(full, bool) else support_width(mechs[0].top_k, vocab, full)
     noise, ints = _pad_draws(mechs, srcs, width, device)
     rel = _pad_release(mechs, logits, noise, full)
     sampling = mechs[0].temperature > 0.0
@@ -453,7 +460,7 @@ def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequen
             out.append(InvalidInputError(_ERRORS[int(row[2])]))
             continue
         if row[3]:
-            out.append(_pad_step([mechs[b]], [logits[b]], [srcs[b]], True)[0])
+            out.append(_pad_step([mechs[b]], [logits[b]], [srcs[b]], int(row[3]))[0])
             continue
         token = int(row[0])
         if not row[1]:

@@ -283,8 +283,8 @@ def test_pad_batched_release_is_the_gaussian_mechanism_on_the_former_support() -
         assert torch.equal(mech.private_columns(z[0]), idx)
         src = as_random_source(torch.Generator().manual_seed(seed))
         noise = src.normal((support_width(6, V),))
-        if idx.numel() >= support_width(6, V):  # beyond the gathered columns: redone on V columns, fresh normals
-            noise, wide = src.normal((V,)), wide + 1
+        if idx.numel() >= support_width(6, V):  # beyond the gathered columns: redone on |V⁺| columns, fresh normals
+            noise, wide = src.normal((idx.numel(),)), wide + 1
         # V⁺ (ascending ids) takes the first |V⁺| normals
         want = idx[torch.argmax(pre + 0.8 * noise[: idx.numel()])]
         got = alone(mech, z, seed)
