@@ -53,6 +53,11 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1000000.0),
+    "qwen2.5-tiny": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0),
+    # ^ the CPU proxy of a 7B-class vocabulary: Qwen2.5's 151,936 tokens, two small layers (the per-step work after
+    #   the logits dominates, as on a GPU with a large model)
     "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
                        max_position_embeddings=32768, rope_theta=1000000.0),
@@ -222,3 +227,45 @@ def time_engine(lm: Any, ids: list[int], k: int, n: int, shared: bool) -> tuple[
     dt = time.perf_counter() - t0
     assert len(out.sequences[0]) == n
     return dt, out.prefill_seconds
+
+
+class HostReads:
+    """Counts the Python-level reads of a tensor's value on the host while active (``with HostReads() as reads``;
+    ``reads()`` is the count so far): ``item``, ``tolist``, ``numpy``, ``nonzero``, ``bool``/``int``/``float``/
+    ``index`` of a tensor, and ``cpu``/``to`` of a tensor that is not on the CPU. On CUDA each is a device-to-host
+    synchronisation; on the CPU the count says how many there would be. Reads made inside torch's C++ code (e.g. a
+    boolean-mask index) are not seen."""
+
+    _NAMES = ("item", "tolist", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._saved: dict[str, Any] = {}
+
+    def __call__(self) -> int:
+        return self.count
+
+    def __enter__(self) -> HostReads:
+        import torch
+
+        def counted(fn: Any, device_only: bool = False) -> Any:
+            def wrapper(t: Any, *args: Any, **kwargs: Any) -> Any:
+                if not device_only or t.device.type != "cpu":
+                    self.count += 1
+                return fn(t, *args, **kwargs)
+            return wrapper
+
+        for name in (*self._NAMES, "cpu"):
+            self._saved[name] = torch.Tensor.__dict__.get(name)  # None: inherited from torch's C++ base class
+            setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name), device_only=name == "cpu"))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        for name, fn in self._saved.items():
+            if fn is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, fn)
+        self._saved.clear()

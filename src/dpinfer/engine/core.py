@@ -12,7 +12,10 @@ The engine owns the model; a :class:`~dpinfer.mechanisms.Mechanism` owns the cho
 One step: the scheduler admits what fits (each admitted job is prefilled alone); each running job's mechanism turns
 its pending logits (float64, unclamped) into its token(s), which are recorded (joint mode: one token for every row,
 the job stops at EOS or ``T_max``; independent mode: one token per row, a row stops at its own EOS); finished jobs
-leave; one forward computes the next logits of the others. :meth:`Engine.stream`, :meth:`Engine.generate` and
+leave; one forward computes the next logits of the others. Jobs whose mechanisms share a
+:meth:`~dpinfer.mechanisms.base.Mechanism.batch_key` decide together (:meth:`Engine._decide`,
+:attr:`Engine.batched_decisions`): one :meth:`~dpinfer.mechanisms.base.Mechanism.step_batch` call, one host transfer,
+the same tokens as each job alone. :meth:`Engine.stream`, :meth:`Engine.generate` and
 :meth:`Engine.run_jobs` are loops over :meth:`Engine.step`; jobs may be submitted between steps (a server). An engine
 is not thread-safe: one thread (or one lock) calls ``submit``, ``step`` and ``cancel``; a server's loop steps while
 :attr:`Engine.busy` and hands each request its events (:attr:`StepOutput.events`) and output (:attr:`Job.output`).
@@ -23,8 +26,9 @@ CSPRNG by default, a whole-seed PCG64 stream with ``seed`` (tests and benchmarks
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +56,32 @@ class StepOutput:
 
     events: list[tuple[Job, StepEvent]] = field(default_factory=list)
     finished: list[Job] = field(default_factory=list)
+
+
+@dataclass
+class StepTimes:
+    """Where the decode steps' wall-clock time goes (:attr:`Engine.timing`, for benchmarks): summed over the steps
+    that admitted no job (an admission includes a prefill), with the device synchronised between the phases (which
+    a run without timing does not do).
+
+    ``schedule``: the scheduler (and the pool planning); ``decide``: every job's mechanism, from its logits to its
+    recorded token(s); ``forward``: the decode forward and the output head. ``syncs``: what ``host_reads`` (a counter,
+    e.g. :class:`dpinfer.bench.speed.HostReads`) counted during the decisions and the forward."""
+
+    steps: int = 0
+    schedule: float = 0.0
+    decide: float = 0.0
+    forward: float = 0.0
+    syncs: int = 0
+    host_reads: Callable[[], int] | None = None
+
+    def per_step(self) -> dict[str, float]:
+        """Milliseconds per step of each phase, and the host reads per step."""
+        n = max(self.steps, 1)
+        total = self.schedule + self.decide + self.forward
+        return {"schedule_ms": 1000 * self.schedule / n, "decide_ms": 1000 * self.decide / n,
+                "forward_ms": 1000 * self.forward / n, "step_ms": 1000 * total / n,
+                "syncs": self.syncs / n, "steps": self.steps}
 
 
 class Engine:
@@ -94,6 +124,12 @@ class Engine:
         self.scheduler = Scheduler(device_type=device.type, context_window=lm.context_window, max_rows=max_rows,
                                    fixed_rows=fixed_rows, min_capacity=min_capacity,
                                    shared_pool=self.runner.shared_pool)
+        self.batched_decisions = True
+        """Let the jobs whose mechanisms decide in batches (:meth:`Mechanism.step_batch
+        <dpinfer.mechanisms.base.Mechanism.step_batch>`) decide together; False: every job alone (the per-job path,
+        which releases the same tokens)."""
+        self.timing: StepTimes | None = None
+        """Set to a :class:`StepTimes` to time each phase of the decode steps (benchmarks; synchronises the device)."""
         self.vocab = Vocabulary(vocab_size=lm.vocab_size, eos_ids=frozenset(lm.eos_token_ids), eos=self.runner.eos,
                                 pad_id=lm.pad_token_id, device=lm.device, context_window=lm.context_window)
 
@@ -119,21 +155,28 @@ class Engine:
         if not self.scheduler.has_work:
             return out
         error: BaseException | None = None
+        timing = self.timing
+        if timing is not None:
+            marks = [self._mark()]
         with torch.inference_mode():
             decision = self.scheduler.schedule()
+            if timing is not None:
+                marks.append(self._mark())
             if decision.pool is not None:
                 self.runner.use_pool(decision.pool)
             for adm in decision.admitted:
                 adm.job.start(self.vocab, self.runner.split_head)
                 self.runner.admit(adm.job, adm.slots, adm.side_rows)
+            if timing is not None:
+                marks.append(self._mark())
             going = []
-            for job in list(self.scheduler.running):
-                try:
-                    event, next_ids = job.decide(self.vocab)
-                except Exception as err:
+            running = list(self.scheduler.running)
+            decided = self._decide(running)
+            for job in running:
+                event, next_ids, err = decided[id(job)]
+                if err is not None:
                     error = error or err
                     job.error = err
-                    event, next_ids = None, None
                 if event is not None:
                     out.events.append((job, event))
                     if job.events is not None:
@@ -143,11 +186,65 @@ class Engine:
                     out.finished.append(job)
                 else:
                     going.append((job, next_ids))
+            if timing is not None:
+                marks.append(self._mark())
             if going:
                 self.runner.forward(going)
+            if timing is not None and not decision.admitted:
+                end = self._mark()
+                timing.steps += 1
+                timing.schedule += marks[1][0] - marks[0][0]
+                timing.decide += marks[3][0] - marks[2][0]
+                timing.forward += end[0] - marks[3][0]
+                timing.syncs += end[1] - marks[2][1]
         if error is not None:
             raise error
         return out
+
+    def _decide(self, jobs: Sequence[Job]) -> dict[int, tuple[StepEvent | None, torch.Tensor | None,
+                                                               BaseException | None]]:
+        """Every running job's decision of this step: (event, next ids, error) by ``id(job)``. With
+        :attr:`batched_decisions`, the jobs whose mechanisms share a
+        :meth:`~dpinfer.mechanisms.base.Mechanism.batch_key` decide in one
+        :meth:`~dpinfer.mechanisms.base.Mechanism.step_batch` call (the same tokens as alone); the others, one by
+        one."""
+        out: dict[int, tuple[StepEvent | None, torch.Tensor | None, BaseException | None]] = {}
+        groups: dict[Any, list[Job]] = {}
+        if self.batched_decisions:
+            for job in jobs:
+                key = job.batch_key()
+                if key is not None:
+                    groups.setdefault(key, []).append(job)
+        for members in groups.values():
+            try:
+                logits = [job.batch_logits(self.vocab) for job in members]
+                results = type(members[0].mechanism).step_batch(
+                    [job.mechanism for job in members], logits, [job.info() for job in members],
+                    [job.source for job in members])
+            except Exception as err:
+                results = [err] * len(members)
+            for job, res in zip(members, results, strict=True):
+                if isinstance(res, Exception):
+                    out[id(job)] = (None, None, res)
+                    continue
+                try:
+                    out[id(job)] = (*job.record(res, self.vocab), None)
+                except Exception as err:
+                    out[id(job)] = (None, None, err)
+        for job in jobs:
+            if id(job) not in out:
+                try:
+                    out[id(job)] = (*job.decide(self.vocab), None)
+                except Exception as err:
+                    out[id(job)] = (None, None, err)
+        return out
+
+    def _mark(self) -> tuple[float, int]:
+        """(time, host reads so far), the device synchronised first (:attr:`timing` only)."""
+        if torch.device(self.lm.device).type == "cuda":
+            torch.cuda.synchronize()
+        reads = self.timing.host_reads if self.timing is not None else None
+        return time.perf_counter(), reads() if reads is not None else 0
 
     def _leave(self, job: Job) -> None:
         self.runner.release(job)

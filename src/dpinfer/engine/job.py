@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,9 @@ import torch
 from dpinfer.engine.prefill import PrefixKV, check_prefix_kv
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.batch import host_tensor
 from dpinfer.mechanisms.randomness import Randomness, as_random_source, random_source
-from dpinfer.mechanisms.transforms import LogitsProcessor, apply, check_processors
+from dpinfer.mechanisms.transforms import LogitsProcessor, apply, check_processors, column_bans
 
 
 @dataclass
@@ -180,7 +181,7 @@ class Job:
         self.split = self.joint and self.k > 1 and split_head and mech.restricts_private_columns
         self.sequences = [[] for _ in range(self.k)]
         self.reasons = ["length"] * self.k
-        self.done_rows = torch.zeros(self.k, dtype=torch.bool, device=vocab.device)
+        self.done_rows = torch.zeros(self.k, dtype=torch.bool)  # on the host: read every step
         self.status = JobStatus.RUNNING
 
     @property
@@ -188,18 +189,44 @@ class Job:
         """What the processors see: the released tokens (one list in joint mode, one per row in independent mode)."""
         return self.sequences[:1] if self.joint else self.sequences
 
+    def info(self) -> StepInfo:
+        """The public step information its mechanism is given."""
+        return StepInfo(step=self.t, max_new_tokens=self.max_new_tokens, num_contexts=self.k,
+                        finished=None if self.joint else self.done_rows.clone())
+
     def decide(self, vocab: Vocabulary) -> tuple[StepEvent | None, torch.Tensor | None]:
         """Run the mechanism on the pending logits and record the released token(s): (the event, or None when a
         joint mechanism stopped; the next input ids ``(K, 1)``, or None when the job has finished)."""
-        t = self.t
         scores = self.logits.to(torch.float64)
         self.logits = None
-        if t < self.min_new_tokens and vocab.eos.numel():
+        if self.t < self.min_new_tokens and vocab.eos.numel():
             scores[:, vocab.eos] = -torch.inf
         scores = apply(self.procs, scores, self.public_history)
-        info = StepInfo(step=t, max_new_tokens=self.max_new_tokens, num_contexts=self.k,
-                        finished=None if self.joint else self.done_rows.clone())
-        res = self.mechanism.step(scores, info, self.source)
+        return self.record(self.mechanism.step(scores, self.info(), self.source), vocab)
+
+    def batch_key(self) -> Hashable | None:
+        """Its mechanism's :meth:`~dpinfer.mechanisms.base.Mechanism.batch_key` when its processors only ban columns
+        for every row alike (:func:`~dpinfer.mechanisms.transforms.column_bans`), else None (it decides alone)."""
+        key = self.mechanism.batch_key()
+        if key is None or (self.procs and column_bans(self.procs, self.public_history) is None):
+            return None
+        return key
+
+    def batch_logits(self, vocab: Vocabulary) -> torch.Tensor:
+        """The pending logits for :meth:`~dpinfer.mechanisms.base.Mechanism.step_batch`, in their own dtype, with
+        EOS (before ``min_new_tokens``) and the processors' bans set to ``-inf`` in place (the values :meth:`decide`
+        gives the mechanism, before its float64 conversion)."""
+        logits, self.logits = self.logits, None
+        banned = column_bans(self.procs, self.public_history) or []
+        if self.t < self.min_new_tokens and vocab.eos.numel():
+            banned = sorted(set(banned) | set(vocab.eos_ids))
+        if banned:
+            logits[:, host_tensor(banned, torch.long, logits.device)] = -torch.inf
+        return logits
+
+    def record(self, res: StepResult, vocab: Vocabulary) -> tuple[StepEvent | None, torch.Tensor | None]:
+        """Record the mechanism's result of this step (see :meth:`decide`)."""
+        t = self.t
         if res.stats is not None:
             self.steps.append(dict(res.stats))
         event, next_ids = self._joint(res, vocab) if self.joint else self._independent(res, vocab)
@@ -222,22 +249,27 @@ class Job:
         return event, torch.full((self.k, 1), tok, dtype=torch.long, device=vocab.device)
 
     def _independent(self, res: StepResult, vocab: Vocabulary) -> tuple[StepEvent, torch.Tensor | None]:
+        # the bookkeeping on the host (done_rows lives there): one read of the tokens, none when they are there
         k, finished = self.k, self.done_rows
-        toks = res.tokens.to(device=vocab.device, dtype=torch.long).reshape(k)
-        toks = torch.where(finished, torch.full_like(toks, vocab.pad_id), toks)
-        is_eos = torch.isin(toks, vocab.eos) & ~finished if self.stop_on_eos else torch.zeros_like(finished)
-        toks_list, eos_list, fin_list = toks.tolist(), is_eos.tolist(), finished.tolist()
+        toks_list = res.tokens.to(device="cpu", dtype=torch.long).reshape(k).tolist()
+        fin_list = finished.tolist()
+        out = []
         for i in range(k):
             if fin_list[i]:
+                out.append(vocab.pad_id)
                 continue
-            if eos_list[i]:
+            tok = toks_list[i]
+            out.append(tok)
+            if self.stop_on_eos and tok in vocab.eos_ids:
                 self.reasons[i] = "eos"
+                finished[i] = True
             else:
-                self.sequences[i].append(toks_list[i])
-        finished |= is_eos
-        event = StepEvent(self.t, [-1 if f else x for f, x in zip(fin_list, toks_list, strict=True)],
+                self.sequences[i].append(tok)
+        event = StepEvent(self.t, [-1 if f else x for f, x in zip(fin_list, out, strict=True)],
                           res.stats and dict(res.stats))
-        return event, None if bool(finished.all()) else toks.unsqueeze(1)
+        if bool(finished.all()):
+            return event, None
+        return event, torch.tensor(out, dtype=torch.long).unsqueeze(1).to(vocab.device)
 
     def finish(self) -> EngineOutput:
         """Mark the job finished and build its output."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -109,6 +109,29 @@ class Mechanism(ABC):
                 (secure by default, seeded for tests) or a ``torch.Generator`` (wrap it with
                 :func:`~dpinfer.mechanisms.randomness.as_random_source`). ALL randomness must come from it.
         """
+
+    def batch_key(self) -> Hashable | None:
+        """A key from public parameters: the engine's jobs whose mechanisms give the same key decide together, in one
+        :meth:`step_batch` call per step; ``None`` (the default): this mechanism decides alone (:meth:`step`).
+
+        A mechanism that returns a key makes its per-job :meth:`step` the same computation as :meth:`step_batch` on a
+        batch of one, row-wise throughout, so that a job's tokens are bit for bit the same on both paths and whatever
+        jobs sit beside it."""
+        return None
+
+    @classmethod
+    def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
+                   generators: Sequence[Randomness]) -> list[StepResult | Exception]:
+        """One step of several jobs whose mechanisms share a :meth:`batch_key`: ``logits[b]`` is job b's ``(K, V)``
+        logits (after its public processors; any float dtype), ``generators[b]`` its own source. A job's refusal is
+        returned in its place (the other jobs still advance). The default steps each job alone."""
+        out: list[StepResult | Exception] = []
+        for mech, z, info, gen in zip(mechanisms, logits, infos, generators, strict=True):
+            try:
+                out.append(mech.step(z.to(torch.float64), info, gen))
+            except Exception as err:
+                out.append(err)
+        return out
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """Joint mode, rows 1..K−1: the token ids whose logits :meth:`step` reads, decided from the public row 0

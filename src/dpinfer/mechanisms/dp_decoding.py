@@ -28,6 +28,7 @@ the output is almost uniform noise. This is the baseline's known weakness; it is
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,9 +46,9 @@ from dpinfer.accounting.events import (
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.batch import sample_weight_rows
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
-from dpinfer.mechanisms.sampler import sample_rows
 
 ADJACENCY = "any two private contexts (the whole document may change; local DP)"
 
@@ -227,15 +228,53 @@ class DPDecoding(Mechanism):
         check_row_layout(self.mode, self.row, num_contexts, self.num_sequences, "num_sequences",
                          "sample from the private context")
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+    def batch_key(self) -> tuple[Any, ...] | None:
+        """DP-Decoding decides in batches (:meth:`step_batch`; the per-job :meth:`step` is the same computation on a
+        batch of one): one key per mode (λ and the temperatures may differ)."""
+        return (DPDecoding, self.mode)
+
+    def _weights(self, logits: torch.Tensor) -> torch.Tensor:
+        """``q = λ·softmax(z/τ) + (1 − λ)/V`` of the rows this job samples, by its own kernels."""
         if logits.shape[-1] != self.vocab_size:
             raise ConfigurationError(
                 f"logits of width {logits.shape[-1]} given to a DP-Decoding mechanism built for "
                 f"vocab_size={self.vocab_size}"
             )
         rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits
-        tokens = sample_rows(mixture_log_probs(rows, self.lam, self.temperature), generator)
-        return StepResult(tokens=tokens[0] if self.mode == "joint" else tokens)
+        return torch.softmax(mixture_log_probs(rows, self.lam, self.temperature), dim=-1)
+
+    @classmethod
+    def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
+                   generators: Sequence[Randomness]) -> list[StepResult | Exception]:
+        """Each job's mixture ``q`` on the full vocabulary by its own kernels (a full-vocabulary log-sum over many
+        jobs at once would not round alike on the CPU), then every row's draw at once
+        (:func:`~dpinfer.mechanisms.batch.sample_weight_rows`: one 53-bit integer per row from its job's own source,
+        one inversion, one device-to-host transfer)."""
+        mechs = [m for m in mechanisms if isinstance(m, DPDecoding)]
+        out: list[StepResult | Exception | None] = [None] * len(mechs)
+        weights, gens, where = [], [], []
+        for b, (m, z, g) in enumerate(zip(mechs, logits, generators, strict=True)):
+            try:
+                weights.append(m._weights(z))
+            except ConfigurationError as err:
+                out[b] = err
+                continue
+            gens.append(g)
+            where.append(b)
+        drawn = sample_weight_rows(weights, gens) if weights else []
+        for b, got in zip(where, drawn, strict=True):
+            if isinstance(got, Exception):
+                out[b] = got
+                continue
+            tokens = torch.tensor(got, dtype=torch.long)
+            out[b] = StepResult(tokens=tokens[0] if mechs[b].mode == "joint" else tokens)
+        return [r for r in out if r is not None]
+
+    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        (res,) = self.step_batch([self], [logits], [info], [generator])
+        if isinstance(res, Exception):
+            raise res
+        return res
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,20 @@ from dpinfer.accounting.events import ClippedExponentialEvent
 from dpinfer.checks import check_delta, optional_positive_int, positive_int, positive_number
 from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
+from dpinfer.mechanisms.batch import (
+    SUPPORT_SLACK,
+    ascending,
+    draw_integers,
+    fetch,
+    finish_exact,
+    fits_aligned,
+    host_tensor,
+    in_aligned_chunks,
+    invert,
+    support_size,
+    to_device,
+    top_columns,
+)
 from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_probs
@@ -213,11 +228,30 @@ class InvisibleInk(Mechanism):
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of V⁺ (from the public row only): the private rows are read there and nowhere else."""
+        if self.batch_key() is not None:
+            pub = [public_scores.unsqueeze(0)]
+            sid, real, _, over = _ink_support([self], pub, False)
+            if int(over[0]):
+                sid, real, _, _ = _ink_support([self], pub, int(over[0]))
+            return sid[0][real[0]]
         support, kth = topk_plus(public_scores, self.top_k, self.clip_norm, self.batch_size)
         return None if kth is None else support.nonzero().squeeze(-1)
 
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
+        if self.batch_key() is not None:
+            mix = _ink_mixture([self], [logits], False)
+            if int(mix.over[0]):
+                mix = _ink_mixture([self], [logits], int(mix.over[0]))
+            code = int(mix.code[0])
+            if code:
+                raise InvalidInputError(_ERRORS[code])
+            vocab = logits.shape[1]
+            probs = torch.zeros(vocab, dtype=torch.float64, device=mix.probs.device)
+            probs.index_put_((mix.ids[0],), mix.probs[0], accumulate=True)  # padding: weight 0 on a real id
+            support = torch.zeros(vocab, dtype=torch.bool, device=mix.probs.device)
+            support[mix.ids[0][mix.real[0]]] = True
+            return probs, support
         z = self._check(logits)
         probs, idx, _ = self._released(z)
         support = torch.ones(z.shape[1], dtype=torch.bool, device=z.device)
@@ -229,6 +263,11 @@ class InvisibleInk(Mechanism):
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Sample one token from ``softmax(ℓ̄[V⁺]/τ)``."""
+        if self.batch_key() is not None:
+            (res,) = self.step_batch([self], [logits], [info], [generator])
+            if isinstance(res, Exception):
+                raise res
+            return res
         z = self._check(logits)
         probs, idx, kth = self._released(z)
         j = sample_probs(probs, generator)
@@ -241,6 +280,23 @@ class InvisibleInk(Mechanism):
         if kth is not None:
             stats["expanded"] = float(float(z[0, token]) < kth)
         return StepResult(tokens=token.to(torch.long), stats=stats)
+
+    def batch_key(self) -> tuple[Any, ...] | None:
+        """With a top-k (Top-k⁺ on the gathered public columns) InvisibleInk decides in batches (:func:`_ink_step`;
+        the per-job :meth:`step` is the same computation on a batch of one): jobs with the same B and top-k decide
+        together (their clip norms and temperatures may differ)."""
+        if self.top_k is None or not fits_aligned((self.batch_size + 1) * (self.top_k + SUPPORT_SLACK)):
+            return None
+        return (InvisibleInk, self.batch_size, self.top_k)
+
+    @classmethod
+    def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
+                   generators: Sequence[Randomness]) -> list[StepResult | Exception]:
+        """Every job's DClip, mean and softmax on its Top-k⁺ at once (:func:`_ink_step`), one 53-bit integer per job
+        from its own source, one device-to-host transfer for every token and statistic."""
+        mechs = [m for m in mechanisms if isinstance(m, InvisibleInk)]
+        ints, srcs = draw_integers(generators, [1] * len(mechs))
+        return _ink_step(mechs, logits, ints, srcs, False)
 
     def loss_event(self) -> ClippedExponentialEvent:
         """What one token releases, for the accountant: :class:`~dpinfer.accounting.events.ClippedExponentialEvent`."""
@@ -269,3 +325,126 @@ class InvisibleInk(Mechanism):
             },
             max_new_tokens=t,
         )
+
+
+# ------------------------------------------------------------------------------------------------ batched decisions
+_NEG_INF = -math.inf
+_ERRORS = {1: "the logits contain NaN or +inf; nothing is sampled",
+           2: "the public row has no finite logit; nothing can be sampled"}
+
+
+def _ink_support(mechs: Sequence[InvisibleInk], public: Sequence[torch.Tensor], full: bool | int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
+    logits ``≥ kth_largest − 2C/B`` on the gathered columns (``full``: an int, exactly that many: a job redone alone
+    with its support's size; True: the whole vocabulary); ``(ids (n, W) ascending, real (n, W), kth (n,), over (n,):
+    0, or the size of V⁺ when it reaches beyond the gathered columns)``."""
+    m0 = mechs[0]
+    vocab = public[0].shape[-1]
+    margin = host_tensor([2.0 * m.clip_norm / m.batch_size for m in mechs], torch.float64,
+                         public[0].device).unsqueeze(-1)
+    top_k = m0.top_k if m0.top_k is not None else vocab
+    width = None if isinstance(full, bool) else full
+    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
+    keep = keep & torch.isfinite(vals)
+    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
+    kth = vals[:, min(top_k, vocab) - 1]
+    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    sid, real = ascending(ids, keep, vocab)
+    return sid, real, kth, size
+
+
+@dataclass
+class _InkMixture:
+    probs: torch.Tensor  # (n, W) softmax(ℓ̄/τ) on V⁺ (0 on the padding)
+    ids: torch.Tensor  # (n, W) token ids (ascending; the padding clamped to a valid id)
+    real: torch.Tensor  # (n, W) the columns of V⁺
+    public: torch.Tensor  # (n, W) the public logits there (float64)
+    kth: torch.Tensor  # (n,) the public k-th largest logit
+    clipped: torch.Tensor  # (n,) clipped coordinates on V⁺ (a count, exact)
+    code: torch.Tensor  # (n,) 0, or the _ERRORS key of the job's refusal
+    over: torch.Tensor  # (n,) 0, or |V⁺| when it reaches beyond the gathered columns: redo the job on that many
+
+
+def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], full: bool | int) -> _InkMixture:
+    """``softmax(ℓ̄[V⁺]/τ)`` of every job, without a host synchronisation: DClip and the mean over the B references
+    element-wise (the sum over references written out, batch-invariant)."""
+    b_ref = mechs[0].batch_size
+    for z in logits:
+        if z.ndim != 2 or z.shape[0] != b_ref + 1:
+            raise InvalidInputError(
+                f"InvisibleInk with B = {b_ref} needs logits of shape (B + 1, V), got {tuple(z.shape)}")
+    device = logits[0].device
+    public = [z[:1] for z in logits]
+    sid, real, kth, over = _ink_support(mechs, public, full)
+    z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
+    # a public row is checked whole (its maximum: NaN propagates), a private row on V⁺ only (where it is read)
+    top = torch.stack([p[0].amax() for p in public]).to(torch.float64)
+    bad = ((torch.isnan(z) | (z == math.inf)) & real.unsqueeze(1)).flatten(1).any(dim=-1)
+    bad = bad | torch.isnan(top) | (top == math.inf)
+    no_public = ~real.any(dim=-1)
+    clip = host_tensor([m.clip_norm for m in mechs], torch.float64, device).unsqueeze(-1)
+    temp = host_tensor([m.temperature for m in mechs], torch.float64, device).unsqueeze(-1)
+    z = torch.where(real.unsqueeze(1), z, torch.zeros_like(z))  # the padding: finite, masked out below
+
+    def aggregate(z: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, temp: torch.Tensor
+                  ) -> tuple[torch.Tensor, ...]:
+        return _ink_math(z, real, clip, temp)
+
+    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
+        probs, clipped = aggregate(z, real, clip, temp)
+    else:
+        probs, clipped = in_aligned_chunks(aggregate, z, real, clip, temp, per_row=z[0].numel())
+    code = torch.where(bad, 1, torch.where(no_public, 2, 0))
+    return _InkMixture(probs, sid, real, z[:, 0], kth, clipped, code, over)
+
+
+def _ink_math(z: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, temp: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``softmax((ℓ_pub + (1/B)·Σ_i clip(ℓ_i − ℓ_pub, −C, C))/τ)`` on the real columns (n, W) and the count of
+    clipped coordinates there (n,), from the gathered logits (n, B + 1, W): element-wise and row-wise operations."""
+    pub = z[:, 0]
+    b_ref = z.shape[1] - 1
+    c = clip
+    acc = None
+    clipped = None
+    for i in range(1, b_ref + 1):
+        raw = z[:, i] - pub
+        d = torch.nan_to_num(torch.maximum(torch.minimum(raw, c), -c), nan=0.0)  # −inf − (−inf): forbidden anyway
+        n_clip = ((raw.abs() > c) & real).sum(dim=-1)
+        acc = d if acc is None else acc + d
+        clipped = n_clip if clipped is None else clipped + n_clip
+    agg = (pub + acc / b_ref) / temp
+    probs = torch.softmax(agg.masked_fill(~real, _NEG_INF), dim=-1)
+    return probs, clipped.to(torch.float64)
+
+
+def _ink_step(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], ints: Sequence[Any],
+              srcs: Sequence[Any], full: bool | int) -> list[StepResult | Exception]:
+    """One token per job from its ``softmax(ℓ̄[V⁺]/τ)`` with its own 53-bit integer (``ints[b]``, drawn before: the
+    same draw the per-job step makes), in one transfer; a job whose V⁺ reaches beyond the gathered columns is redone
+    alone on exactly |V⁺| columns (its size, public, fetched in the same transfer) with the same integer, an
+    uncertain draw finished exactly from the job's source."""
+    mix = _ink_mixture(mechs, logits, full)
+    k = to_device(ints, mix.probs.device)
+    j, ok = invert(mix.probs, k)
+    tok = mix.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    pub_at = mix.public.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    size = mix.real.sum(dim=-1)
+    rows = fetch(tok, ok, mix.code, mix.over, size, mix.clipped, pub_at, mix.kth)
+    out: list[StepResult | Exception] = []
+    for b, row in enumerate(rows):
+        if row[2]:
+            out.append(InvalidInputError(_ERRORS[int(row[2])]))
+            continue
+        if row[3]:
+            out.append(_ink_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], int(row[3]))[0])
+            continue
+        token, public_logit = int(row[0]), row[6]
+        if not row[1]:
+            i = finish_exact(mix.probs[b], int(ints[b][0]), srcs[b])
+            token, public_logit = int(mix.ids[b, i]), float(mix.public[b, i])
+        stats = {"support": row[4], "clipped": row[5] / (mechs[b].batch_size * row[4]),
+                 "expanded": float(public_logit < row[7])}
+        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long), stats=stats))
+    return out

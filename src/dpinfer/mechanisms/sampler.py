@@ -6,15 +6,26 @@ K rows gets its own token; in ``joint`` mode only row ``row`` (default 0) is rea
 
 from __future__ import annotations
 
-import bisect
-import itertools
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
-from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
+from dpinfer.mechanisms.batch import (
+    _exact_index,
+    ascending,
+    draw_integers,
+    fetch,
+    finish_exact,
+    host_tensor,
+    invert,
+    to_device,
+    top_columns,
+)
+from dpinfer.mechanisms.randomness import TWO_M53, Randomness, as_random_source
 from dpinfer.mechanisms.transforms import LogitsProcessor, Temperature, TopK, TopP, apply
 
 
@@ -76,30 +87,6 @@ _TINY = 2.0**-900
 _HUGE = 2.0**1000
 
 
-def _exact_index(w: np.ndarray, k: int, src: RandomSource) -> int:
-    """The index drawn by :func:`sample_probs` for one row ``w`` whose uniform starts with the 53 bits ``k``, in exact
-    integer arithmetic: the uniform is ``(k + R) · 2⁻⁵³`` with ``R`` uniform on [0, 1), and R's bits are drawn 64 at a
-    time from ``src`` until the whole interval it may still lie in maps to one bucket."""
-    if not bool(np.isfinite(w).all()) or bool((w < 0).any()):
-        raise InvalidInputError("sampling weights must be finite, ≥ 0 and not NaN")
-    pos = np.flatnonzero(w > 0)
-    if pos.size == 0:
-        raise InvalidInputError("no token has positive probability; nothing can be sampled")
-    mant, expo = np.frexp(w[pos])  # w = mant · 2^expo, mant in [0.5, 1): mant · 2⁵³ is an integer
-    ints = (mant * 2.0**53).astype(np.int64).tolist()
-    expo = expo.astype(np.int64) - 53
-    shifts = (expo - expo.min()).tolist()
-    cum = list(itertools.accumulate(m << s for m, s in zip(ints, shifts, strict=True)))
-    total = cum[-1]
-    num, bits = k, 53  # the uniform lies in [num, num + 1) · 2^-bits
-    while True:
-        i = bisect.bisect_right(cum, (num * total) >> bits)  # first i with cum_i · 2^bits > num · total
-        if cum[i] << bits >= (num + 1) * total:
-            return int(pos[i])
-        num = (num << 64) | int(src.words(1)[0])
-        bits += 64
-
-
 def sample_rows(logits: torch.Tensor, generator: Randomness) -> torch.Tensor:
     """Draw one token per row from ``softmax(logits)`` (rows may hold ``-inf``) with ``generator``
     (:func:`sample_probs`)."""
@@ -140,10 +127,90 @@ class Sampler(Mechanism):
         if self.mode == "joint" and not 0 <= self.row < num_contexts:
             raise ConfigurationError(f"row {self.row} out of range for {num_contexts} contexts")
 
+    def batch_key(self) -> tuple[Any, ...] | None:
+        """Sampling with a temperature and without top-p decides in batches (:func:`_sampler_step`; the per-job
+        :meth:`step` is the same computation on a batch of one): one key per mode and top-k."""
+        if self.greedy or self.top_p is not None:
+            return None
+        return (Sampler, self.mode, self.top_k)
+
+    def _rows(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[self.row : self.row + 1] if self.mode == "joint" else logits
+
+    @classmethod
+    def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
+                   generators: Sequence[Randomness]) -> list[StepResult | Exception]:
+        """Every job's rows sampled at once: temperature, the top-k support of each row on its gathered columns
+        (:mod:`dpinfer.mechanisms.batch`), one 53-bit integer per row from the job's own source, one transfer."""
+        mechs = [m for m in mechanisms if isinstance(m, Sampler)]
+        rows = [m._rows(z) for m, z in zip(mechs, logits, strict=True)]
+        ints, srcs = draw_integers(generators, [r.shape[0] for r in rows])
+        temps = [m.temperature for m, r in zip(mechs, rows, strict=True) for _ in range(r.shape[0])]
+        toks = _sample_rows_batch(rows, temps, mechs[0].top_k,
+                                  [k for part in ints for k in part.tolist()],
+                                  [src for src, r in zip(srcs, rows, strict=True) for _ in range(r.shape[0])])
+        out: list[StepResult | Exception] = []
+        at = 0
+        for m, r in zip(mechs, rows, strict=True):
+            mine = toks[at:at + r.shape[0]]
+            at += r.shape[0]
+            err = next((t for t in mine if isinstance(t, Exception)), None)
+            if err is not None:
+                out.append(err)
+                continue
+            tokens = torch.tensor(mine, dtype=torch.long)
+            out.append(StepResult(tokens=tokens[0] if m.mode == "joint" else tokens))
+        return out
+
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        rows = logits[self.row : self.row + 1] if self.mode == "joint" else logits
+        if self.batch_key() is not None:
+            (res,) = self.step_batch([self], [logits], [info], [generator])
+            if isinstance(res, Exception):
+                raise res
+            return res
+        rows = self._rows(logits)
         if self.greedy:
             tokens = rows.argmax(dim=-1)
         else:
             tokens = sample_rows(apply(self.transforms, rows), generator)
         return StepResult(tokens=tokens[0] if self.mode == "joint" else tokens)
+
+
+def _sample_rows_batch(parts: Sequence[torch.Tensor], temperatures: Sequence[float], top_k: int | None,
+                       ints: Sequence[int], srcs: Sequence[Any], full: bool = False) -> list[int | Exception]:
+    """One token per row of ``parts`` (tensors ``(r_i, V)``, any float dtype): ``softmax(z/τ)`` (float64) on the
+    row's top-k (ties kept; every column without top-k) with the row's own 53-bit integer, one transfer for all rows;
+    a row whose top-k reaches beyond the gathered columns is redone alone on the whole vocabulary with the same
+    integer (row-wise throughout: batch-invariant)."""
+    device = parts[0].device
+    vocab = parts[0].shape[-1]
+    t = host_tensor(list(temperatures), torch.float64, device).unsqueeze(-1)
+    if top_k is None:
+        sid, probs = None, torch.softmax(torch.cat([p.to(torch.float64) for p in parts]) / t, dim=-1)
+        over = torch.zeros(probs.shape[0], dtype=torch.bool, device=device)
+    else:
+        _, ids, keep, over = top_columns(parts, lambda v: v / t, top_k, 0.0, full)
+        sid, real = ascending(ids, keep, vocab)
+        z = torch.cat([p.gather(-1, s).to(torch.float64) for p, s in
+                       zip(parts, sid.split([p.shape[0] for p in parts]), strict=True)])
+        probs = torch.softmax((z / t).masked_fill(~real, -torch.inf), dim=-1)
+    j, ok = invert(probs, to_device([np.asarray(ints, dtype=np.int64)], device))
+    tok = j if sid is None else sid.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    flat = [p[r:r + 1] for p in parts for r in range(p.shape[0])]
+    out: list[int | Exception] = []
+    for r, (token, certain, wide) in enumerate(fetch(tok, ok, over)):
+        try:
+            if wide:
+                (again,) = _sample_rows_batch(flat[r:r + 1], temperatures[r:r + 1], top_k, ints[r:r + 1],
+                                              srcs[r:r + 1], True)
+                if isinstance(again, Exception):
+                    raise again
+                out.append(again)
+            elif not certain:
+                i = finish_exact(probs[r], int(ints[r]), srcs[r])
+                out.append(i if sid is None else int(sid[r, i]))
+            else:
+                out.append(int(token))
+        except InvalidInputError as err:
+            out.append(err)
+    return out

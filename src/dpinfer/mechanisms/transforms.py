@@ -40,6 +40,7 @@ __all__ = [
     "TopP",
     "apply",
     "check_processors",
+    "column_bans",
 ]
 
 Generated = Sequence[Sequence[int]]
@@ -248,14 +249,18 @@ class NoRepeatNGram:
     def __post_init__(self) -> None:
         object.__setattr__(self, "n", positive_int(self.n, "no_repeat_ngram_size"))
 
-    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
+    def banned(self, seq: Sequence[int]) -> set[int]:
+        """The token ids that would repeat an n-gram of ``seq``."""
         n = self.n
+        if len(seq) < n - 1:
+            return set()
+        prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+        return {seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i:i + n - 1]) == prefix}
+
+    def __call__(self, generated: Generated, logits: torch.Tensor) -> torch.Tensor:
         out = logits
         for row, seq in enumerate(generated):
-            if len(seq) < n - 1:
-                continue
-            prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
-            banned = {seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i:i + n - 1]) == prefix}
+            banned = self.banned(seq)
             if banned:
                 if out is logits:
                     out = logits.clone()
@@ -321,6 +326,27 @@ class BanSequences:
             if ids:
                 out[row, ids] = -torch.inf
         return out
+
+
+def column_bans(processors: Sequence[LogitsProcessor], generated: Generated) -> list[int] | None:
+    """The token ids ``processors`` set to ``-inf`` in every row alike, given ONE released sequence (joint mode),
+    sorted; None when one of them does anything else (or ``generated`` holds one sequence per row): the batched
+    decisions of the engine apply such bans to the logits as they are instead of calling the processors.
+
+    >>> column_bans([NoRepeatNGram(2)], [[1, 2, 3, 1]]), column_bans([TopK(2)], [[1]])
+    ([2], None)
+    """
+    ids: set[int] = set()
+    for proc in processors:
+        if len(generated) != 1:
+            return None
+        if isinstance(proc, NoRepeatNGram):
+            ids |= proc.banned(generated[0])
+        elif isinstance(proc, BanSequences) and len(proc.sequences) == 1:
+            ids |= set(proc.banned(0, generated[0]))
+        else:
+            return None
+    return sorted(ids)
 
 
 def apply(processors: Sequence[LogitsProcessor], logits: torch.Tensor, generated: Generated = ()) -> torch.Tensor:

@@ -93,3 +93,55 @@ def test_engine_bench_times_the_own_model_code_beside_transformers(tiny_lm, tiny
     assert rows["engine K=1"]["ratio_vs_hf_forward"] > 0 and rows["engine K=1"]["cpu_seconds"] > 0
     table = bench.format_markdown(res)
     assert "| engine K=2 [hf forward] |" in table and "vs hf forward (CPU)" in table
+
+
+def test_mechanism_options_are_checked_before_any_model():
+    config = parse("--jobs", "64", "--mechanism", "dp-fusion", "--shape", "qwen2.5-tiny")
+    assert (config.jobs, config.mechanism, config.shape) == (64, "dp-fusion", "qwen2.5-tiny")
+    assert (config.new_tokens, config.prompt_tokens) == (16, 300)  # the --mechanism defaults
+    with pytest.raises(ConfigurationError, match="--jobs"):
+        parse("--mechanism", "dp-fusion")
+    with pytest.raises(ConfigurationError, match="--mechanism"):
+        parse("--jobs", "2", "--mechanism", "dp-fusion", "--compile")
+    with pytest.raises(SystemExit):
+        parse("--jobs", "2", "--mechanism", "pad")
+    assert bench.SHAPES["qwen2.5-tiny"]["vocab_size"] == 151936  # Qwen2.5's vocabulary, two small layers
+    assert bench.SHAPES["qwen2.5-tiny"]["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("mechanism", ["dp-fusion", "invisibleink"])
+def test_mechanism_bench_times_each_phase_beside_plain_sampling(tiny_lm, monkeypatch, mechanism):
+    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+        ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
+         "Mr Smith, a lawyer practising in London, represented the applicants."]))
+    res = bench.run_mechanism_bench(tiny_lm, n_jobs=3, mechanism=mechanism, new_tokens=4, prompt_tokens=30)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert set(rows) == {f"{mechanism} per-job", f"{mechanism} batched", "plain sampling per-job",
+                         "plain sampling batched"}
+    for r in rows.values():
+        assert r["rows"] == 15 and r["steps"] == 3  # 4 tokens: the first step admits (prefill), 3 decode steps
+        assert r["forward_ms"] > 0 and r["decide_ms"] > 0 and r["step_ms"] >= r["forward_ms"]
+        assert r["syncs"] > 0
+    assert rows["plain sampling batched"]["ratio_vs_plain"] == 1.0
+    # the batched path reads fewer values on the host than the per-job path (one transfer per step and kind)
+    assert rows[f"{mechanism} batched"]["syncs"] < rows[f"{mechanism} per-job"]["syncs"]
+    assert res["same_tokens_batched_vs_per_job"] == {mechanism: "3/3", "plain sampling": "3/3"}
+    table = bench.format_markdown(res)
+    assert "decisions ms" in table and "syncs/step" in table
+
+
+def test_host_reads_are_counted_and_the_tensor_methods_restored():
+    import torch
+
+    from dpinfer.bench.speed import HostReads
+
+    x = torch.arange(3.0)
+    before = {name: torch.Tensor.__dict__.get(name) for name in ("item", "tolist", "__bool__")}
+    with HostReads() as reads:
+        x.tolist()
+        bool(x[0])
+        int(x[1])
+        x.sum().item()
+        x.cpu()  # already on the host: not a device read
+    assert reads() == 4
+    assert {name: torch.Tensor.__dict__.get(name) for name in before} == before

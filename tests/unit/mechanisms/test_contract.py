@@ -490,6 +490,21 @@ def check_step(spec: Spec, params: dict[str, Any], z: torch.Tensor, other: torch
     twin.start(spec.k, v)
     again = twin.step(z, info, torch.Generator().manual_seed(seed))
     assert res.stop == again.stop and (res.stop or torch.equal(res.tokens, again.tokens))
+    # the batched path (step_batch, where the mechanism has one): the per-job token and statistics, whatever job sits
+    # beside it (here a job on other logits, with its own source)
+    if mech.batch_key() is not None:
+        pair, side = spec.build(v, params), spec.build(v, params)
+        pair.start(spec.k, v)
+        side.start(spec.k, v)
+        beside = torch.cat([other[:1], z[1:]]).flip(-1)
+        for order in ((0, 1), (1, 0)):
+            jobs = [(pair, z, seed), (side, beside, seed + 1)]
+            jobs = [jobs[i] for i in order]
+            got = type(pair).step_batch([j[0] for j in jobs], [j[1] for j in jobs], [info, info],
+                                        [torch.Generator().manual_seed(j[2]) for j in jobs])
+            mine = got[order.index(0)]
+            assert not isinstance(mine, Exception), mine
+            assert torch.equal(mine.tokens, res.tokens) and mine.stats == res.stats
     # the guarantee reads no private data: the same before and after the step, and for a twin with the same parameters
     assert mech.guarantee(t_max).to_dict() == before == twin.guarantee(t_max).to_dict()
     if spec.bound is None:
