@@ -21,10 +21,12 @@ def test_embedded_loads_offline_and_greedy_matches_hf_generate(embedded_lm, no_n
     lm = load_model(device="cpu")  # a second load, with the network blocked
     ids = document_prompt_ids(lm, 300)
     out = Engine(lm).generate([ids], Sampler(temperature=0), max_new_tokens=32, min_new_tokens=32)
+    assert lm.backend == "own"  # the engine runs dpinfer's own model code; transformers' generate is the reference
+    hf_lm = load_model(device="cpu", backend="hf")
     x = torch.tensor([ids])
     with torch.inference_mode():
-        hf = lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=32,
-                               min_new_tokens=32, pad_token_id=lm.pad_token_id)
+        hf = hf_lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=32,
+                                  min_new_tokens=32, pad_token_id=hf_lm.pad_token_id)
     assert out.sequences[0] == hf[0, len(ids):].tolist()
 
 

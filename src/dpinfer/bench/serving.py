@@ -206,8 +206,10 @@ def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf
     def one_job() -> float:
         return speed.time_engine(lm, ids, 1, new_tokens, True)[0]
 
+    hf_lm = speed.hf_twin(lm) if hf_baselines else None  # the same model on transformers' forward: its generate
+
     def hf(compiled: bool) -> Callable[[], float]:
-        return lambda: speed.time_hf(lm, ids, new_tokens, compiled=compiled)
+        return lambda: speed.time_hf(hf_lm, ids, new_tokens, compiled=compiled)
 
     paths: dict[str, Callable[[], float]] = {}
     first: dict[str, float] = {}
