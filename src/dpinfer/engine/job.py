@@ -206,9 +206,15 @@ class Job:
 
     def batch_key(self) -> Hashable | None:
         """Its mechanism's :meth:`~dpinfer.mechanisms.base.Mechanism.batch_key` when its processors only ban columns
-        for every row alike (:func:`~dpinfer.mechanisms.transforms.column_bans`), else None (it decides alone)."""
+        for every row alike (:func:`~dpinfer.mechanisms.transforms.column_bans`), else None (it decides alone). A
+        mechanism whose class overrides ``step`` below the class that defines its ``step_batch`` (a subclass that
+        records or changes its steps) decides alone too: the batched call would bypass its ``step``."""
         key = self.mechanism.batch_key()
         if key is None or (self.procs and column_bans(self.procs, self.public_history) is None):
+            return None
+        mro = type(self.mechanism).__mro__
+        owner = next(i for i, c in enumerate(mro) if "step_batch" in c.__dict__)
+        if any("step" in c.__dict__ for c in mro[:owner]):
             return None
         return key
 

@@ -406,3 +406,24 @@ def test_engine_batched_decisions_release_the_per_job_tokens(tiny_lm) -> None:
         assert out[True][i].steps == out[False][i].steps, i
         assert out[True][i].finish_reasons == out[False][i].finish_reasons
     assert all(out[True][0].steps[t]["lambda"] for t in range(len(out[True][0].steps)))
+
+
+def test_a_subclass_that_overrides_step_decides_alone_through_the_engine(tiny_lm) -> None:
+    """The batched call would bypass an overridden ``step`` (a spy, a forced token): such a job decides alone."""
+
+    class Counting(Pad):
+        calls = 0
+
+        def step(self, logits, info, generator):
+            Counting.calls += 1
+            return super().step(logits, info, generator)
+
+    pub, a = tiny_lm.encode("The patient, ____, has ____."), tiny_lm.encode("The patient, Ann, has asthma.")
+    width = max(len(pub), len(a))
+    jobs = [EngineJob([pub, a], Counting(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
+                      pad_width=width),
+            EngineJob([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
+                      pad_width=width)]
+    out = dict(Engine(tiny_lm).run_jobs(jobs))
+    assert Counting.calls == 4
+    assert out[0].sequences == out[1].sequences  # the same computation either way, for the same seed
