@@ -133,6 +133,16 @@ class Mechanism(ABC):
                 out.append(err)
         return out
 
+    def batch_of_one(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult | None:
+        """This job's step as :meth:`step_batch` on a batch of one when the mechanism batches (a :meth:`batch_key`),
+        so that the per-job and batched paths are one computation (a refusal raised); ``None`` otherwise."""
+        if self.batch_key() is None:
+            return None
+        (res,) = self.step_batch([self], [logits], [info], [generator])
+        if isinstance(res, Exception):
+            raise res
+        return res
+
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """Joint mode, rows 1..K−1: the token ids whose logits :meth:`step` reads, decided from the public row 0
         (``(V,)`` float64, after the public processors) alone; ``None`` (the default) means every column.

@@ -426,10 +426,7 @@ class DPFusion(Mechanism):
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Sample one token from ``p_out`` with ``generator``; stats hold the DATA-DEPENDENT λ and divergences."""
-        if self.batch_key() is not None:
-            (res,) = self.step_batch([self], [logits], [info], [generator])
-            if isinstance(res, Exception):
-                raise res
+        if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         probs, idx, lam, div = self._mixture(logits)
         j = sample_probs(probs, generator)

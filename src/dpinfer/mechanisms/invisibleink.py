@@ -263,10 +263,7 @@ class InvisibleInk(Mechanism):
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Sample one token from ``softmax(ℓ̄[V⁺]/τ)``."""
-        if self.batch_key() is not None:
-            (res,) = self.step_batch([self], [logits], [info], [generator])
-            if isinstance(res, Exception):
-                raise res
+        if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         z = self._check(logits)
         probs, idx, kth = self._released(z)

@@ -281,10 +281,7 @@ class Pad(Mechanism):
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
         """Release ``ℓ_pub + clip(s) + N(0, σ²I)`` on V⁺ and choose its argmax (or sample at τ)."""
-        if self.batch_key() is not None:
-            (res,) = self.step_batch([self], [logits], [info], [generator])
-            if isinstance(res, Exception):
-                raise res
+        if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         idx, pub, pre = self.pre_noise_logits(logits)
         src = as_random_source(generator)

@@ -163,10 +163,7 @@ class Sampler(Mechanism):
         return out
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        if self.batch_key() is not None:
-            (res,) = self.step_batch([self], [logits], [info], [generator])
-            if isinstance(res, Exception):
-                raise res
+        if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         rows = self._rows(logits)
         if self.greedy:
