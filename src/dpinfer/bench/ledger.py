@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it, SQLite alone)")
 
 
-def _levels(text: str) -> list[int]:
+def client_levels(text: str) -> list[int]:
+    """A ``--clients`` list (``1,8,32``): sorted distinct integers from 1 to 64, or a one-line refusal."""
     from dpinfer.errors import ConfigurationError
 
     try:
@@ -52,7 +53,7 @@ def _levels(text: str) -> list[int]:
 def config_from_args(args: argparse.Namespace) -> argparse.Namespace:
     from dpinfer.checks import positive_int
 
-    _levels(args.clients)
+    client_levels(args.clients)
     positive_int(args.spends, "--spends")
     positive_int(args.units, "--units")
     return args
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.bench import machine_load
 
     progress = progress or (lambda stage: None)
-    levels = _levels(args.clients)
+    levels = client_levels(args.clients)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dpinfer-bench-ledger-") as tmp:
         for clients in levels:

@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dpinfer.bench.ledger import client_levels
+
 DESCRIPTION = __doc__
 
 
@@ -43,18 +45,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--replicas: sanitisations each client sends one after another (default 2)")
 
 
-def _levels(text: str) -> list[int]:
-    from dpinfer.errors import ConfigurationError
-
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigurationError("--clients takes integers separated by commas, e.g. 1,8,32") from None
-    if not levels or levels[0] < 1 or levels[-1] > 64:
-        raise ConfigurationError("--clients levels must be between 1 and 64")
-    return levels
-
-
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     k = max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))  # nearest rank
@@ -65,9 +55,9 @@ def config_from_args(args: argparse.Namespace) -> argparse.Namespace:
     """The parsed options (the bench's config), ``--clients`` checked before any model loads."""
     from dpinfer.checks import positive_int
 
-    _levels(args.clients)
+    client_levels(args.clients)
     if getattr(args, "replicas", None) is not None:
-        _levels(args.replicas)
+        client_levels(args.replicas)
         positive_int(args.replica_clients, "--replica-clients")
         positive_int(args.requests_per_client, "--requests-per-client")
     return args
@@ -88,7 +78,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.service import Service
 
-    levels = _levels(args.clients)
+    levels = client_levels(args.clients)
     n = positive_int(args.docs, "--docs")
     t_max = positive_int(args.max_new_tokens, "--max-new-tokens")
     docs = load_tab(args.tab, max(n, *levels), positive_int(args.max_chars, "--max-chars"))
@@ -180,7 +170,7 @@ def run_replicas(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from dpinfer.checks import positive_int
     from dpinfer.serve.replicas import check_replica_args
 
-    counts = _levels(args.replicas)
+    counts = client_levels(args.replicas)
     clients, per_client = args.replica_clients, args.requests_per_client
     t_max = positive_int(args.max_new_tokens, "--max-new-tokens")
     check_replica_args(argparse.Namespace(replicas=max(counts), ray_address=None, ledger=None))
