@@ -177,7 +177,7 @@ def check_serve_args(args: argparse.Namespace) -> Any:
                                  "every budget; give --keys PATH (dpinfer serve keys create) or bind 127.0.0.1")
     if "*" in args.allowed_host and keys is None:
         raise ConfigurationError("--allowed-host '*' needs --keys: without keys any web page could drive the server")
-    from dpinfer.serve.app import FORWARDABLE
+    from dpinfer.serve.chat import FORWARDABLE
 
     roles = [r.strip() for r in args.forward.split(",") if r.strip()]
     if any(r not in FORWARDABLE for r in roles):
@@ -194,8 +194,9 @@ def build_app(args: argparse.Namespace, keys: Any) -> Any:
     from dpinfer.accounting.ledger_store import is_database_url
     from dpinfer.models import load_model
     from dpinfer.packed import pack_now
-    from dpinfer.serve.app import allowed_hosts, create_app
+    from dpinfer.serve.app import create_app
     from dpinfer.serve.budget import LedgerBudgets
+    from dpinfer.serve.security import allowed_hosts
     from dpinfer.serve.service import Service
 
     home = default_home()
