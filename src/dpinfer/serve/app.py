@@ -37,24 +37,42 @@ from dpinfer.serve.service import Service
 ROUTERS = (tasks.router, rag.router, budget.router, chat.router, page.router)
 
 
-def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None = None,
-               upstream_model: str | None = None, max_body_bytes: int = SERVE.max_body_bytes,
-               hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS), docs: bool = False,
-               forward: Sequence[str] = ()) -> FastAPI:
+def create_app(
+    runtime: Service,
+    keys: KeyStore | None,
+    *,
+    upstream: str | None = None,
+    upstream_model: str | None = None,
+    max_body_bytes: int = SERVE.max_body_bytes,
+    hosts: frozenset[str] | None = frozenset(LOCAL_HOSTS),
+    docs: bool = False,
+    forward: Sequence[str] = (),
+) -> FastAPI:
     """The application over one :class:`~dpinfer.serve.service.Service`. ``keys=None``: no keys (every request is
     the local admin; the command line allows it on loopback only). ``hosts``: the names the ``Host`` header may give
     (:func:`~dpinfer.serve.security.allowed_hosts`; None: any). ``docs``: serve ``/docs`` (Swagger UI, whose assets
     come from a CDN). ``forward``: the roles of the messages ``dpinfer-protect`` forwards upstream unprotected for
     every request (``--forward``; a request may add its own)."""
-    app = FastAPI(title="dpinfer", version=__version__, docs_url="/docs" if docs else None, redoc_url=None,
-                  description="Differentially private inference: sanitise, synthesise, ask a private store, protect a "
-                              "prompt; every release with its ex-ante guarantee and the budget left.")
+    app = FastAPI(
+        title="dpinfer",
+        version=__version__,
+        docs_url="/docs" if docs else None,
+        redoc_url=None,
+        description="Differentially private inference: sanitise, synthesise, ask a private store, protect a "
+        "prompt; every release with its ex-ante guarantee and the budget left.",
+    )
     html = resources.files("dpinfer.serve").joinpath("static/index.html").read_text(encoding="utf-8")
-    app.add_middleware(Guard, limit=max_body_bytes, on_request=runtime.metrics.request, hosts=hosts,
-                       page_csp=page_csp(html))
+    app.add_middleware(
+        Guard, limit=max_body_bytes, on_request=runtime.metrics.request, hosts=hosts, page_csp=page_csp(html)
+    )
     app.state.runtime = runtime
-    app.state.settings = Settings(keys=keys, page=html, upstream=upstream, upstream_model=upstream_model,
-                                  forward=tuple(check_forward(list(forward), "--forward")))
+    app.state.settings = Settings(
+        keys=keys,
+        page=html,
+        upstream=upstream,
+        upstream_model=upstream_model,
+        forward=tuple(check_forward(list(forward), "--forward")),
+    )
     errors.install(app, max_body_bytes)
     for router in ROUTERS:
         app.include_router(router)

@@ -40,12 +40,18 @@ def sanitize(body: Mapping[str, Any]) -> dict[str, Any]:
     spans = body.get("spans")
     if spans is not None and not isinstance(spans, (list, dict)):
         raise InvalidInputError("spans must be a list of {start, end, label} objects (or TAB entity mentions)")
-    opts = {"method": get(body, "method", (str,), SANITIZE.method), "epsilon": get(body, "epsilon", NUM),
-            "group_epsilon": get(body, "group_epsilon", (dict,)), "groups": get(body, "groups", (dict,)),
-            "delta": get(body, "delta", NUM, SANITIZE.delta), "alpha": get(body, "alpha", NUM, SANITIZE.alpha),
-            "temperature": get(body, "temperature", NUM), "max_new_tokens": get(body, "max_new_tokens", (int,)),
-            "adjacency": get(body, "adjacency", (str,), SANITIZE.adjacency),
-            "top_k": get(body, "top_k", (int,), SANITIZE.top_k)}
+    opts = {
+        "method": get(body, "method", (str,), SANITIZE.method),
+        "epsilon": get(body, "epsilon", NUM),
+        "group_epsilon": get(body, "group_epsilon", (dict,)),
+        "groups": get(body, "groups", (dict,)),
+        "delta": get(body, "delta", NUM, SANITIZE.delta),
+        "alpha": get(body, "alpha", NUM, SANITIZE.alpha),
+        "temperature": get(body, "temperature", NUM),
+        "max_new_tokens": get(body, "max_new_tokens", (int,)),
+        "adjacency": get(body, "adjacency", (str,), SANITIZE.adjacency),
+        "top_k": get(body, "top_k", (int,), SANITIZE.top_k),
+    }
     allow_untagged = bool(get(body, "allow_untagged", (bool,), False))
     check_sanitize_params(tagger=None, **opts)
     check_sanitize_budget(**{k: opts[k] for k in ("method", "epsilon", "group_epsilon", "delta", "alpha")})
@@ -57,10 +63,13 @@ def ask(body: Mapping[str, Any]) -> dict[str, Any]:
     :meth:`~dpinfer.pipelines.rag.PrivateRAG.plan_ask`, checked."""
     unknown(body, ASK_FIELDS)
     question = text_field(body, "question", "the question")
-    opts = {"mechanism": get(body, "mechanism", (str,), RAG.method), "epsilon": get(body, "epsilon", NUM),
-            "delta": get(body, "delta", NUM, RAG.delta),
-            "max_new_tokens": get(body, "max_new_tokens", (int,), RAG.max_new_tokens),
-            "temperature": get(body, "temperature", NUM, RAG.temperature)}
+    opts = {
+        "mechanism": get(body, "mechanism", (str,), RAG.method),
+        "epsilon": get(body, "epsilon", NUM),
+        "delta": get(body, "delta", NUM, RAG.delta),
+        "max_new_tokens": get(body, "max_new_tokens", (int,), RAG.max_new_tokens),
+        "temperature": get(body, "temperature", NUM, RAG.temperature),
+    }
     check_ask_params(**opts)
     return {"question": question, "unit": body.get("unit"), **opts}
 
@@ -73,12 +82,16 @@ def protect(body: Mapping[str, Any], prompt: str | None = None) -> tuple[str, di
         prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidInputError("prompt must be a non-empty string")
-    opts = {"method": get(body, "method", (str,), PROTECT.method), "epsilon": get(body, "epsilon", NUM),
-            "delta": get(body, "delta", NUM, PROTECT.delta), "n_rewrites": get(body, "n_rewrites", (int,)),
-            "n_keywords": get(body, "n_keywords", (int,), PROTECT.n_keywords),
-            "keywords": get(body, "keywords", (str,), PROTECT.keywords),
-            "max_new_tokens": get(body, "max_new_tokens", (int,), PROTECT.max_new_tokens),
-            "n_exemplars": get(body, "n_exemplars", (int,), PROTECT.n_exemplars)}
+    opts = {
+        "method": get(body, "method", (str,), PROTECT.method),
+        "epsilon": get(body, "epsilon", NUM),
+        "delta": get(body, "delta", NUM, PROTECT.delta),
+        "n_rewrites": get(body, "n_rewrites", (int,)),
+        "n_keywords": get(body, "n_keywords", (int,), PROTECT.n_keywords),
+        "keywords": get(body, "keywords", (str,), PROTECT.keywords),
+        "max_new_tokens": get(body, "max_new_tokens", (int,), PROTECT.max_new_tokens),
+        "n_exemplars": get(body, "n_exemplars", (int,), PROTECT.n_exemplars),
+    }
     quorum = get(body, "stage3_quorum", (int, str), PROTECT.stage3_quorum)
     if isinstance(quorum, str) and quorum.strip().lower() == "all":  # every final decoded to its end
         quorum = None
@@ -96,11 +109,15 @@ def synth_options(body: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError("references must be a non-empty list of non-empty strings (the private records)")
     if body.get("unit") is not None:
         check_unit_name(body.get("unit"))
-    return {"references": refs, "method": get(body, "method", (str,), SYNTH.method),
-            "epsilon": get(body, "epsilon", NUM), "delta": get(body, "delta", NUM, SYNTH.delta),
-            "batch_size": get(body, "batch_size", (int,), SYNTH.batch_size),
-            "max_new_tokens": get(body, "max_new_tokens", (int,), SYNTH.max_new_tokens),
-            "max_texts": get(body, "max_texts", (int,))}
+    return {
+        "references": refs,
+        "method": get(body, "method", (str,), SYNTH.method),
+        "epsilon": get(body, "epsilon", NUM),
+        "delta": get(body, "delta", NUM, SYNTH.delta),
+        "batch_size": get(body, "batch_size", (int,), SYNTH.batch_size),
+        "max_new_tokens": get(body, "max_new_tokens", (int,), SYNTH.max_new_tokens),
+        "max_texts": get(body, "max_texts", (int,)),
+    }
 
 
 def budget(body: Mapping[str, Any]) -> tuple[float, float | None]:

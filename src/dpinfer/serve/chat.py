@@ -43,8 +43,10 @@ request (``dpinfer.forward``) opts in; by default none is forwarded."""
 def check_forward(roles: object, what: str) -> list[str]:
     """A list of roles among :data:`FORWARDABLE` (the message names none of the values)."""
     if not isinstance(roles, list) or not all(isinstance(r, str) and r in FORWARDABLE for r in roles):
-        raise ApiError(422, f"{what} must be a list of roles among {', '.join(FORWARDABLE)} (an earlier user turn "
-                            "is never forwarded)")
+        raise ApiError(
+            422,
+            f"{what} must be a list of roles among {', '.join(FORWARDABLE)} (an earlier user turn is never forwarded)",
+        )
     return roles
 
 
@@ -71,17 +73,28 @@ def parse(data: Mapping[str, Any]) -> Chat:
     model, messages = data.get("model"), data.get("messages")
     if not isinstance(model, str):
         raise ApiError(422, "model must be a string (see GET /v1/models)")
-    if not isinstance(messages, list) or not messages or not all(
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(
             isinstance(m, Mapping) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-            for m in messages):
+            for m in messages
+        )
+    ):
         raise ApiError(422, "messages must be a non-empty list of {role, content} objects with string content")
     ext = data.get("dpinfer") or {}
     if not isinstance(ext, dict):
         raise ApiError(422, "dpinfer (the extension field) must be an object of parameters")
-    return Chat(model=model, messages=[{"role": m["role"], "content": m["content"]} for m in messages],
-                stream=bool(data.get("stream", False)),
-                max_tokens=data.get("max_completion_tokens", data.get("max_tokens")) or SERVE.chat_max_new_tokens,
-                temperature=data.get("temperature"), top_p=data.get("top_p"), ext=ext, data=data)
+    return Chat(
+        model=model,
+        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+        stream=bool(data.get("stream", False)),
+        max_tokens=data.get("max_completion_tokens", data.get("max_tokens")) or SERVE.chat_max_new_tokens,
+        temperature=data.get("temperature"),
+        top_p=data.get("top_p"),
+        ext=ext,
+        data=data,
+    )
 
 
 def models(svc: Service, who: Principal, setup: Settings) -> list[str]:
@@ -102,15 +115,19 @@ def reply(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
 def plain(svc: Service, chat: Chat) -> Any:
     """``dpinfer-plain``: planned (checked before a stream starts: 422, not a broken stream), decoded in the shared
     batch; nothing to charge."""
-    job = svc.plan_generate(chat.messages, max_new_tokens=chat.max_tokens,
-                            temperature=SERVE_PLAIN_TEMPERATURE if chat.temperature is None else chat.temperature,
-                            top_p=SERVE_PLAIN_TOP_P if chat.top_p is None else chat.top_p)
+    job = svc.plan_generate(
+        chat.messages,
+        max_new_tokens=chat.max_tokens,
+        temperature=SERVE_PLAIN_TEMPERATURE if chat.temperature is None else chat.temperature,
+        top_p=SERVE_PLAIN_TOP_P if chat.top_p is None else chat.top_p,
+    )
     extension = {"guarantee": None, "note": NO_GUARANTEE}
     if chat.stream:
         return sse(chat.cid, chat.model, in_thread(svc.generate_stream(job)), extension)
     out = svc.generated(job, svc.run(job))
-    return completion(chat, out["text"], out["finish_reason"], extension,
-                      usage=(out["prompt_tokens"], out["completion_tokens"]))
+    return completion(
+        chat, out["text"], out["finish_reason"], extension, usage=(out["prompt_tokens"], out["completion_tokens"])
+    )
 
 
 def ask(svc: Service, who: Principal, chat: Chat) -> Any:
@@ -118,13 +135,21 @@ def ask(svc: Service, who: Principal, chat: Chat) -> Any:
     question = next((m["content"] for m in reversed(chat.messages) if m["role"] == "user"), None)
     if question is None:
         raise ApiError(422, "the messages have no user message (the question)")
-    opts = bodies.ask({**{k: v for k, v in chat.ext.items() if k in ASK_OPTIONS}, "question": question,
-                       "max_new_tokens": chat.ext.get("max_new_tokens", chat.max_tokens)})
-    asked = svc.plan_ask(who, chat.model[len(RAG_PREFIX):], opts)
+    opts = bodies.ask(
+        {
+            **{k: v for k, v in chat.ext.items() if k in ASK_OPTIONS},
+            "question": question,
+            "max_new_tokens": chat.ext.get("max_new_tokens", chat.max_tokens),
+        }
+    )
+    asked = svc.plan_ask(who, chat.model[len(RAG_PREFIX) :], opts)
     held = svc.hold(asked.units, asked.plan.guarantee, "store")
     if chat.stream:  # PAD releases token by token: each piece leaves as it is released
-        extension = {"guarantee": asked.plan.guarantee.to_dict(), **svc.charged(asked.units),
-                     "mechanism": asked.plan.mechanism}
+        extension = {
+            "guarantee": asked.plan.guarantee.to_dict(),
+            **svc.charged(asked.units),
+            "mechanism": asked.plan.mechanism,
+        }
         source = deltas(svc.ask_stream(asked, held))
         return sse(chat.cid, chat.model, in_thread(source), extension, held, source)
     with charge(held, None, scope="store"):
@@ -143,14 +168,22 @@ def protect(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
     if not users:
         raise ApiError(422, "the messages have no user message (the prompt to protect)")
     if len(users) > 1:
-        raise ApiError(422, "dpinfer-protect protects one user message per request and never forwards an earlier "
-                            "user turn: send the conversation's context inside that one message (it is protected "
-                            "whole), one request per prompt")
+        raise ApiError(
+            422,
+            "dpinfer-protect protects one user message per request and never forwards an earlier "
+            "user turn: send the conversation's context inside that one message (it is protected "
+            "whole), one request per prompt",
+        )
     prompt, opts = bodies.protect(chat.ext, prompt=chat.messages[users[0]]["content"])
     res = svc.protect(who, prompt, opts, chat.ext.get("unit"))
     forwarded, unprotected, dropped = split_messages(chat.messages, users[0], res["prompt"], roles)
-    extension = {"protected_prompt": res["prompt"], **{k: res[k] for k in ("guarantee", "unit", "budget", "units")},
-                 "upstream": setup.upstream, "unprotected": unprotected, "dropped": dropped}
+    extension = {
+        "protected_prompt": res["prompt"],
+        **{k: res[k] for k in ("guarantee", "unit", "budget", "units")},
+        "upstream": setup.upstream,
+        "unprotected": unprotected,
+        "dropped": dropped,
+    }
     message = forward_upstream(setup.upstream, setup.upstream_model, forwarded, chat.data)["choices"][0]
     text = message["message"]["content"] or ""
     if chat.stream:
@@ -158,8 +191,9 @@ def protect(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
     return completion(chat, text, message.get("finish_reason") or "stop", extension)
 
 
-def split_messages(messages: list[dict[str, str]], user: int, protected: str, roles: set[str]
-                   ) -> tuple[list[dict[str, str]], list[dict[str, Any]], list[dict[str, Any]]]:
+def split_messages(
+    messages: list[dict[str, str]], user: int, protected: str, roles: set[str]
+) -> tuple[list[dict[str, str]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(what is forwarded: the protected prompt in place of message ``user`` and the messages of ``roles``; which
     of them went unprotected; which were dropped), by index and role."""
     forwarded, unprotected, dropped = [], [], []
@@ -174,10 +208,14 @@ def split_messages(messages: list[dict[str, str]], user: int, protected: str, ro
     return forwarded, unprotected, dropped
 
 
-def completion(chat: Chat, text: str, finish: str, extension: dict[str, Any],
-               usage: tuple[int, int] | None = None) -> dict[str, Any]:
+def completion(
+    chat: Chat, text: str, finish: str, extension: dict[str, Any], usage: tuple[int, int] | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": chat.cid, "object": "chat.completion", "created": int(time.time()), "model": chat.model,
+        "id": chat.cid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": chat.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
         "dpinfer": extension,
     }
@@ -186,8 +224,9 @@ def completion(chat: Chat, text: str, finish: str, extension: dict[str, Any],
     return out
 
 
-def forward_upstream(upstream: str, model: str | None, messages: list[dict[str, Any]], data: Mapping[str, Any]
-                     ) -> dict[str, Any]:
+def forward_upstream(
+    upstream: str, model: str | None, messages: list[dict[str, Any]], data: Mapping[str, Any]
+) -> dict[str, Any]:
     """Send the protected messages to the upstream OpenAI-compatible server (its key from ``DPINFER_UPSTREAM_KEY``)."""
     import os
 

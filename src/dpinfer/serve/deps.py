@@ -43,8 +43,10 @@ def principal(request: Request) -> Principal:
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     found = keys.verify(key.strip()) if scheme.lower() == "bearer" else None
     if found is None:
-        raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY' (make one with dpinfer "
-                            "serve keys create)")
+        raise ApiError(
+            401,
+            "a valid API key is required: send 'Authorization: Bearer KEY' (make one with dpinfer serve keys create)",
+        )
     return found
 
 
@@ -78,8 +80,9 @@ def check_unicode(data: Any) -> None:
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:
-                raise ApiError(422, "the request body holds a lone surrogate (\\uD800-\\uDFFF): send valid "
-                                    "Unicode text") from None
+                raise ApiError(
+                    422, "the request body holds a lone surrogate (\\uD800-\\uDFFF): send valid Unicode text"
+                ) from None
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())

@@ -42,8 +42,7 @@ def too_large(limit: int) -> str:
     return f"the request body is over the limit of {limit} bytes; send a smaller document"
 
 
-STATUS: tuple[tuple[type[Exception], int], ...] = (
-    (Forbidden, 403), (NotFound, 404), (DPInferError, 422))
+STATUS: tuple[tuple[type[Exception], int], ...] = ((Forbidden, 403), (NotFound, 404), (DPInferError, 422))
 """Library errors and their status; the message is the command line's (one line)."""
 
 

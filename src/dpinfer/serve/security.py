@@ -25,7 +25,7 @@ def host_name(value: str) -> str:
     """The host of a ``Host`` header or an origin's netloc, lower-cased, without the port or IPv6 brackets."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
+        return value[1 : value.find("]")] if "]" in value else value
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
@@ -38,17 +38,22 @@ def page_csp(html: str) -> str:
 
     def hashes(tag: str) -> str:
         blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.S)
-        return " ".join("'sha256-" + base64.b64encode(hashlib.sha256(b.encode("utf-8")).digest()).decode() + "'"
-                        for b in blocks)
+        return " ".join(
+            "'sha256-" + base64.b64encode(hashlib.sha256(b.encode("utf-8")).digest()).decode() + "'" for b in blocks
+        )
 
-    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
-            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
 
 
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-DOCS_CSP = ("default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; style-src "
-            "https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+DOCS_CSP = (
+    "default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; style-src "
+    "https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
 """``/docs`` (only with ``--docs``): FastAPI's Swagger UI, whose assets come from a CDN (no package ships them)."""
 
 
@@ -68,8 +73,14 @@ class Guard:
     - the access log (method, route template, status, milliseconds; nothing else).
     """
 
-    def __init__(self, app: Any, limit: int, on_request: Callable[[str, str, int], None],
-                 hosts: frozenset[str] | None = None, page_csp: str = API_CSP) -> None:
+    def __init__(
+        self,
+        app: Any,
+        limit: int,
+        on_request: Callable[[str, str, int], None],
+        hosts: frozenset[str] | None = None,
+        page_csp: str = API_CSP,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.on_request = on_request
@@ -80,16 +91,22 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         host = headers.get("host", "")
         if self.hosts is not None and host_name(host) not in self.hosts:
-            return error(403, "the Host header does not name this server; use http://127.0.0.1:PORT/ or start the "
-                              "server with --allowed-host NAME")
+            return error(
+                403,
+                "the Host header does not name this server; use http://127.0.0.1:PORT/ or start the "
+                "server with --allowed-host NAME",
+            )
         origin = headers.get("origin")
         if origin is not None:
             from urllib.parse import urlsplit
 
             parts = urlsplit(origin)
             if parts.scheme not in ("http", "https") or parts.netloc.lower() != host.strip().lower():
-                return error(403, "cross-origin requests are refused: use the page this server serves, or a client "
-                                  "that sends no Origin header")
+                return error(
+                    403,
+                    "cross-origin requests are refused: use the page this server serves, or a client "
+                    "that sends no Origin header",
+                )
         if scope.get("method") in JSON_METHODS:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype != "application/json":
@@ -103,17 +120,24 @@ class Guard:
         t0 = time.perf_counter()
         status = [500]
         started = [False]
-        csp = (self.page_csp if scope.get("path") == "/" else DOCS_CSP if scope.get("path") == "/docs"
-               else API_CSP).encode()
+        csp = (
+            self.page_csp if scope.get("path") == "/" else DOCS_CSP if scope.get("path") == "/docs" else API_CSP
+        ).encode()
 
         async def send_status(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 started[0] = True
-                message = {**message, "headers": [
-                    *[(k, v) for k, v in message.get("headers", []) if k.lower() != b"content-security-policy"],
-                    (b"content-security-policy", csp), (b"x-frame-options", b"DENY"),
-                    (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]}
+                message = {
+                    **message,
+                    "headers": [
+                        *[(k, v) for k, v in message.get("headers", []) if k.lower() != b"content-security-policy"],
+                        (b"content-security-policy", csp),
+                        (b"x-frame-options", b"DENY"),
+                        (b"x-content-type-options", b"nosniff"),
+                        (b"referrer-policy", b"no-referrer"),
+                    ],
+                }
             try:
                 await send(message)
             except OSError:
@@ -148,12 +172,16 @@ class Guard:
         except (ClientGone, ClientDisconnect):
             status[0] = 499  # the client hung up: not an error of the server
         except Exception as exc:  # one line, no traceback (it may quote the input)
-            log.error("unexpected %s on %s (message withheld: it may quote the input)", type(exc).__name__,
-                      getattr(scope.get("route"), "path", "(no route)"))
+            log.error(
+                "unexpected %s on %s (message withheld: it may quote the input)",
+                type(exc).__name__,
+                getattr(scope.get("route"), "path", "(no route)"),
+            )
             if not started[0]:
                 try:
-                    await error(500, f"unexpected {type(exc).__name__} (message withheld: it may quote the input)"
-                                )(scope, receive, send_status)
+                    await error(500, f"unexpected {type(exc).__name__} (message withheld: it may quote the input)")(
+                        scope, receive, send_status
+                    )
                 except (ClientGone, OSError):
                     status[0] = 499
         finally:

@@ -95,13 +95,20 @@ async def in_thread(items: Iterator[Any]) -> AsyncIterator[Any]:
             await run_in_threadpool(close)
 
 
-def sse(cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, Any], charge: Any = None,
-        source: Any = None) -> StreamingResponse:
+def sse(
+    cid: str, model: str, pieces: AsyncIterator[str], extension: dict[str, Any], charge: Any = None, source: Any = None
+) -> StreamingResponse:
     """Server-sent events in the OpenAI chunk format; the first chunk carries the ``dpinfer`` extension."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
     async def events() -> AsyncIterator[str]:

@@ -57,8 +57,10 @@ def _routes(path: Path) -> list[tuple[str, int]]:
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        if not any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr in ROUTE_METHODS
-                   for d in node.decorator_list):
+        if not any(
+            isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr in ROUTE_METHODS
+            for d in node.decorator_list
+        ):
             continue
         body = node.body
         if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
@@ -93,12 +95,16 @@ def test_the_checks_see_a_planted_violation(tmp_path: Path) -> None:
         "if TYPE_CHECKING:\n    from dpinfer.accounting.losses import Zcdp\n"
         "def f():\n    import dpinfer.mechanisms.dp_fusion\n    from dpinfer.mechanisms import registry\n"
         "@router.post('/x')\n"
-        "def long_route():\n    '''doc'''\n" + "    x = 1\n" * (MAX_ROUTE_LINES + 1) +
-        "@router.get('/y')\n"
+        "def long_route():\n    '''doc'''\n" + "    x = 1\n" * (MAX_ROUTE_LINES + 1) + "@router.get('/y')\n"
         "async def short_route():\n    return 1\n",
         encoding="utf-8",
     )
     found = sorted(v.split(" imports ")[1] for v in _import_violations(bad))
-    assert found == ["dpinfer.accounting", "dpinfer.accounting.charge.RecordCharges", "dpinfer.accounting.losses.Zcdp",
-                     "dpinfer.mechanisms.dp_fusion", "dpinfer.mechanisms.registry"]
+    assert found == [
+        "dpinfer.accounting",
+        "dpinfer.accounting.charge.RecordCharges",
+        "dpinfer.accounting.losses.Zcdp",
+        "dpinfer.mechanisms.dp_fusion",
+        "dpinfer.mechanisms.registry",
+    ]
     assert _routes(bad) == [("long_route", MAX_ROUTE_LINES + 1), ("short_route", 1)]

@@ -16,12 +16,17 @@ router = APIRouter()
 
 @router.get("/v1/models")
 def models(who: Principal = User, svc: Service = Svc, setup: Settings = Setup) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "dpinfer"}
-                                       for n in chat.models(svc, who, setup)]}
+    return {
+        "object": "list",
+        "data": [
+            {"id": n, "object": "model", "created": 0, "owned_by": "dpinfer"} for n in chat.models(svc, who, setup)
+        ],
+    }
 
 
 @router.post("/v1/chat/completions")
-def chat_completions(who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc,
-                     setup: Settings = Setup) -> Any:
+def chat_completions(
+    who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc, setup: Settings = Setup
+) -> Any:
     request = chat.parse(data)  # parse
     return chat.reply(svc, who, request, setup)  # plan, charge, run, finish: the model's task
