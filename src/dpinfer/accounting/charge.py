@@ -12,6 +12,13 @@ cost), in three steps:
    estimate on every unit, re-checked against each budget (a refusal cancels them all).
 3. **commit** once the release is handed over (returned or written), or **cancel** if it failed before that.
 
+A planned task (:class:`dpinfer.task.Plan`) carries its :class:`Charges` (the cost from its ex-ante guarantee, the
+scope, the mechanism): :func:`run_charged` is the step that runs it, ``run_charged(ledger, plan.charges, run)``
+(settle, run, commit; cancel when ``run`` raises). A cost known before the model loads (an estimate from the settings)
+is held with :func:`hold` on the reservation the caller opened with :func:`charge` or :func:`open_reservation`.
+Outside :mod:`dpinfer.accounting` nothing calls a reservation's or a ledger's ``reserve`` / ``settle`` / ``commit``
+(tests/unit/test_charge_path.py greps for it): those steps are taken here.
+
 ``with charge(ledger, units, cost, scope=...) as res:`` reserves ``cost`` on entry (when given), commits when the
 block ends and cancels when it raises; inside, ``res.reserve(estimate)`` / ``res.settle(guarantee)`` /
 ``res.commit()`` / ``res.cancel()`` may run earlier (each is idempotent on a reservation already past it). A
@@ -27,15 +34,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from dpinfer.accounting.guarantee import Guarantee
 from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 
-__all__ = ["LedgerLike", "RecordCharges", "Reservation", "charge", "commit_left", "open_ledger", "open_reservation",
-           "reserve"]
+__all__ = ["Charges", "LedgerLike", "RecordCharges", "Reservation", "charge", "commit_left", "hold", "open_ledger",
+           "open_reservation", "reserve", "run_charged", "spend_once"]
+
+T = TypeVar("T")
 
 LedgerLike = Ledger | str | os.PathLike[str] | None
 """What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
@@ -289,3 +299,66 @@ class RecordCharges:
                 left = self.ledger.pending_charge(self.ledger.resume_key(self.job, key))
                 if left is not None:
                     left.commit() if done else left.cancel()
+
+
+@dataclass(frozen=True)
+class Charges:
+    """What one planned release is charged (a :class:`dpinfer.task.Plan`'s ``charges``), from its parameters alone:
+    ``cost`` (the ex-ante :class:`~dpinfer.accounting.Guarantee`, a :class:`~dpinfer.accounting.ledger.Cost` or a
+    loss; None: the release costs nothing and nothing is charged, as plain generation), the ``scope`` of the units it
+    is charged to (``document``, ``store``, ``corpus``, ``prompt-source``), the ``mechanism`` named on the ledger
+    (a guarantee names its own), and ``units``: the units the plan itself names (usually none: the caller decides
+    which units pay, by the service's unit rule or the command's ``--unit``; each unit pays the full cost)."""
+
+    cost: Price | None
+    scope: str | None = None
+    mechanism: str | None = None
+    units: tuple[str, ...] = ()
+
+
+def hold(res: Reservation | None, estimate: Price | None, *, mechanism: str, settle_first: bool = False) -> None:
+    """Step 1 on a reservation the caller opened, before the model loads: ``estimate`` (from the settings alone;
+    None: a placeholder priced at :func:`run_charged`) on every unit or none (:meth:`Reservation.reserve`); nothing
+    without a ledger (``res`` None)."""
+    if res is not None:
+        res.reserve(estimate, mechanism=mechanism, settle_first=settle_first)
+
+
+def run_charged(ledger: LedgerLike | Reservation, charges: Charges, run: Callable[[], T], *,
+                units: str | Sequence[str] | None = None, default_unit: Callable[[Ledger], str] | None = None,
+                what: str = "this release", resume_key: str | Sequence[str] | None = None,
+                released: bool = False) -> T:
+    """The charge step of a planned release: ``charges.cost`` settled on ``units`` (and the plan's own
+    ``charges.units``) of ``ledger`` before ``run()`` generates anything (refused in one line when a unit cannot
+    afford it; nothing runs), then ``run()`` (the engine and the task's ``finish``), then the charges committed; a
+    ``run()`` that raises cancels them (or commits them, fail closed, where part of the release may have left:
+    :meth:`Reservation.releasing`). ``ledger`` may be a :class:`Reservation` the caller opened (estimate held
+    before the model loaded: :func:`hold`). ``released``: the release already happened (a resumed job's batch
+    written by a killed run): priced late, without the budget check. Without a ledger ``run()`` just runs."""
+    res = open_reservation(ledger, _units(units, charges), scope=charges.scope, default_unit=default_unit, what=what,
+                           resume_key=resume_key)
+    if res is None:
+        return run()
+    try:
+        if charges.cost is not None:
+            res.settle(charges.cost, mechanism=charges.mechanism, force=released)
+        out = run()
+    except BaseException:
+        res.cancel()
+        raise
+    res.commit()
+    return out
+
+
+def spend_once(ledger: LedgerLike, units: str | Sequence[str], cost: Price, *, scope: str | None,
+               mechanism: str | None = None) -> None:
+    """One release charged in one go (reserved, settled and committed: a benchmark of the ledger, a release already
+    out); refused in one line when a unit cannot afford it."""
+    run_charged(ledger, Charges(cost, scope=scope, mechanism=mechanism), lambda: None, units=units)
+
+
+def _units(units: str | Sequence[str] | None, charges: Charges) -> str | list[str] | None:
+    if not charges.units:
+        return units
+    given = [] if units is None else [units] if isinstance(units, str) else list(units)
+    return [*given, *charges.units]
