@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dpinfer.engine import Engine, EngineOutput, Job
     from dpinfer.runtime import Runtime
 
-__all__ = ["Charges", "Plan", "Task", "perform", "run_jobs"]
+__all__ = ["Plan", "Task", "perform", "run_jobs"]
 
 ConfigT = TypeVar("ConfigT", contravariant=True)
 InputsT = TypeVar("InputsT", contravariant=True)

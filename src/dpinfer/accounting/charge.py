@@ -42,8 +42,8 @@ from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 
-__all__ = ["Charges", "LedgerLike", "RecordCharges", "Reservation", "charge", "commit_left", "hold", "open_ledger",
-           "open_reservation", "reserve", "run_charged", "spend_once"]
+__all__ = ["Charges", "LedgerLike", "RecordCharges", "Reservation", "charge", "close", "commit_left", "hold",
+           "open_ledger", "open_reservation", "reserve", "run_charged", "spend_once"]
 
 T = TypeVar("T")
 
@@ -88,6 +88,8 @@ class Reservation:
         """Whether the charges hold the release's exact cost (or an estimate from the parameters alone)."""
         self.refused: str | None = None
         """The unit whose budget refused the last reserve or settle (None otherwise)."""
+        self.priced: Price | None = None
+        """What the last :meth:`settle` priced the charges with."""
 
     @property
     def unit(self) -> str:
@@ -146,6 +148,7 @@ class Reservation:
                 self.cancel()
                 raise
         self.settled = True
+        self.priced = price
 
     def commit(self) -> None:
         """Step 3: the release was handed over."""
@@ -222,12 +225,13 @@ def charge(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, 
 
 
 def reserve(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, cost: Price, *, scope: str | None,
-            mechanism: str | None = None, resume_key: str | Sequence[str] | None = None) -> Reservation | None:
+            mechanism: str | None = None, resume_key: str | Sequence[str] | None = None,
+            what: str = "this release") -> Reservation | None:
     """Step 1 alone, for a release that outlives the caller's call (a stream, a background job): ``cost`` on every
     unit or none (a refusal is raised here; :attr:`Reservation.refused` names the unit). A later
     ``with charge(res, None, scope=...)`` around the release commits it, or cancels it if the release fails; None
     without a ledger. ``mechanism``: the release's (a guarantee names its own)."""
-    res = open_reservation(ledger, units, scope=scope, resume_key=resume_key)
+    res = open_reservation(ledger, units, scope=scope, resume_key=resume_key, what=what)
     if res is not None:
         res.settle(cost, mechanism=mechanism)
     return res
@@ -243,19 +247,20 @@ def commit_left(ledger: Ledger, resume_keys: Sequence[str]) -> None:
 
 
 class RecordCharges:
-    """A resumable corpus job's per-record charges (the corpus loop's protocol: ``reserve(key)`` → ``commit(token)``
-    / ``cancel(token)``), one :class:`Reservation` per record on ``unit_of(key)``, under a resume key of this job and
-    record, so a run killed and resumed takes over its own pending charge instead of reserving twice.
+    """A resumable corpus job's per-record charges (the corpus loop's protocol,
+    :class:`dpinfer.jobs.resumable.Charge`: ``open(key)`` → ``close(token, released=...)``), one :class:`Reservation`
+    per record on ``unit_of(key)``, under a resume key of this job and record, so a run killed and resumed takes over
+    its own pending charge instead of reserving twice.
 
-    ``reserve(key)`` reserves a placeholder before the record is generated (or, ``exact``, its exact cost
+    ``open(key)`` reserves a placeholder before the record is generated (or, ``exact``, its exact cost
     ``bound_of(key)``, known from the parameters alone); the pipeline prices it when it plans the record
-    (:meth:`settle`; a refusal becomes the record's error); ``commit`` charges a record whose line is durable; one
+    (:meth:`price`; a refusal becomes the record's error); ``close`` charges a record whose line is durable; one
     released without being priced (a torn line settled as released) is charged ``bound_of(key)``, an upper bound
     from the parameters alone.
 
     ``priced_elsewhere``: another process prices the records (a Ray actor, reserving its exact cost under the same
     resume key, which takes over this placeholder: :mod:`dpinfer.pipelines.corpus_ray`). The placeholder is then
-    reserved ``settle_first`` (a holder that dies before it is priced released nothing), and at ``commit`` the
+    reserved ``settle_first`` (a holder that dies before it is priced released nothing), and at ``close`` the
     ledger's phase of each charge says whether it was priced there (``releasing``) or still needs the bound."""
 
     def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
@@ -264,32 +269,41 @@ class RecordCharges:
         self.unit_of, self.bound_of = unit_of, bound_of
         self.exact = exact
         self.priced_elsewhere = priced_elsewhere
-        self.open: dict[str, Reservation] = {}
+        self.open_charges: dict[str, Reservation] = {}
 
-    def reserve(self, key: str) -> Reservation:
+    def open(self, key: str) -> Reservation:
+        """Step 1 for the record ``key``, before it is generated (the corpus loop's protocol)."""
         res = Reservation(self.ledger, self.unit_of(key), self.scope,
                           resume_key=self.ledger.resume_key(self.job, key))
         if self.priced_elsewhere:
             res.reserve(None, mechanism=self.mechanism, settle_first=True)
         else:
             res.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
-        self.open[key] = res
+        self.open_charges[key] = res
         return res
 
-    def settle(self, key: str, guarantee: Guarantee) -> None:
-        """The record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
-        self.open[key].settle(guarantee)
+    def price(self, key: str, guarantee: Guarantee) -> None:
+        """Step 2: the record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
+        self.open_charges[key].settle(guarantee)
 
-    def commit(self, res: Reservation) -> None:
+    def close(self, res: Reservation, *, released: bool) -> None:
+        """Step 3: the record ended; ``released``: its line is durable (committed; one never priced is charged
+        ``bound_of(key)``), else it released nothing (cancelled)."""
+        if not released:
+            res.cancel()
+            return
         if self.priced_elsewhere and any(c.state == "pending" for c in res.charges):
             res.settled = all(self.ledger.charge(c.id).phase == "releasing" for c in res.charges)
         if not res.settled and res.charge is not None and res.charge.state == "pending":
-            key = next(k for k, v in self.open.items() if v is res)
+            key = next(k for k, v in self.open_charges.items() if v is res)
             res.settle(self.bound_of(key), force=True)
         res.commit()
 
-    def cancel(self, res: Reservation) -> None:
-        res.cancel()
+    @staticmethod
+    def price_elsewhere(ledger: Ledger, unit: str, guarantee: Price, *, scope: str, resume_key: str) -> None:
+        """The other process's half of ``priced_elsewhere`` (a Ray actor): the record's exact cost, reserved under
+        its resume key, which takes over the driver's placeholder (or the charge an earlier attempt priced)."""
+        ledger.reserve(unit, guarantee, scope=scope, resume_key=resume_key)
 
     def reconcile(self, released: list[str], errors: list[str]) -> None:
         """After a run: a record whose line is in OUT but whose charge a killed run left pending is committed; an
@@ -316,12 +330,27 @@ class Charges:
     units: tuple[str, ...] = ()
 
 
-def hold(res: Reservation | None, estimate: Price | None, *, mechanism: str, settle_first: bool = False) -> None:
+def hold(res: Reservation | None, estimate: Price | None, *, mechanism: str | None = None, exact: bool = False,
+         settle_first: bool = False) -> None:
     """Step 1 on a reservation the caller opened, before the model loads: ``estimate`` (from the settings alone;
-    None: a placeholder priced at :func:`run_charged`) on every unit or none (:meth:`Reservation.reserve`); nothing
-    without a ledger (``res`` None)."""
-    if res is not None:
+    None: a placeholder priced at :func:`run_charged`) on every unit or none (:meth:`Reservation.reserve`);
+    ``exact``: it is the release's exact cost (its ex-ante guarantee, known before the model loads), settled at once
+    (:meth:`Reservation.settle`). Nothing without a ledger (``res`` None)."""
+    if res is None:
+        return
+    if exact and estimate is not None:
+        res.settle(estimate, mechanism=mechanism)
+    elif mechanism is None:
+        raise LedgerError("an estimate is held with the mechanism's name (mechanism=...)")
+    else:
         res.reserve(estimate, mechanism=mechanism, settle_first=settle_first)
+
+
+def close(res: Reservation | None, *, released: bool) -> None:
+    """Step 3 of a release run outside :func:`run_charged` (one of a batch's answers): committed when ``released``,
+    else cancelled; nothing without a ledger."""
+    if res is not None:
+        res.commit() if released else res.cancel()
 
 
 def run_charged(ledger: LedgerLike | Reservation, charges: Charges, run: Callable[[], T], *,
@@ -340,7 +369,7 @@ def run_charged(ledger: LedgerLike | Reservation, charges: Charges, run: Callabl
     if res is None:
         return run()
     try:
-        if charges.cost is not None:
+        if charges.cost is not None and not (res.priced is charges.cost and res.settled):  # settled once
             res.settle(charges.cost, mechanism=charges.mechanism, force=released)
         out = run()
     except BaseException:
