@@ -29,15 +29,13 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting.charge import charge
 from dpinfer.errors import DPInferError
 from dpinfer.io import atomic_write_text
-from dpinfer.jobs import run_resumable
-from dpinfer.jobs.synth import SynthesisOutput
+from dpinfer.jobs.synth import SynthesisOutput, run_synthesis_job
 from dpinfer.pipelines.synthesize import synthesize_iter
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import NotFound, Principal
@@ -169,28 +167,16 @@ class SynthJobs:
         total = len(plan.batches)
         resume_key = svc.budgets.ledger.resume_key(JOB, job_id)
 
-        def generate(todo: Iterator[int]) -> Iterator[dict[str, Any]]:
-            batches = set(todo)
-            if out.done:  # a resumed job that released texts: its charges (pending if the server died) are spent
+        def hold(resumed: bool) -> Any:
+            if resumed:  # a resumed job that released texts: its charges (pending if the server died) are spent
                 svc.budgets.commit_left(units, resume_key, per_unit=legacy is False)
-                held = None
-            else:
-                held = svc.hold(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
-            # a text in out.jsonl (or part of one) is released: committed however the job ends; none: cancelled
-            released = False
-            with charge(held, None, scope="corpus"):
-                out.start(header, digest)  # the private partition file, then the header line (before any text)
-                for text in synthesize_iter(plan, runtime=svc.core, skip_batches=set(range(total)) - batches):
-                    if held is not None:
-                        held.releasing()
-                    released = True
-                    record = text.to_dict()
-                    yield {k: record[k] for k in TEXT_FIELDS}
-                if held is not None and not released:
-                    held.cancel()  # the job ended without a text: nothing was released
+                return None
+            return svc.hold(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
 
-        run_resumable(out, range(total), generate, job=JOB, key=lambda b: b,
-                      check=lambda todo: out.check(header, digest))
+        run_synthesis_job(out, total, header, digest,
+                          lambda skip: synthesize_iter(plan, runtime=svc.core, skip_batches=skip), job=JOB,
+                          hold=hold, record=lambda text: {k: text.to_dict()[k] for k in TEXT_FIELDS},
+                          check=lambda todo: out.check(header, digest))
 
 
 def job_units(state: Mapping[str, Any]) -> list[tuple[str, str]]:

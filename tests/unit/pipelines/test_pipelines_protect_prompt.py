@@ -17,8 +17,8 @@ from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInput
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
-from dpinfer.methods.prompt_keywords import word_universe, words
 from dpinfer.pipelines import protect_prompt as pp
+from dpinfer.protect.keywords import word_universe, words
 from dpinfer.release import check_release
 
 SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
@@ -98,7 +98,8 @@ def test_epsilon_target_calibrates_the_temperature(tiny_lm) -> None:
 
 # ------------------------------------------------------------------------------------------------ pipeline
 def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_gtr, prompt_stage3
+    from dpinfer.protect import gtr as prompt_gtr
+    from dpinfer.protect import stage3 as prompt_stage3
 
     seen: dict[str, list] = {"stage2+3": []}
     # every stage-2/3 function the method runs, where it is called from (the method's modules)
@@ -319,7 +320,7 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
 
 
 def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_stage3
+    from dpinfer.protect import stage3 as prompt_stage3
 
     def finals(engine, lm, items, **kwargs):
         assert kwargs["groups"] == [0, 0, 0, 1, 1] and kwargs["quorum"] == 2
@@ -369,7 +370,7 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
 
 
 def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_gtr
+    from dpinfer.protect import gtr as prompt_gtr
 
     context = pp.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
