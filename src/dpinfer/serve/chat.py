@@ -19,6 +19,7 @@ from typing import Any
 
 from dpinfer.accounting.charge import charge
 from dpinfer.defaults import SERVE
+from dpinfer.pipelines.protect_prompt import finish_protect
 from dpinfer.serve import bodies
 from dpinfer.serve.deps import Settings
 from dpinfer.serve.errors import ApiError
@@ -143,7 +144,7 @@ def ask(svc: Service, who: Principal, chat: Chat) -> Any:
         }
     )
     asked = svc.plan_ask(who, chat.model[len(RAG_PREFIX) :], opts)
-    held = svc.hold(asked.units, asked.plan.guarantee, "store")
+    held = svc.hold(asked.units, asked.plan.charges)
     if chat.stream:  # PAD releases token by token: each piece leaves as it is released
         extension = {
             "guarantee": asked.plan.guarantee.to_dict(),
@@ -152,7 +153,7 @@ def ask(svc: Service, who: Principal, chat: Chat) -> Any:
         }
         source = deltas(svc.ask_stream(asked, held))
         return sse(chat.cid, chat.model, in_thread(source), extension, held, source)
-    with charge(held, None, scope="store"):
+    with charge(held, None, scope=held.scope):
         out = svc.run(asked.plan.job)
     res = svc.answer(asked, out)
     extension = {k: res[k] for k in ("guarantee", "unit", "budget", "units", "mechanism")}
@@ -175,7 +176,11 @@ def protect(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
             "whole), one request per prompt",
         )
     prompt, opts = bodies.protect(chat.ext, prompt=chat.messages[users[0]]["content"])
-    res = svc.protect(who, prompt, opts, chat.ext.get("unit"))
+    plan, units = svc.plan_protect(who, prompt, opts, chat.ext.get("unit"))
+    held = svc.hold(units, plan.charges)
+    with charge(held, None, scope=held.scope):
+        res = finish_protect(plan, [svc.run(plan.job)])[0].release()
+    res.update(svc.charged(units))
     forwarded, unprotected, dropped = split_messages(chat.messages, users[0], res["prompt"], roles)
     extension = {
         "protected_prompt": res["prompt"],

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting.charge import Reservation, charge, reserve
+from dpinfer.accounting.charge import Charges, Reservation, charge, reserve
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError
 from dpinfer.generation import TextStreamer, plan_generate
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import protect_prompt
+from dpinfer.pipelines.protect_prompt import ProtectPlan, plan_protect, protect_config
 from dpinfer.pipelines.rag import PrivateRAG
 from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
@@ -134,13 +134,14 @@ class Service:
         self.budgets.set_budget(key, epsilon, delta)
         return {"unit": name, **self.budgets.state(key, name)}
 
-    def hold(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
-        """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
-        metrics). The release runs in ``with charge(res, None, scope=scope)``: committed when it ends, cancelled
-        if it fails (nothing released)."""
-        res = self.budgets.open(units, scope, **kw)
+    def hold(self, units: list[tuple[str, str]], charges: Charges, **kw: Any) -> Reservation:
+        """Reserve a planned release's ex-ante cost (``plan.charges``) on every unit or none (a refusal is raised as
+        :class:`BudgetRefused`, counted in the metrics; ``kw``: :meth:`LedgerBudgets.open`'s resume key). The release
+        runs in ``with charge(res, None, scope=...)``: committed when it ends, cancelled if it fails (nothing
+        released)."""
+        res = self.budgets.open(units, charges.scope or "document", **kw)
         with self.refusals(res, units):
-            reserve(res, None, guarantee, scope=scope)  # every unit or none
+            reserve(res, None, charges.cost, scope=charges.scope, mechanism=charges.mechanism)  # every unit or none
         return res
 
     @contextmanager
@@ -302,19 +303,15 @@ class Service:
         yield {"done": True, **self.answer(asked, ticket.result())}
 
     # ---------------------------------------------------------------- protect-prompt
-    def protect(self, principal: Principal, prompt: str, opts: Mapping[str, Any], unit: object = None
-                ) -> dict[str, Any]:
-        """A parsed prompt (:func:`dpinfer.serve.bodies.protect`) protected by the pipeline, charged to the key's
-        prompts and the unit named: the pipeline charges the reservation itself (its estimate before the model runs,
-        its exact guarantee before any token, committed once released); its three stages' jobs join the shared
-        batch."""
+    def plan_protect(self, principal: Principal, prompt: str, opts: Mapping[str, Any], unit: object = None
+                     ) -> tuple[ProtectPlan, list[tuple[str, str]]]:
+        """(the plan, the units it is charged to) of a parsed prompt (:func:`dpinfer.serve.bodies.protect`): stage 1's
+        job, the calibrated mechanism and the guarantee (:func:`~dpinfer.pipelines.protect_prompt.plan_protect`),
+        charged to the key's prompts and the unit named."""
         units = self.units_for(principal, self.prompts_unit(principal), unit)
-        held = self.budgets.open(units, "prompt-source")
         with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
             clip_bounds(self.lm)
-        with self.refusals(held, units):
-            res = protect_prompt(prompt, runtime=self.core, ledger=held, **opts)
-        return {**res.release(), **self.charged(units)}
+        return plan_protect([prompt], protect_config(**opts), self.core, pooled=False), units
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:

@@ -35,9 +35,9 @@ def rag_add(store: str, who: Principal = User, data: dict[str, Any] = Body, svc:
 def rag_ask(store: str, who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc) -> Any:
     opts = bodies.ask(data)  # parse
     asked = svc.plan_ask(who, store, opts)  # plan: retrieval, mechanism, guarantee
-    held = svc.hold(asked.units, asked.plan.guarantee, "store")  # charge: every unit or none (402)
+    held = svc.hold(asked.units, asked.plan.charges)  # charge: every unit or none (402, nothing generated)
     if data.get("stream") is True:  # server-sent events: PAD's released tokens, then the answer
         return event_stream(svc.ask_stream(asked, held), held)
-    with charge(held, None, scope="store"):  # committed once released, cancelled if it fails
+    with charge(held, None, scope=held.scope):  # committed once released, cancelled if it fails
         out = svc.run(asked.plan.job)  # run: in the shared batch
     return svc.answer(asked, out)  # finish

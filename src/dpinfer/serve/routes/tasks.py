@@ -10,6 +10,7 @@ from fastapi.responses import PlainTextResponse
 from dpinfer import __version__
 from dpinfer.accounting.charge import charge
 from dpinfer.errors import DPInferError
+from dpinfer.pipelines.protect_prompt import finish_protect
 from dpinfer.pipelines.sanitize_plan import finish_sanitize
 from dpinfer.serve import bodies
 from dpinfer.serve.deps import Admin, Body, Svc, User
@@ -54,10 +55,10 @@ def tag(who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc) 
 def sanitize(who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc) -> Any:
     opts = bodies.sanitize(data)  # parse: every check before anything is tagged or charged
     plan, units = svc.plan_sanitize(who, opts)  # plan: spans, contexts, mechanism, guarantee
-    held = svc.hold(units, plan.guarantee, "document")  # charge: every unit or none (402, nothing generated)
+    held = svc.hold(units, plan.charges)  # charge: every unit or none (402, nothing generated)
     if data.get("stream") is True:  # server-sent events: the released tokens, then the release
         return event_stream(svc.sanitize_stream(plan, units, held), held)
-    with charge(held, None, scope="document"):  # committed once released, cancelled if it fails
+    with charge(held, None, scope=held.scope):  # committed once released, cancelled if it fails
         out = svc.run(plan.job)  # run: in the shared batch
         release = finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds).release()
     return {**release, **svc.charged(units)}  # finish
@@ -66,4 +67,9 @@ def sanitize(who: Principal = User, data: dict[str, Any] = Body, svc: Service = 
 @router.post("/v1/protect-prompt")
 def protect(who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc) -> Any:
     prompt, opts = bodies.protect(data)  # parse
-    return svc.protect(who, prompt, opts, data.get("unit"))  # plan, charge, run, finish: the pipeline's stages
+    plan, units = svc.plan_protect(who, prompt, opts, data.get("unit"))  # plan: stage 1's job, the guarantee
+    held = svc.hold(units, plan.charges)  # charge: every unit or none (402, nothing generated)
+    with charge(held, None, scope=held.scope):  # committed once released, cancelled if it fails
+        out = svc.run(plan.job)  # run: stage 1 (the only step that reads the prompt) in the shared batch
+        release = finish_protect(plan, [out])[0].release()  # finish: stages 2 and 3 on the released rewrites
+    return {**release, **svc.charged(units)}
