@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpinfer import generation
 from dpinfer.accounting.charge import charge
 from dpinfer.defaults import SERVE
 from dpinfer.pipelines.protect_prompt import finish_protect
@@ -116,7 +117,7 @@ def reply(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
 def plain(svc: Service, chat: Chat) -> Any:
     """``dpinfer-plain``: planned (checked before a stream starts: 422, not a broken stream), decoded in the shared
     batch; nothing to charge."""
-    job = svc.plan_generate(
+    plan = svc.plan_generate(
         chat.messages,
         max_new_tokens=chat.max_tokens,
         temperature=SERVE_PLAIN_TEMPERATURE if chat.temperature is None else chat.temperature,
@@ -124,11 +125,10 @@ def plain(svc: Service, chat: Chat) -> Any:
     )
     extension = {"guarantee": None, "note": NO_GUARANTEE}
     if chat.stream:
-        return sse(chat.cid, chat.model, in_thread(svc.generate_stream(job)), extension)
-    out = svc.generated(job, svc.run(job))
-    return completion(
-        chat, out["text"], out["finish_reason"], extension, usage=(out["prompt_tokens"], out["completion_tokens"])
-    )
+        return sse(chat.cid, chat.model, in_thread(svc.generate_stream(plan.job)), extension)
+    res = generation.TASK.finish(plan, [svc.run(plan.job)])
+    finish = "length" if res.finish_reason == "length" else "stop"
+    return completion(chat, res.text.strip(), finish, extension, usage=(res.prompt_tokens, len(res.token_ids)))
 
 
 def ask(svc: Service, who: Principal, chat: Chat) -> Any:

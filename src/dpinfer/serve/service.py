@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpinfer import generation
 from dpinfer.accounting.charge import Charges, Reservation, charge, reserve
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError
-from dpinfer.generation import TextStreamer, plan_generate
+from dpinfer.generation import GenerateInputs, GeneratePlan, GenerateSettings, TextStreamer
 from dpinfer.models import int8_twin
 from dpinfer.pipelines.protect_prompt import ProtectPlan, plan_protect, protect_config
 from dpinfer.pipelines.rag import PrivateRAG
@@ -320,18 +321,12 @@ class Service:
 
     # ---------------------------------------------------------------- plain generation
     def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
-                      top_p: float | None) -> Job:
-        """A chat completion without privacy, planned by :func:`dpinfer.generation.plan_generate` (checks first)."""
+                      top_p: float | None) -> GeneratePlan:
+        """A chat completion without privacy, planned by plain generation's task (:data:`dpinfer.generation.TASK`:
+        every check first; no guarantee, nothing charged)."""
+        settings = GenerateSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None, top_p=top_p)
         with self.plan_lock:
-            return plan_generate(self.lm, messages=[dict(m) for m in messages], max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_k=None, top_p=top_p)
-
-    def generated(self, job: Job, out: EngineOutput) -> dict[str, Any]:
-        """A chat completion's text, token counts and finish reason."""
-        seq = out.sequences[0]
-        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(job.contexts[0]),
-                "completion_tokens": len(seq),
-                "finish_reason": "length" if out.finish_reasons[0] == "length" else "stop"}
+            return generation.TASK.plan(settings, GenerateInputs(messages=[dict(m) for m in messages]), self.core)
 
     def generate_stream(self, job: Job) -> Iterator[str]:
         """The text of a planned chat completion (:meth:`plan_generate`) piece by piece, decoded in the shared
