@@ -2,10 +2,13 @@
 the batcher that decodes the jobs of every request together, the budgets, the RAG stores, the synthesis jobs and the
 metrics.
 
-Every operation runs in a worker thread of the web server; each one checks its parameters, plans its release (tags,
-tokenises, calibrates: the ex-ante guarantee is known here), **reserves its cost** on its units (the unit of the
-entity it reads, always, and a unit the request names, in addition; any refusal: all cancelled, nothing generated),
-decodes, builds the release and commits the reservation; a failure in between cancels it. A stream commits once a
+Every route runs in a worker thread of the web server and drives the task's steps over this service
+(:mod:`dpinfer.serve.routes`): the body parsed and checked, the release planned by the library's task (tags,
+tokenises, calibrates: the ex-ante guarantee and the plan's charges are known here: :meth:`Service.plan_sanitize`,
+:meth:`Service.plan_ask`, :meth:`Service.plan_protect`, :meth:`Service.plan_generate`), **its cost reserved** on its
+units (:meth:`Service.hold`: the unit of the entity it reads, always, and a unit the request names, in addition; any
+refusal: all cancelled, nothing generated), its job decoded in the shared batch (:meth:`Service.run`), the release
+finished by the task and the reservation committed; a failure in between cancels it. A stream commits once a
 piece of the release has left, and cancels when it ends with none (a client gone before the first byte included).
 Units, stores and jobs are keyed by (tenant, name): a tenant's unit ``NAME`` is the ledger's ``TENANT/NAME``, its
 store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once the operator adopts it for a
