@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect
 from dpinfer import __version__
 from dpinfer.defaults import SERVE
 from dpinfer.errors import DPInferError
+from dpinfer.rag.server import StoreUnavailableError
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import LOCAL, Forbidden, KeyStore, NotFound, Principal
 from dpinfer.serve.service import Service
@@ -264,6 +265,10 @@ def create_app(runtime: Service, keys: KeyStore | None, *, upstream: str | None 
     @app.exception_handler(NotFound)
     async def _missing(request: Request, exc: NotFound) -> JSONResponse:
         return error(404, str(exc))
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _store_down(request: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return error(503, str(exc))  # the Chroma server of --stores chroma://…: the operation and the error's type
 
     @app.exception_handler(DPInferError)
     async def _dpinfer(request: Request, exc: DPInferError) -> JSONResponse:
