@@ -91,7 +91,7 @@ def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: floa
 
     budgets = LedgerBudgets(ledger or tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
     return Service(lm, budgets, tagger="regex", stores=stores or tmp / "stores", embedder=HashEmbedder(),
-                   window=window)
+                   window=window, state=tmp / "jobs" if ledger else None)
 
 
 def cli_server(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
