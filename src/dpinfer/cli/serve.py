@@ -258,8 +258,8 @@ def check_serve_args(args: argparse.Namespace) -> Any:
                                  "every budget; make a key (dpinfer serve keys create --keys PATH, or --ledger URL "
                                  "for keys in the ledger's database) or bind 127.0.0.1")
     if "*" in args.allowed_host and keys is None:
-        raise ConfigurationError("--allowed-host '*' needs keys (--keys, or keys in the ledger): without keys any "
-                                 "web page could drive the server")
+        raise ConfigurationError("--allowed-host '*' needs --keys or keys in the ledger's database: without keys "
+                                 "any web page could drive the server")
     from dpinfer.serve.app import FORWARDABLE
 
     roles = [r.strip() for r in args.forward.split(",") if r.strip()]
