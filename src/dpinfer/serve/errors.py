@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from dpinfer.errors import DPInferError
+from dpinfer.rag.server import StoreUnavailableError
 from dpinfer.serve.budget import BudgetRefused
 from dpinfer.serve.keys import Forbidden, NotFound
 
@@ -42,7 +43,12 @@ def too_large(limit: int) -> str:
     return f"the request body is over the limit of {limit} bytes; send a smaller document"
 
 
-STATUS: tuple[tuple[type[Exception], int], ...] = ((Forbidden, 403), (NotFound, 404), (DPInferError, 422))
+STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (Forbidden, 403),
+    (NotFound, 404),
+    (StoreUnavailableError, 503),  # the Chroma server of --stores chroma://…: the operation and the error's type
+    (DPInferError, 422),
+)
 """Library errors and their status; the message is the command line's (one line)."""
 
 

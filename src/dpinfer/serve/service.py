@@ -47,9 +47,10 @@ from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
 from dpinfer.serve.bodies import synth_options
-from dpinfer.serve.budget import TENANTS, BudgetRefused, LedgerBudgets, ledger_unit
-from dpinfer.serve.keys import NotFound, Principal, check_name, check_unit_name
+from dpinfer.serve.budget import BudgetRefused, LedgerBudgets, ledger_unit
+from dpinfer.serve.keys import Principal, check_name, check_unit_name
 from dpinfer.serve.metrics import Metrics
+from dpinfer.serve.stores import FolderStores, ServerStores, open_stores
 from dpinfer.serve.synth_jobs import SynthJobs
 
 log = logging.getLogger("dpinfer.serve")
@@ -83,9 +84,9 @@ class Service:
                             int8_engine=None if self.int8_batcher is None else SharedEngine(self.int8_batcher))
         self.lm = lm
         self.tagger_name = tagger
-        self.stores_dir = Path(stores) if stores is not None else None
-        if self.stores_dir is not None:
-            self.stores_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.stores_at = None if stores is None else open_stores(stores, budgets.tenancy)
+        """The tenants' stores: a folder, or a Chroma server shared by replicas (:mod:`dpinfer.serve.stores`)."""
+        self.stores_dir = getattr(self.stores_at, "root", None)
         self._rags: dict[str, tuple[PrivateRAG, threading.Lock]] = {}
         self.min_new_tokens = int(min_new_tokens)
         """Benchmarks only: EOS masked for every rewrite until this many tokens (a public transform)."""
@@ -224,46 +225,34 @@ class Service:
         yield {"done": True, **res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- rag
-    def _stores_root(self) -> Path:
-        if self.stores_dir is None:
-            raise ConfigurationError("this server has no stores folder (start it with --stores DIR)")
-        return self.stores_dir
+    def _stores(self) -> FolderStores | ServerStores:
+        if self.stores_at is None:
+            raise ConfigurationError("this server has no stores (start it with --stores DIR or chroma://HOST:PORT)")
+        return self.stores_at
 
     def store_path(self, principal: Principal, store: str) -> Path:
-        """The folder of the tenant's store ``store``: one the operator adopted under that name, else
-        ``STORES/tenants/TENANT/STORE`` (a tenant's stores live in its own folder; folders made outside the service
-        are reached only once adopted)."""
-        check_name(store, "the store name")
-        root = self._stores_root()
-        adopted = self.budgets.tenancy.adopted("store", principal.tenant, store)
-        return root / adopted if adopted is not None else root / TENANTS / principal.tenant / store
+        """The folder of the tenant's store ``store`` in a stores folder (:meth:`FolderStores.path`)."""
+        stores = self._stores()
+        if not isinstance(stores, FolderStores):
+            raise ConfigurationError("this server's stores are on a Chroma server, not in a folder")
+        return stores.path(principal, check_name(store, "the store name"))
 
     def rag(self, principal: Principal, store: str, *, create: bool = False) -> tuple[PrivateRAG, threading.Lock]:
         """The tenant's store ``store`` (created on the first documents) and its lock. Another tenant's store is a
         missing one: the same 404, the same message."""
-        folder = self.store_path(principal, store)
-        if not create and not folder.is_dir():
-            raise NotFound("no store of that name for this key; add documents first with POST "
-                           "/v1/rag/STORE/documents")
-        if create and not folder.parent.is_dir():
-            folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for made in (folder.parent, folder.parent.parent):  # STORES/tenants/TENANT: the tenant names too
-                made.chmod(0o700)
+        stores = self._stores()
+        check_name(store, "the store name")
+        key = stores.locate(principal, store, create=create)
         with self.plan_lock:
-            if str(folder) not in self._rags:
+            if key not in self._rags:
                 # the one runtime of this process: summaries and answers are decoded in the shared batch
-                rag = PrivateRAG(folder, runtime=self.core)
-                self._rags[str(folder)] = (rag, threading.Lock())
-        return self._rags[str(folder)]
+                where = stores.document_store(principal, store, key, self.core.embedder if isinstance(
+                    stores, ServerStores) else None)
+                self._rags[key] = (PrivateRAG(where, runtime=self.core), threading.Lock())
+        return self._rags[key]
 
     def stores(self, principal: Principal) -> list[str]:
-        if self.stores_dir is None:
-            return []
-        own = self.stores_dir / TENANTS / principal.tenant
-        names = {p.name for p in own.iterdir() if p.is_dir()} if own.is_dir() else set()
-        names |= {n for n, target in self.budgets.tenancy.names("store", principal.tenant).items()
-                  if (self.stores_dir / target).is_dir()}
-        return sorted(names)
+        return [] if self.stores_at is None else self.stores_at.names(principal)
 
     def store_unit(self, store: str) -> str:
         """A store's unit (every answer from it is charged there): ``store.STORE``."""
