@@ -160,3 +160,8 @@ def test_serve_refuses_a_chroma_server_that_is_down_before_the_model_loads(tmp_p
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "cannot be reached" in lines[0] and "model" not in lines[0], out.stderr
     assert not (tmp_path / "ledger.db").exists()  # nothing made: the check comes first
+    from dpinfer.cli import build_parser
+    from dpinfer.cli.serve import check_serve_args
+
+    with pytest.raises(ConfigurationError, match="not another URL"):  # not taken for a folder named "http:"
+        check_serve_args(build_parser().parse_args(["serve", "--stores", "http://127.0.0.1:8000"]))
