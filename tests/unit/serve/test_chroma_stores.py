@@ -6,6 +6,7 @@ CI set)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def two_services(tiny_lm, tmp_path, chroma_server, keys_file):
 
 
 def test_two_replicas_on_one_chroma_server_see_the_same_documents(two_services, chroma_server, caplog) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, chromadb's and httpx's included, at its most talkative
     one, two, runtimes, keys = two_services
     acme, globex = auth(keys["acme"]), auth(keys["globex"])
     r = httpx.post(one.url + "/v1/rag/clinic/documents", json={"documents": DOCS}, headers=acme, timeout=60)
