@@ -79,6 +79,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "by default; /openapi.json is always served)")
     add_model_arguments(sp)
     sp.set_defaults(func=run)
+    _add_subcommands(sp, common)
+
+
+def _add_subcommands(sp: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """``dpinfer serve keys create|list|revoke`` and ``dpinfer serve adopt``."""
     ssub = sp.add_subparsers(dest="serve_command", metavar="keys|adopt")
     kp = ssub.add_parser("keys", help="API keys (a keys file, or the ledger's database)").add_subparsers(
         dest="keys_command", metavar="create|list|revoke", required=True)
