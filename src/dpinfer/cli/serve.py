@@ -26,8 +26,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Serve sanitisation, synthesis, private RAG and prompt protection over HTTP, with a web page at / "
                     "and OpenAPI docs at /docs. One process holds one model and one engine; concurrent requests are "
                     "decoded together. Every release is charged to its unit's budget before anything is generated. "
-                    "Without --keys the server serves this machine only (loopback) and every request is the local "
-                    "admin.",
+                    "Without keys (no --keys, and none in the ledger's database) the server serves this machine only "
+                    "(loopback) and every request is the local admin.",
         epilog="Keys: dpinfer serve keys create --keys PATH --tenant T --role user|admin (the key is printed once), "
                "or --ledger postgresql://USER@HOST/DB instead of --keys: the keys in the ledger's database, shared by "
                "every replica (then no --keys is given to the server). Stores on a Chroma server: --stores "
@@ -60,8 +60,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          f"{show(SERVE.default_delta)})")
     sp.add_argument("--replicas", type=int, default=None, metavar="N",
                     help="deploy the service as N replicas on Ray Serve, each with its own model and engine, sharing "
-                         "--ledger (give postgresql://USER@HOST/DB beyond one machine) and --keys (needs the ray "
-                         "extra; docs/deploy.md)")
+                         "--ledger and the keys in it (give postgresql://USER@HOST/DB beyond one machine) and "
+                         "--stores (give chroma://HOST:PORT beyond one machine); needs the ray extra; "
+                         "docs/deploy.md")
     sp.add_argument("--ray-address", default=None, metavar="ADDR",
                     help="--replicas: join this Ray cluster (e.g. ray://HOST:10001 or auto); default: a local Ray")
     sp.add_argument("--batch-window", type=float, default=SERVE.batch_window_s,
@@ -69,7 +70,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          f"{show(SERVE.batch_window_s)})")
     sp.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                     help="a name the Host header may give besides the bind address, localhost, 127.0.0.1 and [::1] "
-                         "(repeatable; '*': any, with --keys only). Other Host headers are refused (DNS rebinding)")
+                         "(repeatable; '*': any, with keys only). Other Host headers are refused (DNS rebinding)")
     sp.add_argument("--forward", default="", metavar="ROLES",
                     help="roles of messages dpinfer-protect forwards upstream UNPROTECTED for every request, e.g. "
                          "system,assistant (default: none; only the protected prompt goes upstream)")
@@ -78,6 +79,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                          "by default; /openapi.json is always served)")
     add_model_arguments(sp)
     sp.set_defaults(func=run)
+    _add_subcommands(sp, common)
+
+
+def _add_subcommands(sp: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """``dpinfer serve keys create|list|revoke`` and ``dpinfer serve adopt``."""
     ssub = sp.add_subparsers(dest="serve_command", metavar="keys|adopt")
     kp = ssub.add_parser("keys", help="API keys (a keys file, or the ledger's database)").add_subparsers(
         dest="keys_command", metavar="create|list|revoke", required=True)
@@ -250,6 +256,8 @@ def check_serve_args(args: argparse.Namespace) -> Any:
         raise ConfigurationError(f"--tagger must be presidio or regex, got {args.tagger!r}")
     if is_server_url(args.stores):
         ChromaServer(args.stores)  # a wrong address, a server that is down: one line, before anything is made
+    elif args.stores is not None and "://" in args.stores:
+        raise ConfigurationError("--stores takes a folder or a Chroma server chroma://HOST:PORT, not another URL")
     args.keys_source = _keys_source(args)
     args.ledger_location = ledger_location(args)  # also what replicas open (the keys in it, when keys_source says)
     keys = open_keys(args.keys_source, args.keys, args.ledger_location)

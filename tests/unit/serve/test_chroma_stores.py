@@ -6,6 +6,7 @@ CI set)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def two_services(tiny_lm, tmp_path, chroma_server, keys_file):
 
 
 def test_two_replicas_on_one_chroma_server_see_the_same_documents(two_services, chroma_server, caplog) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, chromadb's and httpx's included, at its most talkative
     one, two, runtimes, keys = two_services
     acme, globex = auth(keys["acme"]), auth(keys["globex"])
     r = httpx.post(one.url + "/v1/rag/clinic/documents", json={"documents": DOCS}, headers=acme, timeout=60)
@@ -160,3 +162,8 @@ def test_serve_refuses_a_chroma_server_that_is_down_before_the_model_loads(tmp_p
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "cannot be reached" in lines[0] and "model" not in lines[0], out.stderr
     assert not (tmp_path / "ledger.db").exists()  # nothing made: the check comes first
+    from dpinfer.cli import build_parser
+    from dpinfer.cli.serve import check_serve_args
+
+    with pytest.raises(ConfigurationError, match="not another URL"):  # not taken for a folder named "http:"
+        check_serve_args(build_parser().parse_args(["serve", "--stores", "http://127.0.0.1:8000"]))
