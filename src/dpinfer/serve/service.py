@@ -34,6 +34,7 @@ from typing import Any
 
 from dpinfer import generation
 from dpinfer.accounting.charge import Charges, Reservation, charge, reserve
+from dpinfer.accounting.ledger_store import is_database_url
 from dpinfer.clip_bounds import clip_bounds
 from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
@@ -48,6 +49,7 @@ from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
 from dpinfer.serve.bodies import synth_options
 from dpinfer.serve.budget import BudgetRefused, LedgerBudgets, ledger_unit
+from dpinfer.serve.job_table import JobTable
 from dpinfer.serve.keys import Principal, check_name, check_unit_name
 from dpinfer.serve.metrics import Metrics
 from dpinfer.serve.stores import FolderStores, ServerStores, open_stores
@@ -90,10 +92,12 @@ class Service:
         self._rags: dict[str, tuple[PrivateRAG, threading.Lock]] = {}
         self.min_new_tokens = int(min_new_tokens)
         """Benchmarks only: EOS masked for every rewrite until this many tokens (a public transform)."""
-        self.jobs = SynthJobs(Path(state) if state is not None else budgets.path.parent / "jobs", self)
+        shared = JobTable(budgets.ledger) if is_database_url(budgets.path) else None  # replicas: any one answers a poll
+        self.jobs = SynthJobs(Path(state) if state is not None else budgets.path.parent / "jobs", self, shared)
         self.jobs.resume()
 
     def close(self) -> None:
+        self.jobs.close()
         self.batcher.close()
         if self.int8_batcher is not None:
             self.int8_batcher.close()

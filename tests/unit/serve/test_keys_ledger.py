@@ -69,7 +69,7 @@ def test_the_ledger_is_at_schema_4_with_its_keys_table(location: str) -> None:
         import sqlite3
 
         version = sqlite3.connect(location).execute("PRAGMA user_version").fetchone()[0]
-    assert version == SCHEMA_VERSION == 4
+    assert version == SCHEMA_VERSION == 5
     assert ledger._query("SELECT COUNT(*) FROM api_keys")[0][0] == 0
 
 

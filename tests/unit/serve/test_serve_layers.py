@@ -14,12 +14,12 @@ ACCOUNTING_ALLOWED: dict[str, frozenset[str]] = {
     "dpinfer.accounting.charge": frozenset(
         {"charge", "reserve", "Reservation", "commit_left", "Charges", "run_charged", "hold", "close"}
     ),
-    "dpinfer.accounting.ledger": frozenset({"Ledger"}),
+    "dpinfer.accounting.ledger": frozenset({"Ledger", "holder_id", "holder_alive"}),
     "dpinfer.accounting.ledger_store": frozenset({"is_database_url"}),
 }
-"""The accounting names the server may import: the one charge path's public steps (:mod:`dpinfer.accounting.charge`)
-and opening the ledger. Nothing else of accounting: no loss, event, calibration, guarantee arithmetic or spend
-estimate."""
+"""The accounting names the server may import: the one charge path's public steps (:mod:`dpinfer.accounting.charge`),
+opening the ledger, and its holders' names and liveness (the synthesis jobs' leases). Nothing else of accounting: no
+loss, event, calibration, guarantee arithmetic or spend estimate."""
 
 BANNED = ("dpinfer.mechanisms",)
 """Packages the server may not import at all."""
