@@ -11,7 +11,9 @@ works at once on every replica; or a keys file, which every node must hold) and 
 chroma://HOST:PORT``: one Chroma server; a stores folder is seen only by the replicas of its machine). Each replica
 settles the pending charges of dead holders at its start (:func:`~dpinfer.accounting.ledger.settle_dead`): the
 charges a killed replica left are settled by the ledger's rule when Ray starts its successor. A synthesis job runs
-on the replica that took it (its files in that replica's own folder).
+on the replica that took it (its files in that replica's own folder); with a PostgreSQL ledger its state is in the
+ledger's database, so any replica answers its poll, and a job whose replica died reads as failed
+(:mod:`dpinfer.serve.job_table`).
 
 Nothing leaves the machine: Ray's usage statistics are off and a local Ray starts without its dashboard
 (:func:`dpinfer.pipelines.corpus_ray.init_ray`). Ray Serve is an optional extra: ``.venv/bin/pip install -e

@@ -166,11 +166,15 @@ class SynthJobs:
 
     def _take_over(self, job_id: str) -> bool:
         """Whether this server may resume its folder's unfinished job: always with a SQLite ledger; with a shared
-        one, when its row is unfinished and its holder dead (taken over, once), else the folder's job is ended as
-        the row says (failed by a poll meanwhile: its request is deleted, never resumed)."""
+        one, when its row is unfinished and its holder dead (taken over, once) or it has no row yet (added), else the
+        folder's job is ended as the row says (failed by a poll meanwhile: its request is deleted, never resumed)."""
         if self.table is None:
             return True
         row = self.table.get(job_id)
+        state = self._state(job_id) or {}
+        if row is None and "tenant" in state:  # a job of a server before the table: its row now, then resumed
+            self.table.add(job_id, str(state["tenant"]), job_units(state), 0)
+            return True
         if row is not None and row["holder"] == self.table.holder and row["status"] not in ENDED:
             return True
         if row is not None and self.table.dead(row) and self.table.take_over(job_id, str(row["holder"])):
