@@ -230,3 +230,47 @@ def test_a_job_started_on_one_replica_is_polled_on_another(tiny_lm, tmp_path, po
         for svc in (one, two):
             svc.jobs.wait(120)
             svc.close()
+
+
+def test_a_restarted_server_on_a_postgresql_ledger_takes_its_job_over(tiny_lm, tmp_path, postgres_url,
+                                                                      monkeypatch) -> None:
+    """A server whose process died mid-job, restarted on its folder before any poll failed the job, takes the job's
+    row over (its holder dead) and finishes it: done on every replica, charged once."""
+    import socket
+    import subprocess
+    import sys
+
+    from dpinfer.serve import synth_jobs
+    from dpinfer.serve.keys import Principal
+
+    acme = Principal("acme", "user", "k1")
+    real = synth_jobs.synthesize_iter
+
+    def dies_after_one(*args, **kwargs):
+        it = real(*args, **kwargs)
+        yield next(it)
+        it.close()
+        raise Killed
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    dead = f"{socket.gethostname()}:{proc.pid}:1"
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", dies_after_one)
+    monkeypatch.setattr("threading.excepthook", lambda args: None)  # the thread's death is the point
+    first = make_runtime(tiny_lm, tmp_path / "one", ledger=postgres_url)
+    monkeypatch.setattr(first.jobs.table, "holder", dead)  # its process is gone once the job stops
+    job = first.jobs.submit(acme, BODY)["id"]
+    first.jobs.wait(120)
+    first.close()
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", real)
+    again = make_runtime(tiny_lm, tmp_path / "one", ledger=postgres_url)  # the same folder: resumes the job
+    other = make_runtime(tiny_lm, tmp_path / "two", ledger=postgres_url)
+    try:
+        again.jobs.wait(120)
+        got = other.jobs.get(acme, job)
+        assert got["status"] == "done" and [t["batch"] for t in got["result"]["texts"]] == [0, 1, 2, 3], got
+        assert got["result"]["budget"]["releases"] == 1 and got["result"]["budget"]["pending"] == 0  # charged once
+        assert again.jobs.resume() == []
+    finally:
+        for svc in (again, other):
+            svc.close()
