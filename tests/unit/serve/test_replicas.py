@@ -120,6 +120,23 @@ def test_two_replicas_admit_exactly_what_the_shared_budget_affords(postgres_url,
         assert codes.count(200) == 3 and codes.count(402) == 47, codes
         status = ledger.status(ledger_unit("acme", "u3"))
         assert (status.releases, status.pending) == (3, 0) and status.spent <= budget
+        # a synthesis job is polled through the proxy, whichever replica each poll reaches: never a 404
+        synth = {"references": [f"Record {i}: a headache, and rest." for i in range(4)], "epsilon": 8,
+                 "batch_size": 2, "max_new_tokens": 4}
+        r = httpx.post(url + "/v1/synth", json=synth, headers=auth, timeout=120)
+        assert r.status_code == 202, r.text
+        polls: list[dict] = []
+
+        def finished() -> bool:
+            got = httpx.get(url + r.json()["poll"], headers=auth, timeout=60)
+            assert got.status_code == 200, got.text
+            polls.append(got.json())
+            return polls[-1]["status"] not in ("queued", "running")
+
+        _wait(finished, 180, "the synthesis job")
+        again = [httpx.get(url + r.json()["poll"], headers=auth, timeout=60).json() for _ in range(6)]
+        assert polls[-1]["status"] == "done" and all(a == polls[-1] for a in again), polls[-1]
+        assert [t["batch"] for t in polls[-1]["result"]["texts"]] == [0, 1]
 
         codes = load("k3", kill=True)
         ok = codes.count(200)
@@ -149,23 +166,6 @@ def test_two_replicas_admit_exactly_what_the_shared_budget_affords(postgres_url,
         refused = [httpx.get(url + "/v1/rag", headers={"Authorization": f"Bearer {later}"}, timeout=60).status_code
                    for _ in range(8)]
         assert refused == [401] * 8
-        # a synthesis job is polled through the proxy, whichever replica each poll reaches: never a 404
-        synth = {"references": [f"Record {i}: a headache, and rest." for i in range(4)], "epsilon": 8,
-                 "batch_size": 2, "max_new_tokens": 4}
-        r = httpx.post(url + "/v1/synth", json=synth, headers=auth, timeout=120)
-        assert r.status_code == 202, r.text
-        polls: list[dict] = []
-
-        def finished() -> bool:
-            got = httpx.get(url + r.json()["poll"], headers=auth, timeout=60)
-            assert got.status_code == 200, got.text
-            polls.append(got.json())
-            return polls[-1]["status"] not in ("queued", "running")
-
-        _wait(finished, 180, "the synthesis job")
-        again = [httpx.get(url + r.json()["poll"], headers=auth, timeout=60).json() for _ in range(6)]
-        assert polls[-1]["status"] == "done" and all(a == polls[-1] for a in again), polls[-1]
-        assert [t["batch"] for t in polls[-1]["result"]["texts"]] == [0, 1]
     finally:
         server.send_signal(signal.SIGTERM)
         try:
