@@ -17,6 +17,11 @@ the protected prompt: ``dp-gtr`` (:mod:`dpinfer.protect.gtr`: exemplars, keyword
 :mod:`dpinfer.protect.stage3`) or ``dp-prompt`` (the first rewrite as it is). It never sees the prompt: the
 pipeline drops it after stage 1. Settings: :class:`~dpinfer.configs.protect.ProtectConfig`.
 
+As a task (:mod:`dpinfer.task`): :func:`plan_protect` plans stage 1 of each prompt as one engine job, with the
+guarantee and the charges (:class:`ProtectPlan`); the engine (or a server's batcher) runs the jobs; the charge path
+settles the cost before they run; :func:`finish_protect` decodes the rewrites and runs the method on them. The stages
+themselves live in :mod:`dpinfer.protect`.
+
 What the authors' code got wrong and this implementation does not repeat: top_k = 50 sampling (voids the exponential
 mechanism); ``max_new_tokens`` = the private prompt's length + 20 (leaks the length); no clipping on the large model;
 JEM with the wrong sensitivity over the observed words only; case-sensitive keywords; only the per-token ε reported.
