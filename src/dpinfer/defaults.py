@@ -192,6 +192,8 @@ class ServeDefaults:
     """``serve --replicas``: requests Ray Serve lets one replica hold at once (its batcher decodes them together)."""
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
+    stores_connect_timeout_s: float = 5.0
+    """``--stores chroma://HOST:PORT``: how long the check that the Chroma server answers may take at start."""
 
 
 @dataclass(frozen=True)

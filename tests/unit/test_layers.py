@@ -5,9 +5,9 @@ Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release
 ``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``; ``modeling``, the model code,
 imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs`` (the resumable-job
 loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task`` (the task
-protocol) → pipelines → bench, serve, audit → interfaces (``cli``, the Python
-API). ``rag`` imports no interface (its file readers come from :mod:`dpinfer.references`, not through pipelines);
-``bench`` imports no command line and no server.
+protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no interface (its
+file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command line (it
+measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rag": INTERFACES,
     "protect": INTERFACES,
     "task.py": INTERFACES,
-    "bench": ("cli", "serve", "api"),
+    "bench": ("cli", "api"),
+    "serve": ("cli", "bench", "api", "audit"),
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 

@@ -158,7 +158,8 @@ class PrivateRAG:
     >>> # answer.text, answer.guarantee.epsilon, rag.session_guarantee().epsilon
 
     Args:
-        path: the store's folder (created on the first :meth:`add`).
+        path: the store's folder (created on the first :meth:`add`), or a :class:`~dpinfer.rag.store.DocumentStore`
+            (e.g. one on a Chroma server, :mod:`dpinfer.rag.server`).
         lm: model (default: the embedded SmolLM2-135M-Instruct), loaded on the first :meth:`ask`.
         embedder: sentence encoder with ``encode(texts)`` (default: offline all-MiniLM-L6-v2).
         top_k: documents retrieved by embedding distance (default 6).
@@ -181,7 +182,7 @@ class PrivateRAG:
 
     doc_slack = DOC_SLACK
 
-    def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None,
+    def __init__(self, path: str | Path | DocumentStore, *, lm: LM | str | None = None, embedder: Any = None,
                  top_k: int = RAG.top_k, top_n: int = RAG.top_n, reranker: str | Callable[..., Any] = "maxp",
                  max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None,
                  ledger: Any = STORE_LEDGER, unit: str | None = None, runtime: Any = None) -> None:
@@ -197,7 +198,8 @@ class PrivateRAG:
         self.runtime: Runtime = resolve_runtime(runtime, lm=lm)
         if embedder is None and runtime is not None:
             embedder = runtime.embedder
-        self.store: DocumentStore = DocumentStore(path, embedder=embedder, create=True)
+        self.store: DocumentStore = path if isinstance(path, DocumentStore) else \
+            DocumentStore(path, embedder=embedder, create=True)  # a store on a Chroma server comes made
         self.accountant = PrivacyAccountant()
         """Every answer of this session (this object), composed: :meth:`session_guarantee`."""
         self._ledger_arg = ledger

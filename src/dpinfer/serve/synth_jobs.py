@@ -171,7 +171,7 @@ class SynthJobs:
             if resumed:  # a resumed job that released texts: its charges (pending if the server died) are spent
                 svc.budgets.commit_left(units, resume_key, per_unit=legacy is False)
                 return None
-            return svc.hold(units, plan.guarantee, "corpus", resume_key=resume_key, per_unit=legacy is False)
+            return svc.hold(units, plan.charges, resume_key=resume_key, per_unit=legacy is False)
 
         run_synthesis_job(out, total, header, digest,
                           lambda skip: synthesize_iter(plan, runtime=svc.core, skip_batches=skip), job=JOB,

@@ -157,8 +157,9 @@ def test_a_version_1_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
                     json.loads(_cost_json(Zcdp(0.1)))),))
     con.close()
     ledger = Ledger(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM adopted").fetchone() == (0,)  # the service's adoptions
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM api_keys").fetchone() == (0,)  # the service's keys
     old = ledger.history("u")[0]
     assert (old.state, old.holder, old.phase) == ("pending", None, None)
     assert ledger.settle_dead() == []  # no holder: left pending for the operator
