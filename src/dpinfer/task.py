@@ -7,8 +7,10 @@ corpus jobs, the benches) runs it the same way: parse → **plan** → **charge*
   once, here, from the parameters and a maximum length alone: ex ante, never from the private data) and the
   ``charges`` (:class:`~dpinfer.accounting.charge.Charges`: the cost from that guarantee, the scope of the units it is
   charged to). A task's own plan (:class:`~dpinfer.pipelines.sanitize_plan.SanitizePlan`,
-  :class:`~dpinfer.rag.answer.AskPlan`, :class:`~dpinfer.protect.plan.ProtectPlan`, …) is a :class:`Plan` with what
-  its ``finish`` needs besides. A plan holds private contexts: never log or serialise it.
+  :class:`~dpinfer.rag.answer.AskPlan`, :class:`~dpinfer.pipelines.protect_prompt.ProtectPlan`,
+  :class:`~dpinfer.pipelines.synthesize.SynthesisJobs`, :class:`~dpinfer.generation.GeneratePlan`) is a
+  :class:`Plan` with what its ``finish`` needs besides; each task module has a ``TASK`` object (a :class:`Task`).
+  A plan holds private contexts: never log or serialise it.
 * **charge**: :func:`dpinfer.accounting.charge.run_charged` (``run_charged(ledger, plan.charges, run)``) settles
   the cost on the caller's units before the jobs run and commits once the result is handed over (the one charge path).
 * **run**: the plan's jobs on an engine (:meth:`Engine.run <dpinfer.engine.Engine.run>` /

@@ -65,3 +65,20 @@ def test_every_task_runs_through_perform_as_its_own_entry_point_does(tiny_lm, tm
     synth = SynthConfig(method="invisibleink", epsilon=8.0, batch_size=2, max_new_tokens=3, seed=1)
     res = perform(SYNTH, synth, SynthesisInputs(refs), rt)
     assert [t.text for t in res.texts] == [t.text for t in synthesize(refs, synth, runtime=rt).texts]
+
+
+def test_engine_run_and_stream_take_a_job_whole(tiny_lm) -> None:
+    from dpinfer.engine import Engine
+    from dpinfer.mechanisms.sampler import Sampler
+
+    engine = Engine(tiny_lm)
+
+    def job() -> Job:
+        return Job(contexts=[[1, 2, 3]], mechanism=Sampler(temperature=1.0, mode="independent"), max_new_tokens=5,
+                   seed=7)
+
+    by_args = engine.generate([[1, 2, 3]], Sampler(temperature=1.0, mode="independent"), max_new_tokens=5, seed=7)
+    assert engine.run(job()).sequences == by_args.sequences
+    events = engine.stream(job())
+    assert [e.tokens[0] for e in events][: len(by_args.sequences[0])] == by_args.sequences[0]
+    assert events.output.sequences == by_args.sequences

@@ -279,7 +279,7 @@ def run_synthesis_job(out: SynthesisOutput, total: int, header: Mapping[str, Any
             stream = texts(set(range(total)) - batches)
             out.start(header, partition_sha256)  # the private partition file, then the header line (before any text)
             for text in stream:
-                if held is not None:
+                if held is not None and not released:
                     held.releasing()  # from here a cancel commits: part of the release may have left
                 released = True
                 yield record(text)

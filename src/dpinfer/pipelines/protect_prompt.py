@@ -17,6 +17,11 @@ the protected prompt: ``dp-gtr`` (:mod:`dpinfer.protect.gtr`: exemplars, keyword
 :mod:`dpinfer.protect.stage3`) or ``dp-prompt`` (the first rewrite as it is). It never sees the prompt: the
 pipeline drops it after stage 1. Settings: :class:`~dpinfer.configs.protect.ProtectConfig`.
 
+As a task (:mod:`dpinfer.task`): :func:`plan_protect` plans stage 1 of each prompt as one engine job, with the
+guarantee and the charges (:class:`ProtectPlan`); the engine (or a server's batcher) runs the jobs; the charge path
+settles the cost before they run; :func:`finish_protect` decodes the rewrites and runs the method on them. The stages
+themselves live in :mod:`dpinfer.protect`.
+
 What the authors' code got wrong and this implementation does not repeat: top_k = 50 sampling (voids the exponential
 mechanism); ``max_new_tokens`` = the private prompt's length + 20 (leaks the length); no clipping on the large model;
 JEM with the wrong sensitivity over the observed words only; case-sensitive keywords; only the per-token ε reported.
@@ -49,7 +54,6 @@ from dpinfer.protect.stage1 import (
     paraphrase_ids,
     request_bound,
     stage1_mechanism,
-    stage1_rewrites,
     truncate_tokens,
 )
 from dpinfer.protect.stage3 import (
@@ -312,6 +316,10 @@ TASK = ProtectTask()
 
 
 def _run(plan: ProtectPlan) -> list[ProtectedPrompt]:
+    rt, method = plan.runtime, plan.method
+    _ = rt.engine, rt.embedder if method.uses_embedder else None  # loaded before stage 1 (the "loading" lap)
+    if method.uses_stage3 and plan.config.stage3_int8:
+        _ = rt.int8_engine
     plan.laps("loading")
     return finish_protect(plan, run_jobs(plan.runtime.engine, plan.jobs))
 
@@ -432,12 +440,11 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 
 __all__ = [
-    "ADJACENCY", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS",
-    "SUPPRESS_METHODS", "ProtectConfig", "ProtectedPrompt", "StopAfterFirstLine", "capped_paraphrase_ids",
+    "ADJACENCY", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS", "SUPPRESS_METHODS", "TASK",
+    "ProtectConfig", "ProtectInputs", "ProtectPlan", "ProtectedPrompt", "StopAfterFirstLine", "capped_paraphrase_ids",
     "check_protect_params", "check_request_fits", "choose_exemplar", "choose_exemplars", "closest_to_consensus",
-    "final_prompt_head", "final_prompt_ids", "guarantee_lines", "keyword_ban", "keyword_variants", "paraphrase_ids",
-    "perplexities",
-    "protect_config", "protect_prompt", "protect_prompts", "release_keywords", "request_bound", "stage1_mechanism",
-    "stage1_rewrites", "stage3_choices", "stage3_prompt", "stage3_prompts", "stage3_select", "strip_echoes",
-    "truncate_tokens",
+    "final_prompt_head", "final_prompt_ids", "finish_protect", "guarantee_lines", "keyword_ban", "keyword_variants",
+    "paraphrase_ids", "perplexities", "plan_protect", "protect_config", "protect_prompt", "protect_prompts",
+    "release_keywords", "request_bound", "stage1_mechanism", "stage3_choices", "stage3_prompt", "stage3_prompts",
+    "stage3_select", "strip_echoes", "truncate_tokens",
 ]

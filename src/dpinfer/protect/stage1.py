@@ -5,7 +5,6 @@ tokens first, decoded on the engine's independent mode with :class:`~dpinfer.mec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpinfer.accounting.calibration import Budget, Spec
@@ -13,9 +12,7 @@ from dpinfer.clip_bounds import PARAPHRASE_INSTRUCTION
 from dpinfer.defaults import PROTECT
 
 if TYPE_CHECKING:
-    from dpinfer.engine import Engine
     from dpinfer.mechanisms.dp_prompt import DPPrompt
-    from dpinfer.mechanisms.randomness import RandomSource
     from dpinfer.models import LM
 
 DEFAULT_TEMPERATURE = PROTECT.temperature
@@ -38,14 +35,6 @@ def stage1_mechanism(*, clip: tuple[float, float], n_rewrites: int, max_new_toke
 def paraphrase_ids(lm: LM, prompt: str) -> list[int]:
     """Token ids of stage 1's chat-templated paraphrase request for ``prompt``."""
     return lm.encode(lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=prompt)))
-
-
-def stage1_rewrites(engine: Engine, lm: LM, prompt_ids: Sequence[int], mech: DPPrompt, *, max_new_tokens: int,
-                    generator: RandomSource) -> list[str]:
-    """The ``mech.num_rewrites`` DP-Prompt rewrites, decoded in one independent-mode batch on the engine."""
-    rows = [list(prompt_ids)] * mech.num_rewrites
-    out = engine.generate(rows, mech, max_new_tokens=max_new_tokens, generator=generator)
-    return [lm.decode(seq).strip() for seq in out.sequences]
 
 
 REQUEST_MARGIN = 4

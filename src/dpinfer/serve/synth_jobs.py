@@ -271,8 +271,14 @@ class SynthJobs:
 
         run_synthesis_job(out, total, header, digest,
                           lambda skip: synthesize_iter(plan, runtime=svc.core, skip_batches=skip), job=JOB,
-                          hold=hold, record=lambda text: {k: text.to_dict()[k] for k in TEXT_FIELDS}, check=check,
+                          hold=hold, record=_text_line, check=check,
                           on_release=lambda key, record: self._progress(job_id, len(out.done), total))
+
+
+def _text_line(text: Any) -> dict[str, Any]:
+    """A text's line: the release only (:data:`TEXT_FIELDS`)."""
+    record = text.to_dict()
+    return {k: record[k] for k in TEXT_FIELDS}
 
 
 def job_units(state: Mapping[str, Any]) -> list[tuple[str, str]]:

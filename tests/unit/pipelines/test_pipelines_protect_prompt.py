@@ -116,15 +116,15 @@ def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
     lengths: list[int] = []
     from dpinfer.engine import Engine
 
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
-        lengths.append(kwargs["max_new_tokens"])
-        out = generate(self, contexts, mechanism, **kwargs)
-        assert max(len(s) for s in out.sequences) <= kwargs["max_new_tokens"]
+    def record(self, job):
+        lengths.append(job.max_new_tokens)
+        out = wait(self, job)
+        assert max(len(s) for s in out.sequences) <= job.max_new_tokens
         return out
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=4, n_keywords=3, max_new_tokens=6,
                             seed=3)
     assert len(res.rewrites) == 4 and res.method == "dp-gtr"
@@ -565,13 +565,13 @@ def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypa
     clip_bounds(tiny_lm)  # measured now if no earlier test did: both releases below read the cached bounds
 
     ran_on: list[str | None] = []
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
+    def record(self, job):
         ran_on.append(self.lm.quantize)
-        return generate(self, contexts, mechanism, **kwargs)
+        return wait(self, job)
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, max_new_tokens=5, seed=3)
     assert ran_on[-2:] == [None, "int8"] and res.settings["stage3_int8"] is True  # stage 1 float32, stage 3 int8
     ran_on.clear()
@@ -611,13 +611,13 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
         assert pp.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
     # stage 3 on the int8 twin reads them: each seeded row skips its head and exemplar, and the finals are the same
     seen: list = []
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
-        seen.append(kwargs.get("prefix_kv"))
-        return generate(self, contexts, mechanism, **kwargs)
+    def record(self, job):
+        seen.append(job.prefix_kv)
+        return wait(self, job)
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     twin = Engine(int8_twin(tiny_lm))
     items = [(ex, ["kettle"]) for ex in chosen] + [("Not ranked: a question?", [])]
     seeded = pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
