@@ -9,7 +9,7 @@ One table and one plot per task; every row decodes with the SAME model, on the s
 * **rag** (GenMedGPT dialogues from ``../shared/data``): the first ``--docs`` dialogues are stored; the questions are
   the patient messages of the first ``--questions`` of them whose doctor's reply names a drug or a test that the
   message does not (held-in). The vocabulary of drugs and tests is computed deterministically from the dialogues'
-  replies (:func:`~dpinfer.bench.utility_tasks.medical_vocabulary`). Rows: ``none`` (the ceiling), ``public`` (the
+  replies (:func:`~dpinfer.bench.utility_vocab.medical_vocabulary`). Rows: ``none`` (the ceiling), ``public`` (the
   floor; both skipped with ``--no-rag-baselines``) and ``pad`` at each ``--epsilons`` value (``--pad-min-p``: its
   public support). Figures: the share of answers naming at least one of the reply's facts (Wilson 95%), the same on
   the questions whose reply names a drug, the mean share of the facts named (t 95%), each row's paired difference
@@ -164,7 +164,9 @@ class _Progress:
 
 def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
-    from dpinfer.bench.utility_tasks import run_protect, run_rag, run_sanitize, run_synth
+    from dpinfer.bench.utility_rag import run_rag
+    from dpinfer.bench.utility_sanitize import run_sanitize
+    from dpinfer.bench.utility_synth import run_protect, run_synth
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
 
@@ -176,7 +178,7 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
     if config.support_of:
         import json
 
-        from dpinfer.bench.utility_tasks import support_of_run
+        from dpinfer.bench.utility_rag import support_of_run
 
         res = json.loads(Path(config.support_of).read_text(encoding="utf-8"))
         res["rag"]["rows"] = [{**r, "epsilon": float(r["epsilon"])} for r in res["rag"]["rows"]]
@@ -237,11 +239,11 @@ FIGURES = {name: _figure(name) for name in TASKS}
 
 
 def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
-    """``--merge``: the rag rows of several runs as one result (:func:`~dpinfer.bench.utility_tasks.merge_rag`);
+    """``--merge``: the rag rows of several runs as one result (:func:`~dpinfer.bench.utility_rag.merge_rag`);
     the other tasks as the first run that has them measured them."""
     import json
 
-    from dpinfer.bench.utility_tasks import merge_rag
+    from dpinfer.bench.utility_rag import merge_rag
 
     def floats(x: Any) -> Any:
         if isinstance(x, dict):

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from dpinfer.bench import utility
-from dpinfer.bench import utility_tasks as ut
+from dpinfer.bench import utility_rag as urag
+from dpinfer.bench import utility_sanitize as usan
+from dpinfer.bench import utility_synth as usyn
+from dpinfer.bench import utility_vocab as uvoc
 from dpinfer.errors import ConfigurationError
 from dpinfer.taggers.base import Span
 
@@ -25,24 +28,24 @@ REPLIES = [
 
 
 def test_vocabulary_is_computed_from_the_replies_enumerations() -> None:
-    terms = ut.medical_vocabulary(REPLIES, min_count=2)
+    terms = uvoc.medical_vocabulary(REPLIES, min_count=2)
     drugs = {t.name for t in terms if t.kind == "drug"}
     tests = {t.name for t in terms if t.kind == "test"}
     assert drugs == {"allopurinol", "colchicine", "prednisone", "indomethacin"}  # ibuprofen: seen once
     assert tests == {"lipid panel"}  # "interview", "evaluation": no test word; CBC and x-ray: once each
     colchicine = next(t for t in terms if t.name == "colchicine")
     assert "colcry" in colchicine.forms  # the parenthesised alias is a form of the same term
-    assert ut.medical_vocabulary(REPLIES, min_count=2) == terms  # deterministic
+    assert uvoc.medical_vocabulary(REPLIES, min_count=2) == terms  # deterministic
 
 
 def test_matcher_and_targets_leave_out_what_the_question_names() -> None:
-    m = ut.TermMatcher([ut.Term("complete blood count", ("cbc", "complete blood count"), "test"),
-                        ut.Term("x ray", ("x ray",), "test"), ut.Term("prednisone", ("prednisone",), "drug")])
+    m = uvoc.TermMatcher([uvoc.Term("complete blood count", ("cbc", "complete blood count"), "test"),
+                        uvoc.Term("x ray", ("x ray",), "test"), uvoc.Term("prednisone", ("prednisone",), "drug")])
     assert m.named("A CBC, two X-rays and Prednisone.") == {"complete blood count", "x ray", "prednisone"}
     assert m.named("cbcx predni xray") == set()  # whole words only
     records = [{"input": "I took prednisone.", "output": "Keep taking prednisone."},  # nothing new: not an item
                {"input": "Do I need an x-ray?", "output": "An x-ray and a CBC; also prednisone."}]
-    items = ut.rag_items(records, m, 5)
+    items = urag.rag_items(records, m, 5)
     assert [x["index"] for x in items] == [1]
     assert items[0]["targets"] == ["complete blood count", "prednisone"] and items[0]["drug_targets"] == ["prednisone"]
 
@@ -54,13 +57,13 @@ def _item(found: list[str], targets: list[str], drugs: list[str] | None = None) 
 
 def test_rows_count_hits_recall_and_the_paired_difference_to_the_floor() -> None:
     t = ["a", "b"]
-    floor = ut.summarise_rag_row({"method": "public", "epsilon": 0.0, "seconds": 1.0,
+    floor = urag.summarise_rag_row({"method": "public", "epsilon": 0.0, "seconds": 1.0,
                                   "items": [_item([], t), _item([], t), _item(["a"], t), _item([], t)]})
-    pad = ut.summarise_rag_row({"method": "pad", "epsilon": 64.0, "seconds": 1.0,
+    pad = urag.summarise_rag_row({"method": "pad", "epsilon": 64.0, "seconds": 1.0,
                                 "items": [_item(["a"], t, ["a"]), _item(["a", "b"], t), _item(["a"], t),
                                           _item([], t)]})
     rows = [floor, pad]
-    ut.compare_to_floor(rows)
+    urag.compare_to_floor(rows)
     assert pad["hit"]["count"] == 3 and floor["hit"]["count"] == 1
     assert pad["recall"]["mean"] == pytest.approx((0.5 + 1 + 0.5 + 0) / 4)
     assert pad["drug_hit"] == {**pad["drug_hit"], "count": 1, "n": 1}
@@ -73,8 +76,8 @@ def test_sanitize_measures_count_kept_values_and_years() -> None:
     doc = "On 3 May 1999 the applicant, Mr X, moved to Izmir with 3,000 euros."
     spans = [Span(doc.index(v), doc.index(v) + len(v), label) for v, label in
              (("3 May 1999", "DATETIME"), ("Mr X", "PERSON"), ("Izmir", "LOC"), ("3,000 euros", "QUANTITY"))]
-    assert ut.value_recall("He moved to izmir in 1999.", doc, spans) == (1, 3)  # PERSON is not counted
-    assert ut.years_of(doc) == {"1999"} and ut.years_of("in 2031 and 1850, not 123") == {"2031", "1850"}
+    assert usan.value_recall("He moved to izmir in 1999.", doc, spans) == (1, 3)  # PERSON is not counted
+    assert usan.years_of(doc) == {"1999"} and usan.years_of("in 2031 and 1850, not 123") == {"2031", "1850"}
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -101,7 +104,7 @@ def test_config_checks_before_any_model() -> None:
 
 
 def test_rag_methods_run_the_default_epsilon_first() -> None:
-    assert ut.rag_methods((4.0, 64.0, 8.0), 64.0) == [("none", None), ("public", None), ("pad", 64.0),
+    assert urag.rag_methods((4.0, 64.0, 8.0), 64.0) == [("none", None), ("public", None), ("pad", 64.0),
                                                        ("pad", 4.0), ("pad", 8.0)]
 
 
@@ -129,7 +132,7 @@ def test_rag_end_to_end_on_the_tiny_model(tiny_lm, tmp_path: Path, monkeypatch: 
     (data / "genmedgpt_dialogues.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
     monkeypatch.setenv("DPINFER_DATA", str(tmp_path))
     cfg = utility.config_from_args(_args(tasks="rag", questions=2, docs=5, epsilons="4", rag_tokens=3))
-    res = ut.run_rag(tiny_lm, _WordEmbedder(), cfg, lambda s: None)
+    res = urag.run_rag(tiny_lm, _WordEmbedder(), cfg, lambda s: None)
     assert res["questions"] == 2 and [r["method"] for r in res["rows"]] == ["none", "public", "pad"]
     eps = [r["epsilon"] for r in res["rows"]]
     assert math.isinf(eps[0]) and eps[1] == 0 and 0 < eps[2] <= 4.0 + 1e-9
@@ -145,11 +148,11 @@ def test_report_and_plots_of_every_task(tmp_path: Path) -> None:
     t = ["a"]
     rag = {"docs": 5, "questions": 2, "T_max": 8, "vocabulary": {"drugs": 3, "tests": 1}, "targets_per_item": 1.0,
            "items_with_drug": 1,
-           "rows": [ut.summarise_rag_row({"method": m, "epsilon": e, "seconds": 1.0,
+           "rows": [urag.summarise_rag_row({"method": m, "epsilon": e, "seconds": 1.0,
                                           "items": [_item(f, t), _item([], t)]})
                     for m, e, f in (("none", math.inf, ["a"]), ("public", 0.0, []), ("pad", 64.0, ["a"]))]}
-    ut.compare_to_floor(rag["rows"])
-    synth_rows = [ut.summarise_accuracy({"method": m, "epsilon": e, "correct": c, "mauve": 0.5, "mauve_low": 0.4,
+    urag.compare_to_floor(rag["rows"])
+    synth_rows = [usyn.summarise_accuracy({"method": m, "epsilon": e, "correct": c, "mauve": 0.5, "mauve_low": 0.4,
                                          "mauve_high": 0.6}, None)
                   for m, e, c in (("real (ceiling)", math.inf, [1.0, 1.0]), ("public", 0.0, [0.0, 1.0]),
                                   ("invisibleink", 10.0, [1.0, 0.0]))]
@@ -157,10 +160,10 @@ def test_report_and_plots_of_every_task(tmp_path: Path) -> None:
              "rows": synth_rows}
     s_items = [{"doc": "d", "kept": 1, "values": 2, "years": 1, "years_kept": 1, "ppl": 3.0, "tokens": 8,
                 "seconds": 1.0, "text": ""}] * 2
-    san_rows = [ut.summarise_sanitize_row({"method": m, "epsilon": e, "items": s_items})
+    san_rows = [usan.summarise_sanitize_row({"method": m, "epsilon": e, "items": s_items})
                 for m, e in (("original", math.inf), ("ner-scrub", 0.0), ("dp-fusion", 40.0))]
-    ut.compare_sanitize(san_rows)
-    san = {"docs": 2, "chars": 700, "T_max": 8, "types": list(ut.KEPT_TYPES), "rows": san_rows}
+    usan.compare_sanitize(san_rows)
+    san = {"docs": 2, "chars": 700, "T_max": 8, "types": list(usan.KEPT_TYPES), "rows": san_rows}
     text = utility.markdown({"model": "m", "seconds": 1.0, "rag": rag, "synth": synth, "sanitize": san})
     assert "| invisibleink | 10 | 1/2 (50%" in text and "original (ceiling)" in text and "+0 [+0, +0]" in text
     pytest.importorskip("matplotlib")
@@ -176,19 +179,19 @@ def test_classifier_learns_from_its_training_texts_and_scores_each_test_item() -
     train = ["great food lovely staff", "lovely great place", "awful rude slow", "rude awful dirty"]
     labels = ["5", "5", "1", "1"]
     test = ["great lovely", "awful dirty"]
-    assert ut.classify(emb, train, labels, emb.encode(test), ["5", "1"]) == [1.0, 1.0]
-    assert ut.classify(emb, train, labels, emb.encode(test), ["1", "5"]) == [0.0, 0.0]
+    assert usyn.classify(emb, train, labels, emb.encode(test), ["5", "1"]) == [1.0, 1.0]
+    assert usyn.classify(emb, train, labels, emb.encode(test), ["1", "5"]) == [0.0, 0.0]
 
 
 def test_support_diagnostic_reads_the_public_row_at_the_first_token_of_the_named_fact(tiny_lm) -> None:
-    m = ut.TermMatcher([ut.Term("prednisone", ("prednisone",), "drug")])
+    m = uvoc.TermMatcher([uvoc.Term("prednisone", ("prednisone",), "drug")])
     text = "You should take prednisone twice a day."
     ids = tiny_lm.encode(text)
-    j = ut.first_target_token(tiny_lm, ids, text, ["prednisone"], m)
+    j = urag.first_target_token(tiny_lm, ids, text, ["prednisone"], m)
     assert j is not None and len(tiny_lm.decode(ids[:j]).strip()) <= text.index("prednisone")
     items = [{"found": ["prednisone"], "text": text}, {"found": [], "text": "nothing"}]
     prompts = [tiny_lm.encode("Doctor, my joint hurts."), tiny_lm.encode("Hello")]
-    sup = ut.support_reach(tiny_lm, prompts, items, m, {64.0: 1.43, 4.0: 0.16})
+    sup = urag.support_reach(tiny_lm, prompts, items, m, {64.0: 1.43, 4.0: 0.16})
     assert sup["n"] == 1 and sup["gaps"][0] >= 0 and sup["ranks"][0] >= 1
     assert sup["in_top1_plus"]["64"]["count"] >= sup["in_top1_plus"]["4"]["count"]  # a wider C never holds fewer
 
@@ -198,13 +201,13 @@ def test_merge_keeps_the_questions_every_run_asked_and_recomputes_the_paired_fig
 
     def row(method: str, eps: float | None, found: list[list[str]]) -> dict:
         items = [{**_item(f, t), "index": i} for i, f in enumerate(found)]
-        return ut.summarise_rag_row({"method": method, "epsilon": eps or 0.0, "target_epsilon": eps,
+        return urag.summarise_rag_row({"method": method, "epsilon": eps or 0.0, "target_epsilon": eps,
                                      "seconds": 1.0, "items": items})
 
     a = {"docs": 5, "T_max": 8, "vocabulary": {},
          "rows": [row("none", None, [t, t, t]), row("public", None, [[], [], t]), row("pad", 64.0, [t, [], t])]}
     b = {"docs": 5, "T_max": 8, "vocabulary": {}, "rows": [row("pad", 4.0, [[], []]), row("pad", 64.0, [[], []])]}
-    m = ut.merge_rag([a, b])
+    m = urag.merge_rag([a, b])
     assert m["questions"] == 2 and [(r["method"], r["target_epsilon"]) for r in m["rows"]] == [
         ("none", None), ("public", None), ("pad", 4.0), ("pad", 64.0)]
     pad64 = m["rows"][-1]
