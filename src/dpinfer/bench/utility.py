@@ -88,6 +88,8 @@ class UtilityBenchConfig(Config):
     sanitize_tokens: int = option(64, help="sanitize: T_max of each release")
     sanitize_epsilons: tuple[float, ...] = option(SANITIZE_EPSILONS, type=str, help=(
         f"sanitize: comma-separated ε of the dp-fusion rows (default {_floats(SANITIZE_EPSILONS)})"))
+    sanitize_baselines: bool = option(True, help="sanitize: run the ceiling (original) and the floor (ner-scrub) rows "
+                                                 "too (--no-sanitize-baselines: a run that adds ε, see --merge)")
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
     rag_baselines: bool = option(True, help="rag: run the ceiling (none) and the floor (public) rows too (default; "
@@ -258,7 +260,12 @@ def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
     rag = [p["rag"] for p in parts if p.get("rag", {}).get("rows")]
     if rag:
         res["rag"] = merge_rag(rag)
-    for task in ("synth", "protect", "sanitize"):
+    san = [p["sanitize"] for p in parts if p.get("sanitize", {}).get("rows")]
+    if san:
+        from dpinfer.bench.utility_sanitize import merge_sanitize
+
+        res["sanitize"] = merge_sanitize(san)
+    for task in ("synth", "protect"):
         found = [p[task] for p in parts if task in p]
         if found:
             res[task] = found[0]
@@ -411,14 +418,17 @@ def _sanitize(out: list[str], s: dict[str, Any] | None) -> None:
         return
     assert s is not None
     out += [f"**sanitize** ({s['docs']} TAB-ECHR documents, gold spans, first {s['chars']} characters, T_max "
-            f"{s['T_max']}; kept = a value of the document's {', '.join(s['types'])} spans named verbatim in the "
-            "release)", "",
-            *md_table(["method", "ε", "values kept, mean per document, % (95% CI)", "vs ner-scrub, points (paired)",
-                       "values kept, pooled (95% CI)", "years kept (95% CI)", "PPL (geometric mean, 95% CI)",
-                       "tokens"], "llllllll",
-                      ([_label_s(x["method"]), _eps(x["epsilon"]), _ci(x["recall"]),
-                        _ci(x.get("vs_floor"), signed=True), _pct(x["values"]), _pct(x["years"]),
-                        _ci(x["ppl"], scale=1.0), f"{x['tokens']:.0f}"] for x in s["rows"]))]
+            f"{s['T_max']}; {s.get('questions', 0)} fact questions with {s.get('choices', 4)} choices (chance "
+            f"{1 / s.get('choices', 4):.2f}) about the document's {', '.join(s['types'])} values, answered from the "
+            "release alone by the MiniLM answerer; roles: the document's "
+            f"{', '.join(s.get('role_types', []))} slots the release reaches, still that type; kept = a value named "
+            "verbatim)", "",
+            *md_table(["method", "ε", "fact questions answered (95% CI)", "vs ner-scrub, points (paired 95% CI)",
+                       "slots keeping their type's role (95% CI)", "values kept verbatim, pooled (95% CI)",
+                       "years kept (95% CI)", "PPL (geometric mean, 95% CI)", "tokens"], "lllllllll",
+                      ([_label_s(x["method"]), _eps(x["epsilon"]), _pct(x.get("facts")),
+                        _ci(x.get("facts_vs_floor"), signed=True), _pct(x.get("roles")), _pct(x["values"]),
+                        _pct(x["years"]), _ci(x["ppl"], scale=1.0), f"{x['tokens']:.0f}"] for x in s["rows"]))]
     _tail(out, s)
 
 
