@@ -97,6 +97,9 @@ class UtilityBenchConfig(Config):
     merge: tuple[str, ...] = option((), type=str, help="comma-separated bench_utility.json files of one bench split "
                                                        "across processes: their rag rows on the questions every run "
                                                        "asked, one table; runs no model")
+    protect_from: str | None = option(None, type=str, help="protect: a `dpinfer bench gtr` JSON (e.g. "
+                                                           "docs/gtr_bench/csqa200_stage3_ban5.json) to tabulate and "
+                                                           "plot instead of protecting questions again")
     support_of: str | None = option(None, type=str, help="rag: a bench_utility.json of an earlier run: add the "
                                                          "public-support diagnostic of its ceiling answers (runs no "
                                                          "generation)")
@@ -130,6 +133,8 @@ class UtilityBenchConfig(Config):
         for path in self.merge:
             if not Path(path).is_file():
                 raise ConfigurationError(f"--merge: no such file: {path} (give the bench_utility.json of each run)")
+        if self.protect_from is not None and not Path(self.protect_from).is_file():
+            raise ConfigurationError(f"--protect-from: no such file: {self.protect_from}")
         if self.support_of is not None and not Path(self.support_of).is_file():
             raise ConfigurationError(f"--support-of: no such file: {self.support_of}")
         if self.questions > self.docs:
@@ -175,6 +180,17 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
     if config.merge:
         return _merge(config)
     prog = _Progress(progress)
+    if config.protect_from and config.tasks == ("protect",):  # tabulates a finished bench gtr run: no model
+        from dpinfer.bench.utility_synth import protect_from_file
+
+        part = protect_from_file(config.protect_from)
+        res = {"model": part["gtr"]["settings"].get("model", "?"), "protect": part, "seconds": 0.0}
+        res["markdown"] = markdown(res)
+        if config.out:
+            write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
+            write_text(Path(config.out) / "bench_utility.md", res["markdown"] + "\n")
+            FIGURES["protect"](part, Path(config.out) / "utility_protect.png")
+        return res
     lm = resolve_lm(config.model)
     t0 = time.perf_counter()
     if config.support_of:
@@ -186,6 +202,10 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
         res["rag"]["rows"] = [{**r, "epsilon": float(r["epsilon"])} for r in res["rag"]["rows"]]
         prog("rag: the public support at the ceiling's facts")
         res["rag"]["support"] = support_of_run(lm, res["rag"], config.epsilons)
+        from dpinfer.bench.utility_rag import emission_screen
+
+        prog("rag: the chance of each PAD setting to release the fact's first token")
+        res["rag"]["screen"] = emission_screen(lm, load_embedder(), res["rag"], config.epsilons, seed=config.seed)
         res["markdown"] = markdown(res)
         if config.out:
             write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
@@ -349,6 +369,7 @@ def markdown(res: dict[str, Any]) -> str:
                         f"and {sup['median_gap']:.2f} logits below the public maximum. In PAD's support with min-p "
                         f"{sup['min_p']:g} (within ln 2 of the maximum): {_pct(sup['in_min_p'])}; in Top-1⁺ alone "
                         f"(within 2C of the maximum): {top}."]
+            _screen(out, r.get("screen"))
             if r.get("partial"):
                 out.append(f"(partial: {len(r['rows'])} rows so far)")
             if r.get("failed"):
@@ -357,6 +378,18 @@ def markdown(res: dict[str, Any]) -> str:
     _protect(out, res.get("protect"))
     _sanitize(out, res.get("sanitize"))
     return "\n".join(out)
+
+
+def _screen(out: list[str], sc: dict[str, Any] | None) -> None:
+    """The emission screen of PAD's settings (:func:`~dpinfer.bench.utility_rag.emission_screen`) as a table."""
+    if not sc or not sc["n"]:
+        return
+    eps = list(next(iter(sc["mean"].values())))
+    out += ["", f"Which support could release it (teacher-forced at the same {sc['n']} points; the private row's own "
+            f"argmax is that token at {sc['private_argmax']} of them): mean probability, over the {sc['n']}, that "
+            f"PAD releases the fact's first token there, % ({sc['draws']} noise draws each; C solved from ε and σ):",
+            "", *md_table(["PAD's public support", *(f"ε = {e}" for e in eps)], "l" + "r" * len(eps),
+                          ([lab, *(f"{100 * by[e]:.1f}" for e in eps)] for lab, by in sc["mean"].items()))]
 
 
 def _head(out: list[str], name: str, part: dict[str, Any] | None) -> bool:

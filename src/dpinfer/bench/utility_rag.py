@@ -245,3 +245,67 @@ def support_reach(lm: Any, public_prompts: Sequence[Sequence[int]], items: Seque
         "in_top1_plus": {f"{e:g}": share(sum(g <= 2 * c for g in gaps), n) for e, c in clip_norms.items()},
         "clip_norms": {f"{e:g}": c for e, c in clip_norms.items()},
     }
+
+
+# ------------------------------------------------------------------------------------------------ rag: which support
+SCREEN_SUPPORTS = (("min-p 0.5 (default)", 0.5, 1.5), ("min-p 0.1", 0.1, 1.5), ("min-p 0.02", 0.02, 1.5),
+                   ("Top-1⁺ alone", None, 1.5), ("Top-1⁺ alone, σ = 3", None, 3.0))
+"""The PAD settings :func:`emission_screen` compares: (label, min-p of the public support, σ); C is solved from
+(ε, δ, T_max, σ) for each, so every setting has the same guarantee at the same ε."""
+
+
+def emission_screen(lm: Any, emb: Any, result: Mapping[str, Any], epsilons: Sequence[float],
+                    draws: int = 20000, seed: int = 0) -> dict[str, Any]:
+    """For a finished run's ceiling answers that name a fact (as :func:`support_of_run`), the probability that PAD
+    releases the first token of that name at that point of the ceiling's answer, under each setting of
+    :data:`SCREEN_SUPPORTS` and each ε: the public row (question, then the answer so far) and the private row (the
+    question with the ``top_n`` retrieved dialogues, then the answer so far) are read once; the support, the clipped
+    shift and ``draws`` draws of the noise give the share of draws whose argmax is that token (0 outside the
+    support). A screen of the settings before a full run (teacher-forced, one step per answer), never a release."""
+    import torch
+
+    from dpinfer.defaults import RAG
+    from dpinfer.mechanisms.pad import Pad, clip_norm_for_target
+    from dpinfer.paths import data_file
+    from dpinfer.pipelines.rag import PrivateRAG
+
+    with data_file("medical", "genmedgpt_dialogues.jsonl").open(encoding="utf-8") as f:
+        every = [json.loads(line) for line in f if line.strip()]
+    matcher = TermMatcher(medical_vocabulary(r["output"] for r in every))
+    none = next(r for r in result["rows"] if r["method"] == "none")
+    t_max = int(result["T_max"])
+    gen = torch.Generator().manual_seed(seed)
+    probs: dict[str, dict[str, list[float]]] = {lab: {f"{e:g}": [] for e in epsilons} for lab, _, _ in SCREEN_SUPPORTS}
+    argmax_private = 0
+    with tempfile.TemporaryDirectory(prefix="dpinfer-utility-") as tmp:
+        rag = PrivateRAG(Path(tmp) / "store", lm=lm, embedder=emb, ledger=None)
+        rag.add([f"Patient: {r['input']}\nDoctor: {r['output']}" for r in every[:int(result["docs"])]])
+        for item in none["items"]:
+            ids = list(lm.encode(item["text"])) if item["found"] else []
+            j = first_target_token(lm, ids, item["text"], item["found"], matcher) if ids else None
+            if j is None:
+                continue
+            q = every[item["index"]]["input"]
+            docs = [h.text for h in rag.retrieve(q)]
+            rows = [rag.public_ids(q) + ids[:j], rag.private_ids(q, docs, rag.doc_budget(q, t_max)) + ids[:j]]
+            z = []
+            for row in rows:
+                with torch.inference_mode():
+                    x = torch.as_tensor([row], dtype=torch.long, device=lm.device)
+                    z.append(lm.model(input_ids=x, use_cache=False).logits[0, -1].to(torch.float64).cpu())
+            logits, tok = torch.stack(z), ids[j]
+            argmax_private += int(int(logits[1].argmax()) == tok)
+            for lab, min_p, sigma in SCREEN_SUPPORTS:
+                for e in epsilons:
+                    c = clip_norm_for_target(e, RAG.delta, max_new_tokens=t_max, sigma=sigma)
+                    idx, _, pre = Pad(clip_norm=c, sigma=sigma, top_k=RAG.support_top_k, min_p=min_p
+                                      ).pre_noise_logits(logits)
+                    where = (idx == tok).nonzero()
+                    if where.numel() == 0:
+                        probs[lab][f"{e:g}"].append(0.0)
+                        continue
+                    noisy = pre + sigma * torch.randn((draws, pre.numel()), generator=gen, dtype=torch.float64)
+                    probs[lab][f"{e:g}"].append(float((noisy.argmax(dim=1) == int(where[0, 0])).double().mean()))
+    return {"n": len(next(iter(next(iter(probs.values())).values()), [])), "draws": draws,
+            "private_argmax": argmax_private, "probability": probs,
+            "mean": {lab: {e: _mean(v) for e, v in by.items()} for lab, by in probs.items()}}

@@ -111,6 +111,18 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
 
 
 # ------------------------------------------------------------------------------------------------ protect
+def protect_from_file(path: str) -> dict[str, Any]:
+    """The protect result of a finished ``dpinfer bench gtr`` run (its JSON): the same figures
+    :func:`run_protect` measures, for the table and the plot."""
+    import json
+    from pathlib import Path
+
+    res = json.loads(Path(path).read_text(encoding="utf-8"))
+    for r in res["rows"]:
+        r.pop("rouge1_items", None)
+    return {"questions": int(res["settings"]["n"]), "answerer": res["answerers"][0], "gtr": res, "from": path}
+
+
 def run_protect(lm: Any, cfg: Any, progress: Callable[[str], None]) -> dict[str, Any]:
     """``dpinfer bench gtr``'s measurement (called, not copied) over ``cfg.protect_temperatures``: the MiniLM
     answerer's accuracy on each method's protected question against its ROUGE-1 leakage, the original question
@@ -120,6 +132,8 @@ def run_protect(lm: Any, cfg: Any, progress: Callable[[str], None]) -> dict[str,
     from dpinfer.defaults import PROTECT
     from dpinfer.errors import DataNotFoundError
 
+    if cfg.protect_from:
+        return protect_from_file(cfg.protect_from)
     try:
         records = load_csqa("csqa", cfg.protect_questions)
     except DataNotFoundError as exc:
