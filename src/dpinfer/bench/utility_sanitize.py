@@ -129,31 +129,31 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
              "questions": sum(map(len, questions)), "choices": CHOICES, "role_types": list(ROLE_TYPES)}
     methods = [*([("original", None), ("ner-scrub", None)] if cfg.sanitize_baselines else []),
                *(("dp-fusion", e) for e in cfg.sanitize_epsilons)]
-    rows: list[dict[str, Any]] = []
     ctx = [lm.encode(build_prompt(lm, d.text, DEFAULT_INSTRUCTION)[0]) for d in docs]
-    for method, eps in methods:
-        items = []
-        eps_seen = math.nan
-        for j, d in enumerate(docs):
-            progress(f"sanitize {method}" + (f" ε={eps:g}" if eps else "") + f" doc {j + 1}/{len(docs)}")
+    items: list[list[dict[str, Any]]] = [[] for _ in methods]
+    eps_seen = [math.nan] * len(methods)
+    rows: list[dict[str, Any]] = []
+    for j, d in enumerate(docs):  # document by document, every row: a run stopped early keeps whole documents
+        for m, (method, eps) in enumerate(methods):
+            progress(f"sanitize doc {j + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
             extra = {"epsilon": eps} if eps is not None else {}
             res = sanitize(d.text, lm=lm, method=method, spans=d.spans, max_new_tokens=cfg.sanitize_tokens,
                            seed=cfg.seed + j, **extra)
             kept, total = value_recall(res.text, d.text, d.spans)
             role_kept, role_released = role_slots(res.text, d.text, d.spans, tagger)
             years = years_of(" ".join(d.text[s.start:s.end] for s in d.spans if s.label == "DATETIME"))
-            items.append({"doc": d.doc_id, "kept": kept, "values": total,
-                          "years": len(years), "years_kept": len(years & years_of(res.text)),
-                          "answered": answer_facts(answerer, res.text, questions[j]),
-                          "role_kept": role_kept, "role_released": role_released,
-                          "ppl": perplexity(lm, ctx[j], res.token_ids), "tokens": res.generated_tokens,
-                          "seconds": res.seconds, "text": res.text})
-            eps_seen = res.guarantee.epsilon
-        rows.append(summarise_sanitize_row({"method": method, "epsilon": eps_seen, "target_epsilon": eps,
-                                            "items": items}))
+            items[m].append({"doc": d.doc_id, "kept": kept, "values": total,
+                             "years": len(years), "years_kept": len(years & years_of(res.text)),
+                             "answered": answer_facts(answerer, res.text, questions[j]),
+                             "role_kept": role_kept, "role_released": role_released,
+                             "ppl": perplexity(lm, ctx[j], res.token_ids), "tokens": res.generated_tokens,
+                             "seconds": res.seconds, "text": res.text})
+            eps_seen[m] = res.guarantee.epsilon
+        rows = [summarise_sanitize_row({"method": method, "epsilon": eps_seen[m], "target_epsilon": eps,
+                                        "items": list(items[m])}) for m, (method, eps) in enumerate(methods)]
         compare_sanitize(rows)
         if checkpoint is not None:
-            checkpoint({**about, "rows": rows})
+            checkpoint({**about, "docs": j + 1, "questions": sum(map(len, questions[:j + 1])), "rows": rows})
     return {**about, "rows": rows, "top_k": SANITIZE.top_k}
 
 
@@ -200,16 +200,22 @@ def compare_sanitize(rows: list[dict[str, Any]]) -> None:
 
 def merge_sanitize(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One sanitize result of runs on the same documents (e.g. the baselines and one ε in one process, another ε
-    with ``--no-sanitize-baselines`` in another): every row, the first run's of a method and ε measured twice."""
+    with ``--no-sanitize-baselines`` in another): every row on the documents every run finished, the first run's of
+    a method and ε measured twice."""
+    common = set.intersection(*({x["doc"] for x in p["rows"][0]["items"]} for p in parts if p.get("rows")))
     rows: list[dict[str, Any]] = []
     seen: set[tuple[str, Any]] = set()
     for p in parts:
         for r in p.get("rows", []):
             if (r["method"], r.get("target_epsilon")) not in seen:
                 seen.add((r["method"], r.get("target_epsilon")))
-                rows.append(summarise_sanitize_row({k: v for k, v in r.items() if not k.endswith("vs_floor")}))
+                kept = [x for x in r["items"] if x["doc"] in common]
+                rows.append(summarise_sanitize_row({k: v for k, v in r.items() if not k.endswith("vs_floor")}
+                                                   | {"items": kept}))
     order = {"original": 0, "ner-scrub": 1}
     rows.sort(key=lambda r: (order.get(r["method"], 2), r.get("target_epsilon") or 0))
     compare_sanitize(rows)
     first = next(p for p in parts if p.get("rows"))
-    return {**{k: v for k, v in first.items() if k not in ("rows", "partial")}, "rows": rows, "merged": len(parts)}
+    n_questions = sum(len(x.get("answered", [])) for x in rows[0]["items"]) if rows else 0
+    return {**{k: v for k, v in first.items() if k not in ("rows", "partial")}, "rows": rows, "merged": len(parts),
+            "docs": len(common), "questions": n_questions}

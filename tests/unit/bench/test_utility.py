@@ -213,3 +213,75 @@ def test_merge_keeps_the_questions_every_run_asked_and_recomputes_the_paired_fig
     pad64 = m["rows"][-1]
     assert pad64["hit"]["count"] == 1 and pad64["hit"]["n"] == 2  # from the first run, on the common questions
     assert pad64["vs_floor"]["mean"] == pytest.approx(0.5) and m["rows"][2]["vs_floor"]["mean"] == 0.0
+
+
+def test_fact_questions_take_distractors_of_the_same_type_the_document_lacks() -> None:
+    doc = "On 3 May 1999 the applicant moved to Izmir, then to Ankara."
+    spans = [Span(doc.index(v), doc.index(v) + len(v), label) for v, label in
+             (("3 May 1999", "DATETIME"), ("Izmir", "LOC"), ("Ankara", "LOC"), ("applicant", "PERSON"))]
+    pool = {"LOC": ["Paris", "Ankara", "Lyon", "Oslo", "Rome"],
+            "DATETIME": ["1 June 2001", "2 July 2002", "5 May 2005"]}
+    qs = usan.fact_questions(doc, spans, pool, "0:d")
+    assert [q["value"] for q in qs] == ["3 May 1999", "Izmir", "Ankara"]  # PERSON is a direct identifier: no question
+    for q in qs:
+        assert len(q["choices"]) == usan.CHOICES and q["choices"][q["answer"]] == q["value"]
+        others = [c for c in q["choices"] if c != q["value"]]
+        assert all(c in pool[q["type"]] and c not in doc for c in others)  # same type, not in the document
+    assert qs == usan.fact_questions(doc, spans, pool, "0:d")  # a fixed function of the key: the same for every row
+    assert usan.fact_questions(doc, spans, {"LOC": ["Paris"]}, "0:d") == []  # too few distractors: no question
+
+
+def test_answer_facts_scores_the_answerers_picks() -> None:
+    class Picks:
+        def answer(self, questions, choices):
+            assert all(q == "the release" for q in questions)  # the release alone is the question's text
+            return [0, 1]
+
+    qs = [{"choices": ["a", "b"], "answer": 0}, {"choices": ["a", "b"], "answer": 0}]
+    assert usan.answer_facts(Picks(), "the release", qs) == [1, 0]
+    assert usan.answer_facts(Picks(), "the release", []) == []
+
+
+def test_role_slots_count_a_date_that_stays_a_date() -> None:
+    from dpinfer.taggers.regex_tagger import RegexTagger
+
+    doc = "The application was lodged on 10 March 2003 by the applicant."
+    spans = [Span(doc.index("10 March 2003"), doc.index("10 March 2003") + 13, "DATETIME")]
+    tagger = RegexTagger()
+    assert usan.role_slots("It was lodged on 4 June 2010 by him.", doc, spans, tagger) == (1, 1)  # another date
+    assert usan.role_slots("It was lodged on [DATETIME] by him.", doc, spans, tagger) == (0, 1)  # a placeholder
+    assert usan.role_slots("Someone applied.", doc, spans, tagger) == (0, 0)  # the release never reaches the slot
+
+
+def test_merge_sanitize_joins_runs_and_pairs_the_fact_questions_to_ner_scrub() -> None:
+    def item(kept: int, answered: list[int]) -> dict:
+        return {"doc": "d", "kept": kept, "values": 2, "years": 1, "years_kept": 0, "ppl": 3.0, "tokens": 8,
+                "seconds": 1.0, "text": "", "answered": answered, "role_kept": 1, "role_released": 2}
+
+    def row(method: str, eps: float | None, answered: list[int]) -> dict:
+        return usan.summarise_sanitize_row({"method": method, "epsilon": eps or 0.0, "target_epsilon": eps,
+                                            "items": [item(1, answered), item(0, answered)]})
+
+    a = {"docs": 2, "rows": [row("original", None, [1, 1]), row("ner-scrub", None, [0, 1])]}
+    b = {"docs": 2, "rows": [row("dp-fusion", 160.0, [1, 0]), row("dp-fusion", 20.0, [0, 0])]}
+    m = usan.merge_sanitize([a, b])
+    assert [(r["method"], r["target_epsilon"]) for r in m["rows"]] == [
+        ("original", None), ("ner-scrub", None), ("dp-fusion", 20.0), ("dp-fusion", 160.0)]
+    orig, dp20 = m["rows"][0], m["rows"][2]
+    assert orig["facts"]["count"] == 4 and orig["roles"]["count"] == 2 and orig["roles"]["n"] == 4
+    assert orig["facts_vs_floor"]["mean"] == pytest.approx(0.5)  # (1-0, 1-1) twice
+    assert dp20["facts_vs_floor"]["mean"] == pytest.approx(-0.5)
+
+
+def test_protect_from_file_tabulates_a_bench_gtr_run(tmp_path: Path) -> None:
+
+    acc = {"minilm-cosine": {"accuracy": 0.3, "low": 0.2, "high": 0.4}}
+    gtr = {"settings": {"n": 10, "model": "m"}, "answerers": ["minilm-cosine"], "chance": 0.2,
+           "original": {"minilm-cosine": {"accuracy": 0.4, "low": 0.3, "high": 0.5}},
+           "rows": [{"method": "dp-gtr-ndp", "tau": 0.5, "epsilon": 100.0, "rouge1": 0.2, "rouge1_low": 0.1,
+                     "rouge1_high": 0.3, "accuracy": acc, "rouge1_items": [0.2] * 10}]}
+    path = tmp_path / "gtr.json"
+    path.write_text(json.dumps(gtr), encoding="utf-8")
+    res = utility.run(utility.UtilityBenchConfig(tasks=("protect",), protect_from=str(path), out=str(tmp_path / "o")))
+    assert res["protect"]["questions"] == 10 and "rouge1_items" not in res["protect"]["gtr"]["rows"][0]
+    assert "| DP-GTR (NDP) | 0.5 | 100 | 0.30 [0.20, 0.40] | 0.20 [0.10, 0.30] |" in res["markdown"]
