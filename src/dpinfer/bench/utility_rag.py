@@ -97,13 +97,14 @@ def merge_rag(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     compare_to_floor(rows)
     first = next(p for p in parts if p.get("rows"))
     items0 = rows[0]["items"] if rows else []
-    out = {k: v for k, v in first.items() if k not in ("rows", "partial", "support")}
+    out = {k: v for k, v in first.items() if k not in ("rows", "partial", "support", "screen")}
     out.update({"rows": rows, "questions": len(common), "merged": len(parts),
                 "targets_per_item": _mean([len(x["targets"]) for x in items0]),
                 "items_with_drug": sum(bool(x["drug_targets"]) for x in items0)})
-    support = next((p["support"] for p in parts if p.get("support")), None)
-    if support is not None:
-        out["support"] = support
+    for key in ("support", "screen"):  # the diagnostics, from the first run that has them
+        found = next((p[key] for p in parts if p.get(key)), None)
+        if found is not None:
+            out[key] = found
     return out
 
 
