@@ -285,3 +285,23 @@ def test_protect_from_file_tabulates_a_bench_gtr_run(tmp_path: Path) -> None:
     res = utility.run(utility.UtilityBenchConfig(tasks=("protect",), protect_from=str(path), out=str(tmp_path / "o")))
     assert res["protect"]["questions"] == 10 and "rouge1_items" not in res["protect"]["gtr"]["rows"][0]
     assert "| DP-GTR (NDP) | 0.5 | 100 | 0.30 [0.20, 0.40] | 0.20 [0.10, 0.30] |" in res["markdown"]
+
+
+def test_emission_screen_gives_each_support_a_probability_on_the_tiny_model(
+        tiny_lm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "medical"
+    data.mkdir()
+    recs = [{"instruction": "", "input": f"Doctor, my joint {i} hurts.", "output": r} for i, r in enumerate(REPLIES)]
+    (data / "genmedgpt_dialogues.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    monkeypatch.setenv("DPINFER_DATA", str(tmp_path))
+    named = {**_item(["prednisone"], ["prednisone"]), "index": 0, "text": "Rest, and take prednisone daily."}
+    result = {"docs": 5, "T_max": 8, "rows": [{"method": "none", "items": [named, {**_item([], ["cbc"]), "index": 1}]}]}
+    sc = urag.emission_screen(tiny_lm, _WordEmbedder(), result, [4.0, 64.0], draws=500)
+    assert sc["n"] == 1 and set(sc["mean"]) == {lab for lab, _, _ in urag.SCREEN_SUPPORTS}  # the item naming a fact
+    for by in sc["probability"].values():
+        assert set(by) == {"4", "64"} and all(len(v) == 1 and 0.0 <= v[0] <= 1.0 for v in by.values())
+    assert 0 <= sc["private_argmax"] <= 1
+    text = utility.markdown({"model": "tiny", "rag": {**result, "questions": 2, "targets_per_item": 1.0,
+                                                      "items_with_drug": 1, "vocabulary": {"drugs": 1, "tests": 1},
+                                                      "rows": [], "screen": sc}})
+    assert "| Top-1⁺ alone | " in text
