@@ -46,7 +46,7 @@ from typing import Any
 from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
-from dpinfer.defaults import RAG
+from dpinfer.defaults import RAG, SANITIZE
 from dpinfer.errors import ConfigurationError
 
 DESCRIPTION = __doc__
@@ -89,6 +89,8 @@ class UtilityBenchConfig(Config):
     sanitize_tokens: int = option(64, help="sanitize: T_max of each release")
     sanitize_epsilons: tuple[float, ...] = option(SANITIZE_EPSILONS, type=str, help=(
         f"sanitize: comma-separated ε of the dp-fusion rows (default {_floats(SANITIZE_EPSILONS)})"))
+    sanitize_min_p: str = option("default", help="sanitize: min-p of the dp-fusion rows' public support: a number, "
+                                                 f"'none' or 'default' ({SANITIZE.min_p}; the floor keeps the default)")
     sanitize_baselines: bool = option(True, help="sanitize: run the ceiling (original) and the floor (ner-scrub) rows "
                                                  "too (--no-sanitize-baselines: a run that adds ε, see --merge)")
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
@@ -113,6 +115,13 @@ class UtilityBenchConfig(Config):
             return RAG.support_min_p
         return None if self.pad_min_p == "none" else float(self.pad_min_p)
 
+    @property
+    def dp_fusion_min_p(self) -> float | None:
+        """min-p of the dp-fusion rows (``--sanitize-min-p``)."""
+        if self.sanitize_min_p == "default":
+            return SANITIZE.min_p
+        return None if self.sanitize_min_p == "none" else float(self.sanitize_min_p)
+
     def __post_init__(self) -> None:
         for t in self.tasks:
             if t not in TASKS:
@@ -124,6 +133,13 @@ class UtilityBenchConfig(Config):
             for e in getattr(self, name):
                 if not (isinstance(e, float) and math.isfinite(e) and e > 0):
                     raise ConfigurationError(f"--{name.replace('_', '-')}: every value must be a positive number")
+        if self.sanitize_min_p not in ("default", "none"):
+            try:
+                ok = 0 < float(self.sanitize_min_p) <= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigurationError("--sanitize-min-p: give a number in (0, 1], 'none' or 'default'")
         if self.pad_min_p not in ("default", "none"):
             try:
                 ok = 0 < float(self.pad_min_p) <= 1
@@ -463,13 +479,16 @@ def _sanitize(out: list[str], s: dict[str, Any] | None) -> None:
             *md_table(["method", "ε", "fact questions answered (95% CI)", "vs ner-scrub, points (paired 95% CI)",
                        "slots keeping their type's role (95% CI)", "values kept verbatim, pooled (95% CI)",
                        "years kept (95% CI)", "PPL (geometric mean, 95% CI)", "tokens"], "lllllllll",
-                      ([_label_s(x["method"]), _eps(x["epsilon"]), _pct(x.get("facts")),
+                      ([_label_s(x), _eps(x["epsilon"]), _pct(x.get("facts")),
                         _ci(x.get("facts_vs_floor"), signed=True), _pct(x.get("roles")), _pct(x["values"]),
                         _pct(x["years"]), _ci(x["ppl"], scale=1.0), f"{x['tokens']:.0f}"] for x in s["rows"]))]
     _tail(out, s)
 
 
-def _label_s(method: str) -> str:
+def _label_s(row: dict[str, Any]) -> str:
+    method = row["method"]
+    if method == "dp-fusion" and row.get("min_p", SANITIZE.min_p) != SANITIZE.min_p:
+        return f"dp-fusion, min-p {row['min_p'] if row['min_p'] is not None else 'none'}"
     return {"original": "original (ceiling)", "ner-scrub": "ner-scrub (floor)"}.get(method, method)
 
 

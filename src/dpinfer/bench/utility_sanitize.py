@@ -14,6 +14,7 @@ from typing import Any
 
 from dpinfer.bench.utility_tasks import mean_finite as _mean
 from dpinfer.bench.utility_tasks import paired
+from dpinfer.defaults import SANITIZE
 from dpinfer.eval.intervals import mean_interval, share
 
 # ------------------------------------------------------------------------------------------------ sanitize
@@ -111,7 +112,6 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
     the original document."""
     from dpinfer.bench.data import load_tab, mention_pool
     from dpinfer.bench.gtr import MiniLMAnswerer
-    from dpinfer.defaults import SANITIZE
     from dpinfer.errors import DataNotFoundError
     from dpinfer.eval.metrics import perplexity
     from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
@@ -126,7 +126,8 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
                  for d in docs]
     answerer, tagger = MiniLMAnswerer(), RegexTagger()
     about = {"docs": len(docs), "chars": cfg.sanitize_chars, "T_max": cfg.sanitize_tokens, "types": list(KEPT_TYPES),
-             "questions": sum(map(len, questions)), "choices": CHOICES, "role_types": list(ROLE_TYPES)}
+             "questions": sum(map(len, questions)), "choices": CHOICES, "role_types": list(ROLE_TYPES),
+             "dp_fusion_min_p": cfg.dp_fusion_min_p}
     methods = [*([("original", None), ("ner-scrub", None)] if cfg.sanitize_baselines else []),
                *(("dp-fusion", e) for e in cfg.sanitize_epsilons)]
     ctx = [lm.encode(build_prompt(lm, d.text, DEFAULT_INSTRUCTION)[0]) for d in docs]
@@ -136,7 +137,7 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
     for j, d in enumerate(docs):  # document by document, every row: a run stopped early keeps whole documents
         for m, (method, eps) in enumerate(methods):
             progress(f"sanitize doc {j + 1}/{len(docs)} {method}" + (f" ε={eps:g}" if eps else ""))
-            extra = {"epsilon": eps} if eps is not None else {}
+            extra = {"epsilon": eps, "min_p": cfg.dp_fusion_min_p} if eps is not None else {}
             res = sanitize(d.text, lm=lm, method=method, spans=d.spans, max_new_tokens=cfg.sanitize_tokens,
                            seed=cfg.seed + j, **extra)
             kept, total = value_recall(res.text, d.text, d.spans)
@@ -150,6 +151,7 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
                              "seconds": res.seconds, "text": res.text})
             eps_seen[m] = res.guarantee.epsilon
         rows = [summarise_sanitize_row({"method": method, "epsilon": eps_seen[m], "target_epsilon": eps,
+                                        **({"min_p": cfg.dp_fusion_min_p} if eps is not None else {}),
                                         "items": list(items[m])}) for m, (method, eps) in enumerate(methods)]
         compare_sanitize(rows)
         if checkpoint is not None:
@@ -207,13 +209,17 @@ def merge_sanitize(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     seen: set[tuple[str, Any]] = set()
     for p in parts:
         for r in p.get("rows", []):
-            if (r["method"], r.get("target_epsilon")) not in seen:
-                seen.add((r["method"], r.get("target_epsilon")))
+            if r["method"] == "dp-fusion":  # a run before --sanitize-min-p: its task's setting, or the default
+                r = {**r, "min_p": r.get("min_p", p.get("dp_fusion_min_p", SANITIZE.min_p))}
+            key = (r["method"], r.get("target_epsilon"), r.get("min_p"))
+            if key not in seen:
+                seen.add(key)
                 kept = [x for x in r["items"] if x["doc"] in common]
                 rows.append(summarise_sanitize_row({k: v for k, v in r.items() if not k.endswith("vs_floor")}
                                                    | {"items": kept}))
     order = {"original": 0, "ner-scrub": 1}
-    rows.sort(key=lambda r: (order.get(r["method"], 2), r.get("target_epsilon") or 0))
+    rows.sort(key=lambda r: (order.get(r["method"], 2), r.get("min_p") != SANITIZE.min_p,
+                             r.get("target_epsilon") or 0))
     compare_sanitize(rows)
     first = next(p for p in parts if p.get("rows"))
     n_questions = sum(len(x.get("answered", [])) for x in rows[0]["items"]) if rows else 0
