@@ -159,7 +159,7 @@ def test_report_and_plots_of_every_task(tmp_path: Path) -> None:
     synth = {"per_class": 2, "stars": ["1.0", "2.0", "4.0", "5.0"], "test": 2, "T_max": 8, "B": 8,
              "rows": synth_rows}
     s_items = [{"doc": "d", "kept": 1, "values": 2, "years": 1, "years_kept": 1, "ppl": 3.0, "tokens": 8,
-                "seconds": 1.0, "text": ""}] * 2
+                "seconds": 1.0, "text": "", "answered": [1, 0], "role_kept": 1, "role_released": 1}] * 2
     san_rows = [usan.summarise_sanitize_row({"method": m, "epsilon": e, "items": s_items})
                 for m, e in (("original", math.inf), ("ner-scrub", 0.0), ("dp-fusion", 40.0))]
     usan.compare_sanitize(san_rows)
