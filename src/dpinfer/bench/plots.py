@@ -206,11 +206,14 @@ def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
     """``dpinfer bench utility`` (sanitize): the share of fact questions the MiniLM answerer gets right from the
     release vs ε for dp-fusion (Wilson bars), ``original`` and ``ner-scrub`` as bands (a result without fact
     questions: the mean share of the document's values kept, t bars)."""
+    from dpinfer.defaults import SANITIZE
+
     with figure(path, (6.4, 4.2)) as ax:
         if ax is None:
             return None
         rows = res["rows"]
         facts = all(r.get("facts") for r in rows)
+        default = SANITIZE.min_p
         key = "facts" if facts else "recall"
 
         def point(r: Mapping[str, Any]) -> tuple[float, float, float]:
@@ -219,7 +222,8 @@ def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
 
         _floor_ceiling(ax, rows, key, {"original": ("tab:green", "original (ceiling)"),
                                        "ner-scrub": ("grey", "ner-scrub (floor)")}, share=facts)
-        dp = sorted((r for r in rows if r["method"] == "dp-fusion"), key=lambda r: r["epsilon"])
+        dp = sorted((r for r in rows if r["method"] == "dp-fusion" and r.get("min_p", default) == default),
+                    key=lambda r: r["epsilon"])  # the default support (a row with another min-p is in the table)
         if dp:
             ys, los, his = zip(*map(point, dp), strict=True)
             ax.errorbar([r["epsilon"] for r in dp], ys, marker="o", capsize=3, color="tab:blue", label="dp-fusion",
