@@ -194,7 +194,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
             lm_name.append(lm.name)
             out.start(header, digest)  # the private partition file, then the header line (before any text)
             with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-                texts = synthesize_iter(plan, lm=lm, skip_batches=set(range(total)) - batches, progress=progress)
+                texts = synthesize_iter(plan, lm=lm, skip_batches=set(range(total)) - batches, progress=progress,
+                                        debug_stats=args.debug_stats)
                 for text in texts:
                     new.append(text)
                     yield text.to_dict()

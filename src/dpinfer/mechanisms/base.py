@@ -48,6 +48,11 @@ class StepInfo:
     """K, the number of rows stepped together."""
     finished: torch.Tensor | None = None
     """Independent mode: ``(K,)`` bool, rows that already emitted EOS (their tokens are ignored)."""
+    debug_stats: bool = True
+    """Whether the caller wants the step's DATA-DEPENDENT statistics (:attr:`StepResult.stats`). A mechanism that
+    decides on the device (:meth:`Mechanism.step_batch`) leaves them there, unfetched, when no job asks: the engine
+    asks only for a job run with ``debug_stats`` (``--debug-stats``); a direct call of :meth:`Mechanism.step` gets
+    them by default."""
 
 
 @dataclass

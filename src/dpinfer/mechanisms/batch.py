@@ -25,13 +25,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from dpinfer.errors import InvalidInputError
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms.base import StepResult
 from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
 
 SUPPORT_SLACK = 8
@@ -244,3 +245,83 @@ def _exact_index(w: np.ndarray, k: int, src: RandomSource) -> int:
             return int(pos[i])
         num = (num << 64) | int(src.words(1)[0])
         bits += 64
+
+
+def release_tokens(ids: torch.Tensor, code: torch.Tensor, over: torch.Tensor, *, probs: torch.Tensor | None,
+                   scores: torch.Tensor | None = None, ints: Sequence[int], srcs: Sequence[Any],
+                   want: Sequence[bool], stats: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None,
+                   errors: Mapping[int, str], redo: Callable[[int, int], StepResult | Exception],
+                   describe: Callable[[int, list[float], int | None], dict[str, Any]]
+                   ) -> list[StepResult | Exception]:
+    """The end of every batched step (DP-Fusion, InvisibleInk, PAD): one token per job, in ONE device-to-host
+    transfer, from what the mechanism computed on the device for its ``n`` jobs:
+
+    * ``ids`` ``(n, W)``: the token id of each gathered column; ``code`` ``(n,)``: 0, or the key in ``errors`` of the
+      job's refusal; ``over`` ``(n,)``: 0, or (a public figure) how the job must be redone alone (``redo(b, over)``);
+    * ``probs`` ``(n, W)``: the weights drawn from with the job's 53-bit integer ``ints[b]`` (an uncertain draw is
+      finished exactly from ``srcs[b]``), or ``None`` and ``scores``: the argmax is taken (ties to the lowest column);
+    * ``stats(j)`` (``j``: the chosen column of each row): DATA-DEPENDENT figures, fetched in the same transfer only
+      when a job asks for them (``want[b]``, :attr:`~dpinfer.mechanisms.base.StepInfo.debug_stats`), and turned into
+      the job's ``StepResult.stats`` by ``describe(b, values, exact column or None)``."""
+    if probs is not None:
+        j, ok = invert(probs, host_tensor(list(ints), torch.int64, probs.device))
+    else:
+        assert scores is not None
+        j = torch.argmax(scores, dim=-1)
+        ok = torch.ones_like(j, dtype=torch.bool)
+    tok = ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    extra = list(stats(j)) if stats is not None and any(want) else []
+    rows = fetch(tok, ok, code, over, *extra)
+    out: list[StepResult | Exception] = []
+    for b, row in enumerate(rows):
+        if row[2]:
+            out.append(InvalidInputError(errors[int(row[2])]))
+            continue
+        if row[3]:
+            out.append(redo(b, int(row[3])))
+            continue
+        token, exact = int(row[0]), None
+        if not row[1]:
+            assert probs is not None
+            exact = finish_exact(probs[b], int(ints[b]), srcs[b])
+            token = int(ids[b, exact])
+        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
+                              stats=describe(b, row[4:], exact) if want[b] else None))
+    return out
+
+
+def sample_weights_step(mechanisms: Sequence[Any], logits: Sequence[torch.Tensor], generators: Sequence[Randomness],
+                        weights: Callable[[Any, torch.Tensor], torch.Tensor]) -> list[StepResult | Exception]:
+    """The batched step of a mechanism that samples each of its rows from weights computed job by job on the full
+    vocabulary (DP-Prompt, DP-Decoding: a full-vocabulary exponential over many jobs at once would not round alike
+    on the CPU): ``weights(mechanism, logits)`` (``(r, V)``, ≥ 0; a refusal raised) by each job's own kernels, then
+    every row's draw at once (:func:`sample_weight_rows`: one 53-bit integer per row from its job's own source, one
+    inversion, one transfer). A joint mechanism releases its one row's token, an independent one a token per row."""
+    out: list[StepResult | Exception | None] = [None] * len(mechanisms)
+    rows, gens, where = [], [], []
+    for b, (m, z, g) in enumerate(zip(mechanisms, logits, generators, strict=True)):
+        try:
+            rows.append(weights(m, z))
+        except (ConfigurationError, InvalidInputError) as err:
+            out[b] = err
+            continue
+        gens.append(g)
+        where.append(b)
+    for b, got in zip(where, sample_weight_rows(rows, gens) if rows else [], strict=True):
+        if isinstance(got, Exception):
+            out[b] = got
+            continue
+        tokens = torch.tensor(got, dtype=torch.long)
+        out[b] = StepResult(tokens=tokens[0] if mechanisms[b].mode == "joint" else tokens)
+    return [r for r in out if r is not None]
+
+
+WHOLE_VOCABULARY_ELEMENTS = 1 << 24
+"""Jobs decided on the whole vocabulary are taken in groups of at most this many float64 elements (128 MiB) each."""
+
+
+def job_chunks(n: int, per_job: int) -> list[range]:
+    """``range(n)`` in consecutive groups of at most :data:`WHOLE_VOCABULARY_ELEMENTS` // ``per_job`` jobs (one at
+    least): the memory of a whole-vocabulary batch stays bounded, one transfer per group."""
+    size = max(1, WHOLE_VOCABULARY_ELEMENTS // max(per_job, 1))
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]

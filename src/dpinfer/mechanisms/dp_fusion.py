@@ -80,14 +80,11 @@ from dpinfer.mechanisms.batch import (
     SUPPORT_SLACK,
     ascending,
     draw_integers,
-    fetch,
-    finish_exact,
     fits_aligned,
     fixed_bisection_rounds,
     host_tensor,
     in_aligned_chunks,
-    invert,
-    to_device,
+    release_tokens,
     top_columns,
 )
 from dpinfer.mechanisms.divergences import mix, renyi_divergence, symmetric_renyi
@@ -369,7 +366,7 @@ class DPFusion(Mechanism):
         number of bisection rounds, one device-to-host transfer for every token and statistic."""
         mechs = [m for m in mechanisms if isinstance(m, DPFusion)]
         ints, srcs = draw_integers(generators, [1] * len(mechs))
-        return _fusion_step(mechs, logits, ints, srcs, False)
+        return _fusion_step(mechs, logits, [int(i[0]) for i in ints], srcs, [i.debug_stats for i in infos], False)
 
     @property
     def restricts_private_columns(self) -> bool:
@@ -425,13 +422,15 @@ class DPFusion(Mechanism):
         return probs, lam, div
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        """Sample one token from ``p_out`` with ``generator``; stats hold the DATA-DEPENDENT λ and divergences."""
+        """Sample one token from ``p_out`` with ``generator``; stats (with ``info.debug_stats``) hold the
+        DATA-DEPENDENT λ and divergences."""
         if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         probs, idx, lam, div = self._mixture(logits)
         j = sample_probs(probs, generator)
         token = idx[j] if idx is not None else j
-        return StepResult(tokens=token.to(torch.long), stats={"lambda": lam.tolist(), "divergence": div.tolist()})
+        stats = {"lambda": lam.tolist(), "divergence": div.tolist()} if info.debug_stats else None
+        return StepResult(tokens=token.to(torch.long), stats=stats)
 
     def group_guarantees(self, max_new_tokens: int) -> tuple[GroupGuarantee, ...]:
         """One ex-ante guarantee per group over at most ``max_new_tokens`` tokens."""
@@ -600,28 +599,16 @@ def _public_bad(public: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.isnan(top) | (top == math.inf)
 
 
-def _fusion_step(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], ints: Sequence[Any], srcs: Sequence[Any],
-                 full: bool) -> list[StepResult | Exception]:
+def _fusion_step(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], ints: Sequence[int], srcs: Sequence[Any],
+                 want: Sequence[bool], full: bool) -> list[StepResult | Exception]:
     """One token per job from its p_out with its own 53-bit integer (``ints[b]``, drawn before: the same draw the
-    per-job step makes), in one transfer; a job whose support reaches beyond the gathered columns is redone alone on
-    the whole vocabulary with the same integer, an uncertain draw finished exactly from the job's source."""
+    per-job step makes), in one transfer (:func:`~dpinfer.mechanisms.batch.release_tokens`; λ and the divergences,
+    DATA-DEPENDENT, only for the jobs that ask, ``want``); a job whose support reaches beyond the gathered columns is
+    redone alone on the whole vocabulary with the same integer."""
     mix = _fusion_mixture(mechs, logits, full)
-    k = to_device(ints, mix.probs.device)
-    j, ok = invert(mix.probs, k)
-    tok = mix.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
     m = mechs[0].num_groups
-    rows = fetch(tok, ok, mix.code, mix.over, mix.lam, mix.div)
-    out: list[StepResult | Exception] = []
-    for b, row in enumerate(rows):
-        if row[2]:
-            out.append(InvalidInputError(_ERRORS[int(row[2])]))
-            continue
-        if row[3]:
-            out.append(_fusion_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], True)[0])
-            continue
-        token = int(row[0])
-        if not row[1]:
-            token = int(mix.ids[b, finish_exact(mix.probs[b], int(ints[b][0]), srcs[b])])
-        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
-                              stats={"lambda": row[4:4 + m], "divergence": row[4 + m:4 + 2 * m]}))
-    return out
+    return release_tokens(
+        mix.ids, mix.code, mix.over, probs=mix.probs, ints=ints, srcs=srcs, want=want,
+        stats=lambda j: (mix.lam, mix.div), errors=_ERRORS,
+        redo=lambda b, _: _fusion_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], [want[b]], True)[0],
+        describe=lambda b, row, _: {"lambda": row[:m], "divergence": row[m:2 * m]})

@@ -64,16 +64,14 @@ from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.batch import (
     SUPPORT_SLACK,
     ascending,
-    fetch,
-    finish_exact,
     fits_aligned,
     host_tensor,
     host_to_device,
     in_aligned_chunks,
-    invert,
+    job_chunks,
+    release_tokens,
     support_size,
     support_width,
-    to_device,
     top_columns,
 )
 from dpinfer.mechanisms.invisibleink import topk_plus
@@ -257,7 +255,7 @@ class Pad(Mechanism):
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of V⁺ (from the public row only): the private row is read there and nowhere else."""
-        if self.batch_key() is not None:
+        if self.batch_key() is not None and self.top_k is not None:
             pub = [public_scores.unsqueeze(0)]
             sid, real, over = _pad_support([self], pub, False)
             if int(over[0]):
@@ -295,10 +293,10 @@ class Pad(Mechanism):
         return StepResult(tokens=idx[j].to(torch.long), stats=stats)
 
     def batch_key(self) -> tuple[Any, ...] | None:
-        """With a top-k, PAD decides on the gathered public columns, in batches (:func:`_pad_step`; the per-job
-        :meth:`step` is the same computation on a batch of one): jobs with the same top-k and min-p that all take the
-        argmax (τ = 0) or all sample decide together (their C, σ and τ may differ)."""
-        if self.top_k is None or not fits_aligned(2 * (self.top_k + SUPPORT_SLACK)):
+        """PAD decides in batches (:func:`_pad_step`; the per-job :meth:`step` is the same computation on a batch of
+        one), on the gathered public columns with a top-k, on the whole vocabulary without: jobs with the same top-k
+        and min-p that all take the argmax (τ = 0) or all sample decide together (their C, σ and τ may differ)."""
+        if self.top_k is not None and not fits_aligned(2 * (self.top_k + SUPPORT_SLACK)):
             return None
         return (Pad, self.top_k, self.min_p, self.temperature == 0.0)
 
@@ -309,7 +307,15 @@ class Pad(Mechanism):
         normal per gathered column) and, at τ > 0, its 53-bit integer from its own source; one device-to-host
         transfer for every token and statistic."""
         mechs = [m for m in mechanisms if isinstance(m, Pad)]
-        return _pad_step(mechs, logits, [as_random_source(g) for g in generators], False)
+        srcs = [as_random_source(g) for g in generators]
+        want = [i.debug_stats for i in infos]
+        if mechs and mechs[0].top_k is not None:
+            return _pad_step(mechs, logits, srcs, want, False)
+        out: list[StepResult | Exception] = []
+        for part in job_chunks(len(mechs), 8 * logits[0].shape[-1] if mechs else 1):
+            out += _pad_step([mechs[b] for b in part], [logits[b] for b in part], [srcs[b] for b in part],
+                             [want[b] for b in part], True)
+        return out
 
     def loss_event(self) -> GaussianShiftEvent:
         """What one token releases, for the accountant: a Gaussian mechanism with sensitivity Δ and noise σ."""
@@ -344,11 +350,18 @@ def _pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: boo
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
     logits ``≥ kth_largest − 2C`` (and ``≥ max + ln min_p``) on the gathered columns (``full``: an int, exactly
-    that many: a job redone alone with the size of its Top-k⁺; True: the whole vocabulary); ``(ids (n, W)
-    ascending, real (n, W), over (n,): 0, or the size of Top-k⁺ when it reaches beyond the gathered columns)``."""
+    that many: a job redone alone with the size of its Top-k⁺; True: the whole vocabulary; without a top-k, every
+    finite public entry on the whole vocabulary, not ranked); ``(ids (n, W) ascending, real (n, W), over (n,): 0, or
+    the size of Top-k⁺ when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
-    top_k = m0.top_k if m0.top_k is not None else vocab
+    if m0.top_k is None:  # every finite public entry (and the min-p cut), in id order (no ranking)
+        pub = torch.cat(list(public))
+        real = torch.isfinite(pub)
+        if m0.min_p is not None:
+            real = real & (pub >= pub.amax(dim=-1, keepdim=True) + math.log(m0.min_p))
+        return torch.arange(vocab, device=pub.device).expand_as(real), real, real.new_zeros(real.shape[0])
+    top_k = m0.top_k
     margin = host_tensor([2.0 * m.clip_norm for m in mechs], torch.float64, public[0].device).unsqueeze(-1)
     width = None if isinstance(full, bool) else full
     vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
@@ -382,7 +395,10 @@ def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: to
     device = logits[0].device
     public = [z[:1] for z in logits]
     sid, real, over = _pad_support(mechs, public, full)
-    z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
+    if mechs[0].top_k is None:
+        z = torch.stack(list(logits)).to(torch.float64)
+    else:
+        z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
     top = torch.stack([p[0].amax() for p in public]).to(torch.float64)  # the public row is checked whole
     bad = torch.isnan(top) | (top == math.inf)
     no_public = ~real.any(dim=-1)
@@ -395,8 +411,8 @@ def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: to
                 noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return _pad_math(pub, ctx, real, clip, sigma, noise)
 
-    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
-        noisy, clipped = release(pub, ctx, real, clip, sigma, noise)
+    if full is not False:  # a job alone on its whole support, on both paths (or whole vocabularies: exact
+        noisy, clipped = release(pub, ctx, real, clip, sigma, noise)  # element-wise operations, sums by cumsum)
     else:
         noisy, clipped = in_aligned_chunks(release, pub, ctx, real, clip, sigma, noise, per_row=4 * pub.shape[-1])
     code = torch.where(bad, 1, torch.where(no_public, 2, 0))
@@ -410,13 +426,19 @@ def _pad_math(pub: torch.Tensor, ctx: torch.Tensor, real: torch.Tensor, clip: to
     s = torch.nan_to_num(ctx - pub, nan=0.0, posinf=SHIFT_LIMIT, neginf=-SHIFT_LIMIT)  # NaN: no shift
     s = s.clamp(-SHIFT_LIMIT, SHIFT_LIMIT).masked_fill(~real, 0.0)
     count = real.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
-    s = (s - s.sum(dim=-1, keepdim=True) / count).masked_fill(~real, 0.0)
-    norm = torch.sqrt((s * s).sum(dim=-1, keepdim=True))
+    s = (s - _row_sum(s) / count).masked_fill(~real, 0.0)
+    norm = torch.sqrt(_row_sum(s * s))
     s = torch.where(norm > clip, s * (clip / norm), s)
-    after = torch.sqrt((s * s).sum(dim=-1))
+    after = torch.sqrt(_row_sum(s * s))[:, 0]
     clipped = (after >= clip[:, 0] * (1 - 1e-12)).to(torch.float64)
     noisy = (pub + s + sigma * noise).masked_fill(~real, -math.inf)
     return noisy, clipped
+
+
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of each row ``(n, 1)``, added in column order whatever the rows beside it (a cumulative sum: a plain
+    ``sum`` of one long row may be split across threads, of many rows not)."""
+    return x.cumsum(dim=-1)[:, -1:]
 
 
 def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: Any) -> tuple[torch.Tensor, list[int]]:
@@ -429,42 +451,27 @@ def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: An
     return host_to_device(torch.stack(noise), device), ints
 
 
-def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], full: bool | int
-              ) -> list[StepResult | Exception]:
+def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], want: Sequence[bool],
+              full: bool | int) -> list[StepResult | Exception]:
     """One token per job: the argmax of its noisy release on V⁺ (ties to the lowest id), or at τ > 0 a draw from
-    ``softmax(release/τ)`` with its own 53-bit integer, in one transfer; a job whose V⁺ reaches beyond the gathered
+    ``softmax(release/τ)`` with its own 53-bit integer, in one transfer (:func:`~dpinfer.mechanisms.batch.
+    release_tokens`; the statistics only for the jobs that ask, ``want``); a job whose V⁺ reaches beyond the gathered
     columns is redone alone on exactly that many columns (the size of its Top-k⁺, public, fetched in the same
-    transfer) with fresh draws from its source (a public decision, the same on both paths), an uncertain draw
-    finished exactly from the job's source."""
+    transfer) with fresh draws from its source (a public decision, the same on both paths)."""
     device = logits[0].device
     vocab = logits[0].shape[-1]
     width = min(full, vocab) if not isinstance(full, bool) else support_width(mechs[0].top_k, vocab, full)
     noise, ints = _pad_draws(mechs, srcs, width, device)
     rel = _pad_release(mechs, logits, noise, full)
-    sampling = mechs[0].temperature > 0.0
-    if sampling:
+    probs = None
+    if mechs[0].temperature > 0.0:
         temp = host_tensor([m.temperature for m in mechs], torch.float64, device).unsqueeze(-1)
         probs = torch.softmax(rel.noisy / temp, dim=-1)
-        j, ok = invert(probs, to_device([torch.tensor(ints, dtype=torch.int64).numpy()], device))
-    else:
-        j = torch.argmax(rel.noisy, dim=-1)
-        ok = torch.ones_like(j, dtype=torch.bool)
-    tok = rel.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
-    rows = fetch(tok, ok, rel.code, rel.over, rel.size, rel.clipped)
-    out: list[StepResult | Exception] = []
-    for b, row in enumerate(rows):
-        if row[2]:
-            out.append(InvalidInputError(_ERRORS[int(row[2])]))
-            continue
-        if row[3]:
-            out.append(_pad_step([mechs[b]], [logits[b]], [srcs[b]], int(row[3]))[0])
-            continue
-        token = int(row[0])
-        if not row[1]:
-            token = int(rel.ids[b, finish_exact(probs[b], ints[b], srcs[b])])
-        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
-                              stats={"support": row[4], "clipped": row[5]}))
-    return out
+    return release_tokens(
+        rel.ids, rel.code, rel.over, probs=probs, scores=rel.noisy, ints=ints, srcs=srcs, want=want,
+        stats=lambda j: (rel.size, rel.clipped), errors=_ERRORS,
+        redo=lambda b, size: _pad_step([mechs[b]], [logits[b]], [srcs[b]], [want[b]], size)[0],
+        describe=lambda b, row, _: {"support": row[0], "clipped": row[1]})
 
 
 # ------------------------------------------------------------------------------------------------ as published
