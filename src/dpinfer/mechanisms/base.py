@@ -157,6 +157,16 @@ class Mechanism(ABC):
         """
         return None
 
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """:meth:`private_columns` of several jobs whose mechanisms share a :meth:`batch_key`, on the device
+        (``public[b]``: job b's public row ``(1, V)`` as :meth:`private_columns` is given it): per job its support
+        ids ``(n, W)``, ascending with the support's ids first, the mask of those ``(n, W)``, and ``(n,)`` nonzero
+        where the support may reach beyond the ``W`` columns (the job's :meth:`private_columns` then says). ``None``
+        (the default): no batched support; each job's :meth:`private_columns` is called."""
+        return None
+
     @property
     def restricts_private_columns(self) -> bool:
         """Whether :meth:`private_columns` may return a subset: the engine splits the output head only then (a

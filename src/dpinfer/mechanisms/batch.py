@@ -8,7 +8,8 @@ as a loop), so a row's result is bit for bit the same whatever rows sit beside i
 runs the same kernel on a batch of one: the batched path releases the per-job path's tokens for the same seeds.
 
 Why the rows are padded. On the CPU an element-wise kernel computes the bulk of a contiguous tensor with SIMD
-instructions and its last ``numel mod (2 · lanes)`` elements with scalar code, and a transcendental function (exp,
+instructions and its last ``numel mod (2 · lanes)`` elements with scalar code (2 · lanes: 8 float64 values with
+AVX2, 16 with AVX-512), and a transcendental function (exp,
 log, log1p) may round differently in the two: a row's figures would depend on how many rows came before it. The
 batched computations therefore run on row counts padded to a multiple of :data:`ROW_ALIGN` (zero rows, dropped after)
 in chunks small enough to run on one thread (:data:`MAX_CHUNK_ELEMENTS`): every element takes the SIMD path, on the
@@ -188,8 +189,11 @@ def fetch(*parts: torch.Tensor) -> list[list[float]]:
     return torch.cat(cols, dim=-1).tolist()
 
 
-ROW_ALIGN = 32
-"""Row counts of the batched element-wise computations are padded to a multiple of this (2 × the widest SIMD lanes)."""
+ROW_ALIGN = 16
+"""Row counts of the batched element-wise computations are padded to a multiple of this: 2 × the widest float64 SIMD
+lanes (AVX-512: 8), the step of torch's vectorised loops; every padded computation is in float64. A batch of one
+computes this many rows (the cost of the per-job path: the profile of one job's DP-Fusion decision is the
+exponentials of its bisection rounds, over the padded rows)."""
 MAX_CHUNK_ELEMENTS = 32767
 """The largest tensor of a chunk stays below torch's intra-op grain size (32,768 elements): one thread, no split."""
 

@@ -239,6 +239,16 @@ class InvisibleInk(Mechanism):
         support, kth = topk_plus(public_scores, self.top_k, self.clip_norm, self.batch_size)
         return None if kth is None else support.nonzero().squeeze(-1)
 
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """V⁺ of several batching jobs with a top-k at once (:func:`_ink_support`, as :meth:`private_columns`)."""
+        mechs = [m for m in mechanisms if isinstance(m, InvisibleInk)]
+        if not mechs or mechs[0].top_k is None:
+            return None
+        sid, real, _, over = _ink_support(mechs, public, False)
+        return sid, real, over
+
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
         if self.batch_key() is not None:
