@@ -250,7 +250,7 @@ class Job:
         if res.stop:
             self.reasons = ["budget"] * self.k
             return None, None
-        tok = int(res.tokens)
+        tok = res.host_tokens[0] if res.host_tokens is not None else int(res.tokens)
         event = StepEvent(self.t, [tok], res.stats and dict(res.stats))
         if self.stop_on_eos and tok in vocab.eos_ids:
             self.reasons = ["eos"] * self.k
@@ -262,7 +262,8 @@ class Job:
     def _independent(self, res: StepResult, vocab: Vocabulary) -> tuple[StepEvent, torch.Tensor | None]:
         # the bookkeeping on the host (done_rows lives there): one read of the tokens, none when they are there
         k, finished = self.k, self.done_rows
-        toks_list = res.tokens.to(device="cpu", dtype=torch.long).reshape(k).tolist()
+        toks_list = (res.host_tokens if res.host_tokens is not None else
+                     res.tokens.to(device="cpu", dtype=torch.long).reshape(k).tolist())
         fin_list = finished.tolist()
         out = []
         for i in range(k):

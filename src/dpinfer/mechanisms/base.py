@@ -69,6 +69,9 @@ class StepResult:
     stop: bool = False
     """Joint mode: end the generation before this step's token (e.g. a baseline's fixed private-token budget is
     spent). ``tokens`` is then ignored and the finish reason is ``"budget"``."""
+    host_tokens: list[int] | None = field(default=None, repr=False)
+    """``tokens`` as Python ints when the mechanism holds them on the host already (a batched step, from its one
+    device-to-host transfer): the engine records these and reads nothing more."""
 
 
 class Mechanism(ABC):
@@ -146,6 +149,14 @@ class Mechanism(ABC):
         (res,) = self.step_batch([self], [logits], [info], [generator])
         if isinstance(res, Exception):
             raise res
+        return res
+
+    def step_as_batch(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        """:meth:`step` for a mechanism that always decides in batches (``step = Mechanism.step_as_batch``):
+        :meth:`batch_of_one`."""
+        res = self.batch_of_one(logits, info, generator)
+        if res is None:
+            raise ConfigurationError(f"{self.name} has no batch key: it needs a step of its own")
         return res
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:

@@ -81,6 +81,30 @@ def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], t
     return vals, ids, keep, over
 
 
+def topk_plus_columns(public: Sequence[torch.Tensor], top_k: int, margin: torch.Tensor, full: bool | int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k⁺ of every public row (``(1, V)`` each, any float dtype): the finite entries ``≥ kth_largest − margin``
+    (``margin``: ``(n, 1)``, one per job) on the gathered columns (``full``: True, the whole vocabulary; an int,
+    exactly that many columns: a job redone alone with its support's size). ``(vals, ids, keep, kth, size)``:
+    :func:`top_columns`'s values, ids and mask, the k-th largest public logit, and per row 0 or, when the support
+    reaches beyond the gathered columns, its size (:func:`support_size`)."""
+    vocab = public[0].shape[-1]
+    width = None if isinstance(full, bool) else full
+    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
+    keep = keep & torch.isfinite(vals)
+    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in the support
+    kth = vals[:, min(top_k, vocab) - 1]
+    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    return vals, ids, keep, kth, size
+
+
+def whole_vocabulary(public: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The public rows ``(n, V)``, every column's id ``(n, V)`` and the mask of their finite entries: the support
+    of a mechanism without a top-k, in id order (nothing ranked)."""
+    pub = torch.cat(list(public))
+    return pub, torch.arange(pub.shape[-1], device=pub.device).expand_as(pub), torch.isfinite(pub)
+
+
 def support_size(parts: Sequence[torch.Tensor], threshold: torch.Tensor) -> torch.Tensor:
     """Per row of ``parts`` (``(1, V)`` each, one per job, any float dtype), how many entries are ``≥ threshold[b]``
     (float64, ``(n,)``): the exact width of a Top-k⁺ support that reaches beyond the gathered columns, fetched with
@@ -290,7 +314,7 @@ def release_tokens(ids: torch.Tensor, code: torch.Tensor, over: torch.Tensor, *,
             exact = finish_exact(probs[b], int(ints[b]), srcs[b])
             token = int(ids[b, exact])
         out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
-                              stats=describe(b, row[4:], exact) if want[b] else None))
+                              stats=describe(b, row[4:], exact) if want[b] else None, host_tokens=[token]))
     return out
 
 
@@ -316,7 +340,8 @@ def sample_weights_step(mechanisms: Sequence[Any], logits: Sequence[torch.Tensor
             out[b] = got
             continue
         tokens = torch.tensor(got, dtype=torch.long)
-        out[b] = StepResult(tokens=tokens[0] if mechanisms[b].mode == "joint" else tokens)
+        joint = mechanisms[b].mode == "joint"
+        out[b] = StepResult(tokens=tokens[0] if joint else tokens, host_tokens=got[:1] if joint else list(got))
     return [r for r in out if r is not None]
 
 

@@ -251,10 +251,7 @@ class DPDecoding(Mechanism):
         mechs = [m for m in mechanisms if isinstance(m, DPDecoding)]
         return sample_weights_step(mechs, logits, generators, lambda m, z: m._weights(z))
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        res = self.batch_of_one(logits, info, generator)
-        assert res is not None
-        return res
+    step = Mechanism.step_as_batch
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""

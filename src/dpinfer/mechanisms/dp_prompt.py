@@ -249,10 +249,7 @@ class DPPrompt(Mechanism):
     def _rows(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[self.row : self.row + 1] if self.mode == "joint" else logits
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        res = self.batch_of_one(logits, info, generator)
-        assert res is not None
-        return res
+    step = Mechanism.step_as_batch
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""

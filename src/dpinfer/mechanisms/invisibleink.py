@@ -46,8 +46,8 @@ from dpinfer.mechanisms.batch import (
     in_aligned_chunks,
     job_chunks,
     release_tokens,
-    support_size,
-    top_columns,
+    topk_plus_columns,
+    whole_vocabulary,
 )
 from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -359,19 +359,12 @@ def _ink_support(mechs: Sequence[InvisibleInk], public: Sequence[torch.Tensor], 
     when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
-    if m0.top_k is None:  # every finite public entry, in id order (no ranking)
-        real = torch.isfinite(torch.cat(list(public)))
-        ids = torch.arange(vocab, device=real.device).expand_as(real)
+    if m0.top_k is None:
+        _, ids, real = whole_vocabulary(public)
         return ids, real, real.new_zeros(real.shape[0], dtype=torch.float64), real.new_zeros(real.shape[0])
     margin = host_tensor([2.0 * m.clip_norm / m.batch_size for m in mechs], torch.float64,
                          public[0].device).unsqueeze(-1)
-    top_k = m0.top_k
-    width = None if isinstance(full, bool) else full
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
-    keep = keep & torch.isfinite(vals)
-    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
-    kth = vals[:, min(top_k, vocab) - 1]
-    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    _, ids, keep, kth, size = topk_plus_columns(public, m0.top_k, margin, full)
     sid, real = ascending(ids, keep, vocab)
     return sid, real, kth, size
 

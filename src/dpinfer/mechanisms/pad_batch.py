@@ -19,9 +19,9 @@ from dpinfer.mechanisms.batch import (
     host_to_device,
     in_aligned_chunks,
     release_tokens,
-    support_size,
     support_width,
-    top_columns,
+    topk_plus_columns,
+    whole_vocabulary,
 )
 
 if TYPE_CHECKING:
@@ -44,20 +44,13 @@ def pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: bool
     the size of Top-k⁺ when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
-    if m0.top_k is None:  # every finite public entry (and the min-p cut), in id order (no ranking)
-        pub = torch.cat(list(public))
-        real = torch.isfinite(pub)
+    if m0.top_k is None:  # and the min-p cut
+        pub, ids, real = whole_vocabulary(public)
         if m0.min_p is not None:
             real = real & (pub >= pub.amax(dim=-1, keepdim=True) + math.log(m0.min_p))
-        return torch.arange(vocab, device=pub.device).expand_as(real), real, real.new_zeros(real.shape[0])
-    top_k = m0.top_k
+        return ids, real, real.new_zeros(real.shape[0])
     margin = host_tensor([2.0 * m.clip_norm for m in mechs], torch.float64, public[0].device).unsqueeze(-1)
-    width = None if isinstance(full, bool) else full
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
-    keep = keep & torch.isfinite(vals)
-    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
-    kth = vals[:, min(top_k, vocab) - 1]
-    over = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    vals, ids, keep, _, over = topk_plus_columns(public, m0.top_k, margin, full)
     if m0.min_p is not None:  # relative to the PUBLIC maximum (the first gathered column)
         keep = keep & (vals >= vals[:, :1] + math.log(m0.min_p))
     sid, real = ascending(ids, keep, vocab)

@@ -479,3 +479,24 @@ def test_a_subclass_that_overrides_step_decides_alone_through_the_engine(tiny_lm
     out = dict(Engine(tiny_lm).run_jobs(jobs))
     assert Counting.calls == 4
     assert out[0].sequences == out[1].sequences  # the same computation either way, for the same seed
+
+
+def test_the_split_head_chooses_every_jobs_columns_with_one_transfer(tiny_lm, monkeypatch) -> None:
+    """The slot runner's split head: the column choices of all split jobs (DP-Fusion, InvisibleInk, PAD with a top-k)
+    in ONE host transfer per forward (``head.split_logits_many``), the same tokens as without a split head."""
+    from dpinfer.engine import head, runner
+
+    jobs = [j for j in _jobs(tiny_lm) if getattr(j.mechanism, "top_k", None) is not None
+            and j.mechanism.restricts_private_columns and len(j.contexts) > 1]
+    assert len(jobs) >= 6
+    fetches, forwards, alone_calls = [], [], []
+    fetch, forward, split_logits = head.fetch, runner.SlotRunner.forward, head.split_logits
+    monkeypatch.setattr(head, "fetch", lambda *a: fetches.append(1) or fetch(*a))
+    monkeypatch.setattr(head, "split_logits", lambda *a: alone_calls.append(1) or split_logits(*a))
+    monkeypatch.setattr(runner.SlotRunner, "forward", lambda self, going: forwards.append(1) or forward(self, going))
+    split = dict(Engine(tiny_lm).run_jobs(jobs))
+    assert forwards and 0 < len(fetches) <= len(forwards)
+    assert len(alone_calls) < len(forwards)  # a job alone only where its support reaches beyond the gathered columns
+    monkeypatch.undo()
+    whole = dict(Engine(tiny_lm, split_head=False).run_jobs(jobs))
+    assert all(split[i].sequences == whole[i].sequences for i in range(len(jobs)))
