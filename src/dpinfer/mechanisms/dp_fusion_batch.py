@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,20 +23,17 @@ from dpinfer.mechanisms.batch import (
 )
 from dpinfer.mechanisms.divergences import symmetric_renyi
 
-if TYPE_CHECKING:
-    from dpinfer.mechanisms.dp_fusion import DPFusion
-
 _NEG_INF = -math.inf
 
 ERRORS = {1: "the logits contain NaN (or +inf); nothing is sampled",
            2: "the public row has no finite logit; nothing can be sampled"}
 
 
-def _inverse_temperatures(mechs: Sequence[DPFusion], device: Any) -> torch.Tensor:
+def _inverse_temperatures(mechs: Sequence[Any], device: Any) -> torch.Tensor:
     return host_tensor([1.0 / m.temperature for m in mechs], torch.float64, device).unsqueeze(-1)
 
 
-def batch_support(mechs: Sequence[DPFusion], public: Sequence[torch.Tensor], full: bool
+def batch_support(mechs: Sequence[Any], public: Sequence[torch.Tensor], full: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """S of each job from its public row only (``public[b]``: ``(1, V)``, before temperature, any float dtype):
     top-k (with the margin), min-p and the public floor (:attr:`DPFusion.log_floor`), on the gathered columns;
@@ -64,7 +61,7 @@ class _Mixture:
     over: torch.Tensor  # (B,) the support reaches beyond the gathered columns: redo the job on the whole vocabulary
 
 
-def fusion_mixture(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], full: bool) -> _Mixture:
+def fusion_mixture(mechs: Sequence[Any], logits: Sequence[torch.Tensor], full: bool) -> _Mixture:
     """p_out of every job on its support, λ and the divergences, without a host synchronisation: the λ of every job
     and group in :func:`~dpinfer.mechanisms.batch.fixed_bisection_rounds` rounds of bisection (λ_i is the feasible
     end of a bracket narrower than ``tol/2``; evaluated with :func:`symmetric_renyi` against ``b·(1 − 1e-9)``)."""
@@ -145,7 +142,7 @@ def _public_bad(public: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.isnan(top) | (top == math.inf)
 
 
-def fusion_step(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], ints: Sequence[int], srcs: Sequence[Any],
+def fusion_step(mechs: Sequence[Any], logits: Sequence[torch.Tensor], ints: Sequence[int], srcs: Sequence[Any],
                  want: Sequence[bool], full: bool) -> list[StepResult | Exception]:
     """One token per job from its p_out with its own 53-bit integer (``ints[b]``, drawn before: the same draw the
     per-job step makes), in one transfer (:func:`~dpinfer.mechanisms.batch.release_tokens`; λ and the divergences,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -24,9 +24,6 @@ from dpinfer.mechanisms.batch import (
     whole_vocabulary,
 )
 
-if TYPE_CHECKING:
-    from dpinfer.mechanisms.pad import Pad
-
 SHIFT_LIMIT = 1e6
 """Private logits that are −inf (or absurdly large) on the support are brought to ±this before centring; the clip
 makes the value irrelevant."""
@@ -35,7 +32,7 @@ ERRORS = {1: "the public row's logits contain NaN or +inf; nothing is released",
            2: "the public row has no finite logit; nothing can be released"}
 
 
-def pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: bool | int
+def pad_support(mechs: Sequence[Any], public: Sequence[torch.Tensor], full: bool | int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
     logits ``≥ kth_largest − 2C`` (and ``≥ max + ln min_p``) on the gathered columns (``full``: an int, exactly
@@ -67,7 +64,7 @@ class _PadRelease:
     over: torch.Tensor  # (n,) 0, or |Top-k⁺| when it reaches beyond the gathered columns: redo the job on that many
 
 
-def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: torch.Tensor, full: bool | int
+def _pad_release(mechs: Sequence[Any], logits: Sequence[torch.Tensor], noise: torch.Tensor, full: bool | int
                  ) -> _PadRelease:
     """The noisy release of every job on its V⁺, without a host synchronisation (``noise``: ``(n, W)`` standard
     normals, each job's from its own source)."""
@@ -123,7 +120,7 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=-1)[:, -1:]
 
 
-def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: Any) -> tuple[torch.Tensor, list[int]]:
+def _pad_draws(mechs: Sequence[Any], srcs: Sequence[Any], width: int, device: Any) -> tuple[torch.Tensor, list[int]]:
     """Per job, from its own source: ``width`` standard normals (one per gathered column, a public count), then at
     τ > 0 one 53-bit integer (0 at τ = 0: unused)."""
     noise, ints = [], []
@@ -133,7 +130,7 @@ def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: An
     return host_to_device(torch.stack(noise), device), ints
 
 
-def pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], want: Sequence[bool],
+def pad_step(mechs: Sequence[Any], logits: Sequence[torch.Tensor], srcs: Sequence[Any], want: Sequence[bool],
               full: bool | int) -> list[StepResult | Exception]:
     """One token per job: the argmax of its noisy release on V⁺ (ties to the lowest id), or at τ > 0 a draw from
     ``softmax(release/τ)`` with its own 53-bit integer, in one transfer (:func:`~dpinfer.mechanisms.batch.
