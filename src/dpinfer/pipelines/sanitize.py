@@ -114,7 +114,8 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
         t0 = time.perf_counter()
         with rt.lock:  # one caller's jobs at a time on a shared engine
             run = rt.engine.stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                                   processors=job.processors, min_new_tokens=job.min_new_tokens)
+                                   processors=job.processors, min_new_tokens=job.min_new_tokens,
+                                   debug_stats=job.debug_stats)
             for event in run:  # one Engine.step per token
                 if progress is not None:
                     progress(event.step + 1, job.max_new_tokens)
