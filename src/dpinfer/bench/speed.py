@@ -269,3 +269,14 @@ class HostReads:
             else:
                 setattr(torch.Tensor, name, fn)
         self._saved.clear()
+
+
+def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
+    """``n_jobs`` different chat prompts of about ``prompt_tokens`` tokens: windows of the example document starting
+    at successive paragraphs (cut to ``prompt_tokens``; the document repeats when it runs out)."""
+    paragraphs = [p for p in example_document().split("\n\n") if p.strip()]
+    out = []
+    for i in range(n_jobs):
+        text = "\n\n".join(paragraphs[(i + j) % len(paragraphs)] for j in range(len(paragraphs)))
+        out.append(lm.encode(lm.instruction_prompt(INSTRUCTION + text))[:prompt_tokens])
+    return out

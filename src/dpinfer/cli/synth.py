@@ -196,7 +196,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
 
     def _texts(lm: Any, skip: set[int]) -> Any:
         with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-            for text in synthesize_iter(plan, lm=lm, skip_batches=skip, progress=progress):
+            for text in synthesize_iter(plan, lm=lm, skip_batches=skip, progress=progress,
+                                        debug_stats=args.debug_stats):
                 new.append(text)
                 yield text
 
