@@ -125,7 +125,8 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
     ``--quantize``, and an unknown device or dtype (or a missing GPU). With ``--shape``, ``--model`` names the
     tokenizer only."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import EMBEDDED_NAME, _pick_device, _pick_dtype, model_name
+    from dpinfer.model_files import EMBEDDED_NAME, model_name
+    from dpinfer.models import _pick_device, _pick_dtype
 
     device, dtype, shape = (getattr(args, n, None) for n in ("device", "dtype", "shape"))  # options not given: absent
     given = [f"--{n}" for n, v in (("device", device), ("dtype", dtype), ("shape", shape)) if v is not None]
