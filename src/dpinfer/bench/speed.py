@@ -164,7 +164,8 @@ def speed_model(model: str | None, *, device: str | None = None, dtype: str | No
 
 def hf_twin(lm: Any) -> Any:
     """``lm`` on transformers' forward: ``lm`` itself when it already is, else the same folder loaded again with
-    ``backend="hf"`` (its packed copies made now): the Hugging Face ``generate`` baselines and the own-vs-hf A/B."""
+    ``backend="hf"``: the Hugging Face ``generate`` baselines and the own-vs-hf A/B. The packed copies of both are made
+    now, so that neither side makes its own inside a timed run."""
     if getattr(lm, "backend", "hf") == "hf":
         return lm
     from dpinfer.models import load_model
@@ -172,6 +173,7 @@ def hf_twin(lm: Any) -> Any:
 
     twin = load_model(str(lm.source), device=str(lm.device), dtype=lm.dtype, backend="hf")
     pack_now(twin.model)
+    pack_now(lm.model)
     return twin
 
 
