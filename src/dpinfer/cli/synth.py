@@ -32,6 +32,7 @@ from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
 from dpinfer.jobs import ReleaseDigests, check_rerelease
 from dpinfer.jobs.synth import SynthesisOutput, partition_path
 from dpinfer.methods.synthesize import TABLE, check
+from dpinfer.model_files import model_name
 from dpinfer.references import load_references
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.pipelines.synthesize import plan_synthesis  # imports torch: after the checks of every path
 
     plan = plan_synthesis(refs, config)  # the corpus's size, the template's fields, the calibration: no model yet
-    header = plan.header(models.model_name(args.model),
+    header = plan.header(model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
     return _run_job(args, plan, header, SynthesisOutput(args.out))
 
