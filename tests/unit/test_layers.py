@@ -3,11 +3,11 @@
 
 Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
 ``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models`` and ``model_files``; ``modeling``,
-the model code, imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs``
-(the resumable-job loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task`` (the task
-protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no interface (its
-file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command line (it
-measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
+the model code, imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs`` (the
+resumable-job loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task``
+(the task protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no
+interface (its file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command
+line (it measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
 """
 
 from __future__ import annotations
