@@ -115,7 +115,11 @@ def test_embedded_model_matches_transformers(embedded_lm) -> None:
     from transformers import AutoModelForCausalLM
 
     assert embedded_lm.backend == "own"
+    from dpinfer.packed import pack_linears
+
     hf = AutoModelForCausalLM.from_pretrained(embedded_lm.source, dtype=torch.float32).eval()
+    if embedded_lm.packed_linears:  # the same linear kernels on both sides: the forward code is what is compared
+        pack_linears(hf)
     prompt = embedded_lm.encode(embedded_lm.instruction_prompt("Describe the Court's procedure."))
     rows = [prompt, prompt[:-9], embedded_lm.encode("The applicant was born in 1970 and lives in")]
     worst, hf_tokens, own_tokens = run_both(hf, embedded_lm.model, rows)
