@@ -125,7 +125,7 @@ def ask_config_from_args(args: argparse.Namespace) -> Any:
     method's knobs, PAD's calibration) before anything loads."""
     from dpinfer.configs.ask import AskConfig
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.rag import answer_method, ask_config
+    from dpinfer.pipelines.rag import answer_method
 
     given = {k: v for k, v in vars(args).items() if k in AskConfig.field_names()}
     if args.mechanism == "pad-as-published" and given.get("epsilon") is not None:
@@ -137,7 +137,7 @@ def ask_config_from_args(args: argparse.Namespace) -> Any:
     if args.support_top_k is not None and args.support_top_k < 0:
         raise InvalidInputError(f"--support-top-k must be ≥ 0 (0 = full vocabulary), got {args.support_top_k}")
     given["support_top_k"] = None if args.support_top_k == 0 else args.support_top_k
-    config = ask_config({**given, "mechanism": args.mechanism}, cli=True)
+    config = AskConfig.merged(None, **given, mechanism=args.mechanism, spelling="cli")
     answer_method(config)  # the method's checks and PAD's calibration: an unreachable ε is refused here
     return config
 

@@ -162,7 +162,7 @@ def config_of(args: argparse.Namespace) -> SanitizeConfig:
         options["top_k"] = cli_k(args.top_k, "--top-k")
     if args.no_repeat_ngram is not None:
         options["no_repeat_ngram"] = cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
-    return check_sanitize_params(tagger=args.tagger, cli=True, **options)
+    return check_sanitize_params(tagger=args.tagger, spelling="cli", **options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("give the document FILE ('-' for standard input), or --corpus IN.jsonl --out OUT.jsonl")
     cfg = config_of(args)
     _check_max_input_tokens(args)
-    check_sanitize_budget(cfg, cli=True)
+    check_sanitize_budget(cfg)
     if args.corpus is not None:
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
 

@@ -126,8 +126,9 @@ def config_of(args: argparse.Namespace) -> SynthConfig:
                          max_new_tokens=args.max_new_tokens, top_k=cli_k(args.top_k, "--top-k"),
                          temperature=args.temperature, prompt_template=args.template, seed=args.seed,
                          max_texts=args.max_texts,
-                         max_reference_tokens=cli_k(args.max_reference_tokens, "--max-reference-tokens"), cli=True)
-    check(config, cli=True)
+                         max_reference_tokens=cli_k(args.max_reference_tokens, "--max-reference-tokens"),
+                         spelling="cli")
+    check(config)
     return config
 
 

@@ -121,31 +121,18 @@ class ProtectedPrompt:
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
-def protect_config(config: ProtectConfig | None = None, **settings: Any) -> ProtectConfig:
-    """``config`` with ``settings`` applied (checked), or a config of ``settings``; an unknown keyword is a
-    :class:`TypeError`, as for any function (there is no ``top_k`` / ``top_p``: stage 1 samples the full vocabulary)."""
-    if config is not None and not isinstance(config, ProtectConfig):
-        raise ConfigurationError(f"config must be a ProtectConfig, got {type(config).__name__}")
-    if not settings:
-        return config or ProtectConfig()
-    unknown = sorted(set(settings) - set(ProtectConfig.field_names()))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))} (settings of prompt "
-                        f"protection: {', '.join(ProtectConfig.field_names())})")
-    return config.replace(**settings) if config is not None else ProtectConfig(**settings)
-
-
 def method_for(config: ProtectConfig, runtime: Any = None) -> Any:
     """The method ``config`` names, built from the prompt table (an unknown one is refused before the model loads)."""
-    return TABLE.get(config.method).loaded_build()(config, runtime)
+    return TABLE.build(config.method, config, runtime)
 
 
-def check_protect_params(*, seed: object = None, cli: bool = False, **settings: Any) -> int:
+def check_protect_params(*, seed: object = None, spelling: str = "api", **settings: Any) -> int:
     """Every setting of :func:`protect_prompt` checked before any model loads (:class:`ProtectConfig` and the method
-    table); returns the number of stage-1 rewrites. ``cli`` spells the names as options (``--n-rewrites``)."""
+    table); returns the number of stage-1 rewrites. ``spelling="cli"`` spells the names as options
+    (``--n-rewrites``)."""
     from dpinfer.checks import check_seed
 
-    config = ProtectConfig(**settings, spelling="cli" if cli else "api")
+    config = ProtectConfig(**settings, spelling=spelling)
     check_seed(seed, config.name("seed"))
     return int(method_for(config).rewrites)
 
@@ -364,7 +351,7 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
 
     with charge(ledger, unit, scope="prompt-source", what="protect_prompt") as spend:
         _check_prompt(prompt)
-        config = protect_config(config, **settings)
+        config = ProtectConfig.merged(config, **settings)
         check_seed(seed, "seed")
         method = method_for(config, runtime)
         if spend is not None and config.epsilon is not None:  # the cost from the settings alone, before the model
@@ -392,7 +379,7 @@ def protect_prompts(prompts: Sequence[str], config: ProtectConfig | None = None,
     from dpinfer.checks import check_seed
     from dpinfer.runtime import resolve_runtime
 
-    config = protect_config(config, **settings)
+    config = ProtectConfig.merged(config, **settings)
     method = method_for(config, runtime)
     seeds = [None] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
@@ -445,7 +432,7 @@ __all__ = [
     "check_protect_params", "check_request_fits", "choose_exemplar", "choose_exemplars", "closest_to_consensus",
     "final_prompt_head", "final_prompt_ids", "guarantee_lines", "keyword_ban", "keyword_variants", "paraphrase_ids",
     "perplexities",
-    "protect_config", "protect_prompt", "protect_prompts", "release_keywords", "request_bound", "stage1_mechanism",
+    "protect_prompt", "protect_prompts", "release_keywords", "request_bound", "stage1_mechanism",
     "stage1_rewrites", "stage3_choices", "stage3_prompt", "stage3_prompts", "stage3_select", "strip_echoes",
     "truncate_tokens",
 ]

@@ -99,7 +99,7 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
 
     Choosing ε: see :class:`~dpinfer.configs.sanitize.SanitizeConfig` and docs/sanitize.md.
     """
-    cfg = SanitizeConfig.build(config, **options)
+    cfg = SanitizeConfig.merged(config, **options)
     rt = resolve_runtime(runtime, lm=lm, engine=engine)
     with charge(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
         plan = plan_sanitize(

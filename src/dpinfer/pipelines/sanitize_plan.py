@@ -103,7 +103,7 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.mechanisms.transforms import MinP, NoRepeatNGram
 
-    cfg = SanitizeConfig.build(config, **options)
+    cfg = SanitizeConfig.merged(config, **options)
     check_text(text, "the document")
     if not checked:  # before the model loads
         check_sanitize_config(cfg, check_tagger=spans is None or cfg.tag_uncovered)

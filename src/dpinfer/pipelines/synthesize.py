@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REFERENCE_SLACK", "TABLE", "TEMPLATES", "PromptTemplate", "Reference", "SynthConfig", "SynthesisPlan",
            "SynthesisResult", "SyntheticText", "batch_contexts", "load_references", "partition", "plan_synthesis",
-           "public_pad_width", "synth_config", "synthesize", "synthesize_iter", "template_sha256"]
+           "public_pad_width", "synthesize", "synthesize_iter", "template_sha256"]
 
 
 @dataclass
@@ -225,23 +225,11 @@ class SynthesisPlan:
                          seed=None if seed is None else int(seed) * 1_000_003 + b)
 
 
-def synth_config(config: SynthConfig | None = None, **settings: Any) -> SynthConfig:
-    """``config`` (default: :class:`SynthConfig`'s defaults) with ``settings`` (its field names) applied, checked."""
-    if config is not None and not isinstance(config, SynthConfig):
-        raise ConfigurationError(f"config must be a SynthConfig, got {type(config).__name__}")
-    if config is None:
-        return SynthConfig.from_kwargs(settings)
-    unknown = sorted(set(settings) - set(SynthConfig.field_names()))
-    if unknown:
-        raise ConfigurationError(f"unknown setting(s) for SynthConfig: {', '.join(unknown)}")
-    return config.replace(**settings) if settings else config
-
-
 def plan_synthesis(references: Sequence[Reference | str], config: SynthConfig | None = None,
                    **settings: Any) -> SynthesisPlan:
     """Every check, the partition, the calibrated mechanism and the guarantee of :func:`synthesize`, without a model.
     ``settings``: :class:`SynthConfig`'s fields (over ``config`` when given)."""
-    cfg = synth_config(config, **settings)
+    cfg = SynthConfig.merged(config, **settings)
     check(cfg)
     refs = as_references(references)
     check_corpus_size(cfg, len(refs))

@@ -31,13 +31,17 @@ from typing import Any
 from dpinfer.accounting.charge import Reservation, charge, reserve
 from dpinfer.checks import check_delta, non_negative_number
 from dpinfer.clip_bounds import clip_bounds
-from dpinfer.defaults import GENERATE, PROTECT, RAG, SANITIZE, SERVE, SYNTH
+from dpinfer.configs.ask import AskConfig
+from dpinfer.configs.protect import ProtectConfig
+from dpinfer.configs.sanitize import SanitizeConfig
+from dpinfer.configs.synth import SynthConfig
+from dpinfer.defaults import GENERATE, PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.generation import TextStreamer, plan_generate
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import check_protect_params, protect_prompt
-from dpinfer.pipelines.rag import PrivateRAG, check_ask_params
+from dpinfer.pipelines.protect_prompt import method_for, protect_prompt
+from dpinfer.pipelines.rag import PrivateRAG, answer_method
 from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
@@ -50,18 +54,9 @@ from dpinfer.serve.budget import (
 )
 from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name, check_unit_name
 from dpinfer.serve.metrics import Metrics
-from dpinfer.serve.params import (
-    ASK_FIELDS,
-    NUM,
-    PROTECT_FIELDS,
-    SANITIZE_FIELDS,
-    SYNTH_FIELDS,
-    get,
-    text_field,
-    unknown,
-)
+from dpinfer.serve.params import parse, text_field, unknown
 from dpinfer.serve.synth_jobs import SynthJobs
-from dpinfer.validation import check_sanitize_budget, check_sanitize_params, check_text
+from dpinfer.validation import check_sanitize_budget, check_sanitize_config, check_text
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -212,31 +207,17 @@ class Service:
 
     def _plan_sanitize(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str]:
         """(the plan, the unit's name, its key): every check, the spans, the contexts, the calibrated mechanism."""
-        unknown(body, SANITIZE_FIELDS)
+        config = parse(body, SanitizeConfig, "text", "spans", "unit", "stream")
         text = text_field(body, "text", "the document")
         spans = body.get("spans")
         if spans is not None and not isinstance(spans, (list, dict)):
             raise InvalidInputError("spans must be a list of {start, end, label} objects (or TAB entity mentions)")
-        method = get(body, "method", (str,), SANITIZE.method)
-        epsilon = get(body, "epsilon", NUM)
-        group_eps = get(body, "group_epsilon", (dict,))
-        groups = get(body, "groups", (dict,))
-        opts = {"delta": get(body, "delta", NUM, SANITIZE.delta), "alpha": get(body, "alpha", NUM, SANITIZE.alpha),
-                "temperature": get(body, "temperature", NUM), "max_new_tokens": get(body, "max_new_tokens", (int,)),
-                "adjacency": get(body, "adjacency", (str,), SANITIZE.adjacency)}
-        top_k = get(body, "top_k", (int,), SANITIZE.top_k)
-        allow_untagged = bool(get(body, "allow_untagged", (bool,), False))
-        check_sanitize_params(method=method, epsilon=epsilon, group_epsilon=group_eps, top_k=top_k, groups=groups,
-                              tagger=None, **opts)
-        check_sanitize_budget(method=method, epsilon=epsilon, group_epsilon=group_eps, delta=opts["delta"],
-                              alpha=opts["alpha"])
+        check_sanitize_budget(check_sanitize_config(config, check_tagger=False))
         units = self.units_for(principal, self.document_unit(text), body.get("unit"))
         with self.plan_lock:
-            plan = plan_sanitize(text, lm=self.lm, method=method, epsilon=epsilon, group_epsilon=group_eps,
-                                 spans=spans, tagger=self.core.tagger if spans is None else None, groups=groups,
-                                 top_k=top_k, allow_untagged=allow_untagged, checked=True,
-                                 min_new_tokens=min(self.min_new_tokens, opts["max_new_tokens"] or
-                                                    self.min_new_tokens), **opts)
+            plan = plan_sanitize(text, config, lm=self.lm, spans=spans,
+                                 tagger=self.core.tagger if spans is None else None, checked=True,
+                                 min_new_tokens=min(self.min_new_tokens, config.max_new_tokens or self.min_new_tokens))
         return plan, units
 
     def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -333,17 +314,13 @@ class Service:
 
     def _plan_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
         """(the store, the plan, the unit's name, its key): checks, retrieval, the calibrated mechanism."""
-        unknown(body, ASK_FIELDS)
+        config = parse(body, AskConfig, "question", "unit", "stream")
         question = text_field(body, "question", "the question")
-        opts = {"mechanism": get(body, "mechanism", (str,), RAG.method), "epsilon": get(body, "epsilon", NUM),
-                "delta": get(body, "delta", NUM, RAG.delta),
-                "max_new_tokens": get(body, "max_new_tokens", (int,), RAG.max_new_tokens),
-                "temperature": get(body, "temperature", NUM, RAG.temperature)}
-        check_ask_params(**opts)
+        answer_method(config)  # the method's checks and PAD's calibration, before the store is read
         rag, lock = self.rag(principal, store)
         units = self.units_for(principal, self.store_unit(store), body.get("unit"))
         with lock:  # a summary runs on the shared engine: other requests go on meanwhile
-            plan = rag.plan_ask(question, checked=True, **opts)
+            plan = rag.plan_ask(question, config=config, checked=True)
         return rag, plan, units
 
     def _answer(self, rag: PrivateRAG, plan: Any, out: EngineOutput, store: str, units: list[tuple[str, str]]
@@ -375,27 +352,15 @@ class Service:
         yield {"done": True, **self._answer(p["rag"], p["plan"], ticket.result(), p["store"], p["unit_refs"])}
 
     # ---------------------------------------------------------------- protect-prompt
-    def _protect_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        opts = {"method": get(body, "method", (str,), PROTECT.method), "epsilon": get(body, "epsilon", NUM),
-                "delta": get(body, "delta", NUM, PROTECT.delta), "n_rewrites": get(body, "n_rewrites", (int,)),
-                "n_keywords": get(body, "n_keywords", (int,), PROTECT.n_keywords),
-                "keywords": get(body, "keywords", (str,), PROTECT.keywords),
-                "max_new_tokens": get(body, "max_new_tokens", (int,), PROTECT.max_new_tokens),
-                "n_exemplars": get(body, "n_exemplars", (int,), PROTECT.n_exemplars)}
-        quorum = get(body, "stage3_quorum", (int, str), PROTECT.stage3_quorum)
-        if isinstance(quorum, str) and quorum.strip().lower() == "all":  # every final decoded to its end
-            quorum = None
-        opts["stage3_quorum"] = quorum
-        check_protect_params(**opts)
-        return opts
-
     def protect(self, principal: Principal, body: Mapping[str, Any], *, prompt: str | None = None) -> dict[str, Any]:
         if prompt is None:
-            unknown(body, PROTECT_FIELDS)
+            config = parse(body, ProtectConfig, "prompt", "unit")
             prompt = body.get("prompt")
+        else:  # a chat's dpinfer extension: its other fields are the chat's
+            config = parse({k: v for k, v in body.items() if k in ProtectConfig.request_fields()}, ProtectConfig)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidInputError("prompt must be a non-empty string")
-        opts = self._protect_options(body)
+        method_for(config)  # the method's checks (its number of rewrites), before the model
         units = self.units_for(principal, self.prompts_unit(principal), body.get("unit"))
         held = self.budgets.open(units, "prompt-source")
         with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
@@ -403,23 +368,19 @@ class Service:
         # the pipeline charges ``held`` itself (its estimate before the model runs, its exact guarantee before any
         # token, committed once released); its three stages' jobs join the shared batch
         with self.refusals(held, units):
-            res = protect_prompt(prompt, runtime=self.core, ledger=held, **opts)
+            res = protect_prompt(prompt, config, runtime=self.core, ledger=held)
         return {**res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:
         """Every check of a synthesis job and its plan (no model): bad parameters are refused before the job."""
-        unknown(body, SYNTH_FIELDS)
+        config = parse(body, SynthConfig, "references", "unit")
         refs = body.get("references")
         if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
             raise InvalidInputError("references must be a non-empty list of non-empty strings (the private records)")
         if body.get("unit") is not None:
             check_unit_name(body.get("unit"))
-        return plan_synthesis(refs, method=get(body, "method", (str,), SYNTH.method),
-                              epsilon=get(body, "epsilon", NUM), delta=get(body, "delta", NUM, SYNTH.delta),
-                              batch_size=get(body, "batch_size", (int,), SYNTH.batch_size),
-                              max_new_tokens=get(body, "max_new_tokens", (int,), SYNTH.max_new_tokens),
-                              max_texts=get(body, "max_texts", (int,)))
+        return plan_synthesis(refs, config)
 
     # ---------------------------------------------------------------- plain generation
     def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,

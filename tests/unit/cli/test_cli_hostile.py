@@ -10,30 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import dpinfer.models
 from dpinfer.cli import main
-from dpinfer.errors import DPInferError
 
 NAME = "Zacharias Oberholzer"
 DOC = f"The applicant, {NAME}, was born in 1961 and lives in Vienna. He lodged application no. 12345/06 in 2006.\n"
 SPANS = [{"start": 15, "end": 15 + len(NAME), "label": "PERSON"}]
-
-
-class ModelLoaded(DPInferError):
-    pass
-
-
-@pytest.fixture
-def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """``load_model`` raises: any test using it proves the command stopped before the model would load."""
-    calls: list[str] = []
-
-    def fake(*args: object, **kwargs: object) -> None:
-        calls.append("load_model")
-        raise ModelLoaded("MODEL-WAS-LOADED")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", fake)
-    return calls
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def test_no_truncation_can_be_switched_on(tiny_lm) -> None:
     for knob in ({"top_k": 50}, {"top_p": 0.9}):
         with pytest.raises(ConfigurationError, match="full vocabulary"):
             DPPrompt(0.0, 3.0, 1.0, **knob)
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigurationError, match="unknown setting"):
         pp.protect_prompt("q", lm=tiny_lm, temperature=1.0, top_k=50)  # type: ignore[call-arg]
     from dpinfer.cli import build_parser
 
@@ -213,16 +213,6 @@ def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ errors
-def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpinfer.models
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", refuse)
-    monkeypatch.setattr(dpinfer.models, "default_lm", refuse)
-
-
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     ({"prompt": "   "}, InvalidInputError, "empty"),
     ({"prompt": "q", "epsilon": 0.0}, ConfigurationError, "epsilon must be > 0"),
@@ -236,9 +226,9 @@ def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"prompt": "q", "max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
     ({"prompt": "q", "delta": 1.0}, ConfigurationError, "delta"),
 ])
-def test_bad_input_is_refused_before_the_model_loads(kwargs: dict, error: type, match: str,
+def test_bad_input_is_refused_before_the_model_loads(model_gate, kwargs: dict, error: type, match: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     prompt = kwargs.pop("prompt")
     with pytest.raises(error, match=match):
         pp.protect_prompt(prompt, **kwargs)
@@ -394,10 +384,10 @@ def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypa
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
 
 
-def test_cli_errors_are_one_line_and_never_echo_the_prompt(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_cli_errors_are_one_line_and_never_echo_the_prompt(model_gate, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from dpinfer.cli import main
 
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     for argv in (["protect-prompt", "   "], ["protect-prompt", SECRET, "--epsilon", "0"],
                  ["protect-prompt", SECRET, "--epsilon", "-1"], ["protect-prompt", SECRET, "--n-rewrites", "0"],
                  ["protect-prompt"], ["protect-prompt", SECRET, "--file", "x.txt"],
@@ -509,10 +499,11 @@ def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_
     assert "done 1 / skipped 2" in capsys.readouterr().err
 
 
-def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                          model_gate, capsys) -> None:
     from dpinfer.cli import main
 
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": 1, "prompt": "q"}\n')
     for argv, message in ((["--prompts", str(prompts)], "needs --out"),
