@@ -15,38 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-# ------------------------------------------------------------------------------------------------------ scalars
-# The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
-# re-exported here under the names this module always had.
-from dpinfer.checks import (  # noqa: F401
-    check_alpha,
-    check_delta,
+from dpinfer.checks import (
     check_seed,
     check_temperature,
     check_top_p,
-    dp_fusion_floor_message,
     int_at_least,
     one_of,
-    positive_number,
     rdp_conversion_cost,
 )
-from dpinfer.checks import is_number as _is_number  # noqa: F401
 from dpinfer.configs.base import spelled
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import GENERATE, SANITIZE
 from dpinfer.errors import InvalidInputError
-
-# File reading and atomic writing live in dpinfer.io; re-exported here under the names this module always had.
-from dpinfer.io import (  # noqa: F401
-    MAX_TEXT_BYTES,
-    atomic_open,
-    atomic_write_text,
-    check_output_path,
-    decode_text,
-    input_file,
-    rescue_write_text,
-    sniff_text_file,
-)
 
 
 def _optional_k(value: object, name: str) -> None:

@@ -71,7 +71,8 @@ def test_build_refuses_unknown_options_and_the_pipelines_take_the_fields() -> No
     with pytest.raises(ConfigurationError, match=r"unknown setting.*spams"):
         SanitizeConfig.merged(spams=[])
     assert SanitizeConfig.merged(SanitizeConfig(epsilon=12), delta=1e-6) == SanitizeConfig(epsilon=12, delta=1e-6)
-    from dpinfer.pipelines.sanitize import plan_sanitize, sanitize, sanitize_many
+    from dpinfer.pipelines.sanitize import plan_sanitize, sanitize
+    from dpinfer.pipelines.sanitize_many import sanitize_many
 
     for fn in (sanitize, plan_sanitize, sanitize_many):  # the keyword list is the config's, written once
         params = inspect.signature(fn).parameters

@@ -29,8 +29,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from dpinfer.accounting.costs import Cost
 from dpinfer.accounting.guarantee import Guarantee
-from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
+from dpinfer.accounting.ledger import Charge, Ledger
+from dpinfer.accounting.ledger_store import check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 

@@ -131,14 +131,14 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     hf_lm = hf_lm if hf_lm is not None else hf_twin(lm)
     import torch
 
-    from dpinfer.engine import Engine, EngineJob
+    from dpinfer.engine import Engine, Job
     from dpinfer.mechanisms.sampler import Sampler
 
     prompts = job_prompts(lm, n_jobs, prompt_tokens)
     total = n_jobs * new_tokens
 
     def jobs(k: int) -> list[Any]:
-        return [EngineJob([p] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
+        return [Job([p] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, pad_width=len(p)) for p in prompts]
 
     engine = Engine(lm)
@@ -230,7 +230,7 @@ def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, me
     temperature and top-k, independent mode)."""
     from dpinfer.accounting.calibration import Budget, Spec
     from dpinfer.defaults import SANITIZE, SYNTH
-    from dpinfer.engine import EngineJob
+    from dpinfer.engine import Job
     from dpinfer.mechanisms.dp_fusion import DPFusion
     from dpinfer.mechanisms.invisibleink import InvisibleInk
     from dpinfer.mechanisms.sampler import Sampler
@@ -252,7 +252,7 @@ def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, me
             mech = (Sampler(temperature=SANITIZE.temperature, top_k=SANITIZE.top_k) if plain else
                     DPFusion(bounds=[0.05] * m, group_names=[f"G{i}" for i in range(1, m + 1)], alpha=SANITIZE.alpha,
                              temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=SANITIZE.min_p))
-        out.append(EngineJob(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
+        out.append(Job(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
                              seed=seed + j))
     return out
 

@@ -143,6 +143,8 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import SeededRandom
+    from dpinfer.methods import prompt_gtr
+    from dpinfer.methods import prompt_stage3 as stage3
     from dpinfer.pipelines import protect_prompt as pp
     from dpinfer.runtime import Runtime
 
@@ -187,15 +189,15 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                 groups = []
                 prefixes = PrefixStore(lm.model)  # the ranking's pass over the exemplars, reused by stage 3
                 for rewrites in per_q:
-                    exemplars = pp.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars,
+                    exemplars = prompt_gtr.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars,
                                                     prefixes=prefixes)
-                    ndp = pp.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
+                    ndp = prompt_gtr.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
                                               generator=source)
-                    jem = pp.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
+                    jem = prompt_gtr.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
                                               generator=source)
                     items += [(exemplars[0], ndp), (exemplars[0], jem)]
                     groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
-                finals = pp.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
+                finals = stage3.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
                                           suppress=suppress or PROTECT.suppress, embedder=embedder,
                                           quorum=stage3_quorum, prefixes=prefixes)
                 eq_rows = [ids[i] for i in chunk]
@@ -465,7 +467,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> GtrBenchConfig:
     """The config of parsed ``dpinfer bench gtr`` options, checked before any data or model loads."""
-    from dpinfer.validation import check_output_path
+    from dpinfer.io import check_output_path
 
     perf = getattr(args, "perf", False)
     temperatures = (parse_temperatures(args.temperatures) if "temperatures" in args

@@ -109,7 +109,7 @@ def entry(name: str) -> BenchEntry:
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (a reader never sees half a file; an interrupted run leaves the previous
     file); its folder is created. Returns the path."""
-    from dpinfer.validation import atomic_write_text
+    from dpinfer.io import atomic_write_text
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

@@ -290,8 +290,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     """The config of parsed ``dpinfer bench rag`` options, every option checked before any data or model is read."""
+    from dpinfer.io import check_output_path
     from dpinfer.pipelines.rag import METHODS, check_ask_params
-    from dpinfer.validation import check_output_path
 
     lists: dict[str, Any] = {"data": args.dataset}
     if "methods" in args:

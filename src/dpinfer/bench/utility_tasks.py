@@ -355,7 +355,8 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
     from dpinfer.defaults import SYNTH
     from dpinfer.errors import DataNotFoundError
     from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import load_references, synthesize
+    from dpinfer.pipelines.synthesize import synthesize
+    from dpinfer.references import load_references
 
     try:
         path = data_file("yelp", "yelp_reviews.csv")
@@ -466,7 +467,8 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
     from dpinfer.defaults import SANITIZE
     from dpinfer.errors import DataNotFoundError
     from dpinfer.eval.metrics import perplexity
-    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, build_prompt
 
     try:
         docs = load_tab(None, cfg.sanitize_docs, cfg.sanitize_chars)

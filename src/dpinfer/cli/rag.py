@@ -106,7 +106,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run_add(args: argparse.Namespace) -> int:
     from dpinfer.errors import ConfigurationError
-    from dpinfer.pipelines.rag import PrivateRAG, read_documents
+    from dpinfer.pipelines.rag import PrivateRAG
+    from dpinfer.rag.documents import read_documents
 
     if not args.text_field:
         raise ConfigurationError("--text-field must name a field")
@@ -256,8 +257,8 @@ def answers_budget(records: Any) -> str:
     nothing; any answer without a guarantee voids it. A torn answer (part of it was released) keeps its guarantee
     and counts."""
     from dpinfer.accounting import PrivacyAccountant
-    from dpinfer.accounting._format import format_up
     from dpinfer.accounting.calibration import zcdp_rho
+    from dpinfer.checks import format_up
     from dpinfer.pipelines.rag import compose_answer, released_answer_method
 
     acc, answers = PrivacyAccountant(), 0

@@ -167,7 +167,8 @@ def config_of(args: argparse.Namespace) -> SanitizeConfig:
 
 def run(args: argparse.Namespace) -> int:
     from dpinfer.cli.corpus_job import check_corpus_args
-    from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget
+    from dpinfer.io import atomic_write_text, check_output_path
+    from dpinfer.validation import check_sanitize_budget
 
     # every parameter and path is checked here, before the document is tagged and before the model loads
     check_corpus_args(args)
@@ -191,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
         read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
     from dpinfer.cli.output import count_progress
     from dpinfer.models import load_model
-    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups, resolve_span_source, sanitize
+    from dpinfer.pipelines.sanitize import estimate_cost, sanitize
+    from dpinfer.pipelines.sanitize_plan import resolve_span_source
+    from dpinfer.taggers.resolve import resolve_groups
 
     # the spans, checked against THIS document (or tagged), and the refusal of zero spans: before the model loads
     spans = resolve_span_source(text, spans=args.spans, tagger=None if args.spans_only else args.tagger,

@@ -34,31 +34,10 @@ from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.charge import charge
 from dpinfer.accounting.spend import pure_steps_estimate
 from dpinfer.clip_bounds import PARAPHRASE_INSTRUCTION
-from dpinfer.configs.protect import KEYWORD_METHODS, SUPPRESS_METHODS, ProtectConfig
+from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, DPInferError
 from dpinfer.methods.prompt import TABLE
-from dpinfer.methods.prompt_gtr import (
-    MIN_CONTENT_WORDS,
-    choose_exemplar,
-    choose_exemplars,
-    perplexities,
-    release_keywords,
-)
-from dpinfer.methods.prompt_stage3 import (
-    FINAL_TEMPLATE,
-    StopAfterFirstLine,
-    closest_to_consensus,
-    final_prompt_head,
-    final_prompt_ids,
-    keyword_ban,
-    keyword_variants,
-    stage3_choices,
-    stage3_prompt,
-    stage3_prompts,
-    stage3_select,
-    strip_echoes,
-)
 from dpinfer.release import DIAGNOSTICS_WARNING
 
 if TYPE_CHECKING:
@@ -262,7 +241,7 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
     """Stage 1 of every prompt (one engine run), then the method on the rewrites; prompts already checked. ``spend``:
     a ledger charge settled at the exact cost before any token."""
     from dpinfer.clip_bounds import clip_bounds
-    from dpinfer.engine import EngineJob
+    from dpinfer.engine import Job
     from dpinfer.mechanisms.randomness import random_source
 
     model = rt.lm
@@ -286,7 +265,7 @@ def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Run
     laps("loading")
     if pooled:  # every prompt's rows in one forward per step, each padded to the PUBLIC request bound
         bound = request_bound(model, config.max_input_tokens)
-        jobs = [EngineJob(contexts=[capped_paraphrase_ids(model, p, config.max_input_tokens)] * n,
+        jobs = [Job(contexts=[capped_paraphrase_ids(model, p, config.max_input_tokens)] * n,
                           mechanism=mechanism(), max_new_tokens=t_max, generator=src, pad_width=bound)
                 for p, src in zip(prompts, sources, strict=True)]
         seqs = dict(engine.run_jobs(jobs))
@@ -427,12 +406,9 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 
 __all__ = [
-    "ADJACENCY", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS",
-    "SUPPRESS_METHODS", "ProtectConfig", "ProtectedPrompt", "StopAfterFirstLine", "capped_paraphrase_ids",
-    "check_protect_params", "check_request_fits", "choose_exemplar", "choose_exemplars", "closest_to_consensus",
-    "final_prompt_head", "final_prompt_ids", "guarantee_lines", "keyword_ban", "keyword_variants", "paraphrase_ids",
-    "perplexities",
-    "protect_prompt", "protect_prompts", "release_keywords", "request_bound", "stage1_mechanism",
-    "stage1_rewrites", "stage3_choices", "stage3_prompt", "stage3_prompts", "stage3_select", "strip_echoes",
+    "ADJACENCY", "METHODS", "ProtectedPrompt", "capped_paraphrase_ids",
+    "check_protect_params", "check_request_fits", "guarantee_lines", "paraphrase_ids",
+    "protect_prompt", "protect_prompts", "request_bound", "stage1_mechanism",
+    "stage1_rewrites",
     "truncate_tokens",
 ]

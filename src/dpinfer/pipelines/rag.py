@@ -37,14 +37,14 @@ from dpinfer.accounting.ledger import Ledger
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
 from dpinfer.defaults import RAG
-from dpinfer.engine import Engine, EngineJob
+from dpinfer.engine import Engine, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.methods.rag import TABLE
-from dpinfer.pipelines.sanitize import record_error, record_seed
+from dpinfer.pipelines.sanitize_many import record_error, record_seed
 from dpinfer.rag.answer import AskPlan, RagAnswer
-from dpinfer.rag.answering import SUMMARY_TOKENS, AnswerMethod
-from dpinfer.rag.documents import TEXT_SUFFIXES, read_documents, read_records
-from dpinfer.rag.prompts import DOC_SLACK, MIN_DOC_TOKENS, RagRows, RagTemplate
+from dpinfer.rag.answering import AnswerMethod
+from dpinfer.rag.documents import read_documents, read_records
+from dpinfer.rag.prompts import DOC_SLACK, RagRows, RagTemplate
 from dpinfer.rag.rerank import rerank
 from dpinfer.rag.store import AddReport, DocumentStore, Hit
 from dpinfer.runtime import Runtime, resolve_runtime
@@ -54,9 +54,8 @@ if TYPE_CHECKING:
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
 
-__all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "DOC_SLACK", "METHODS", "MIN_DOC_TOKENS", "STORE_LEDGER",
-           "SUMMARY_TOKENS", "TEXT_SUFFIXES", "AskConfig", "AskPlan", "PrivateRAG", "RagAnswer", "RagTemplate",
-           "answer_method", "ask_guarantee", "check_ask_params", "compose_answer", "read_documents",
+__all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "METHODS", "STORE_LEDGER", "PrivateRAG",
+           "answer_method", "ask_guarantee", "check_ask_params", "compose_answer",
            "released_answer_method", "store_reservation"]
 
 METHODS = tuple(TABLE.names())
@@ -322,7 +321,7 @@ class PrivateRAG:
                         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
                         "top_k": self.top_k, "top_n": self.top_n, "max_doc_tokens": doc_tokens,
                         "model": self.lm.name, **method.settings()}  # never the seed
-        job = EngineJob(contexts=contexts, mechanism=method.mechanism, max_new_tokens=config.max_new_tokens,
+        job = Job(contexts=contexts, mechanism=method.mechanism, max_new_tokens=config.max_new_tokens,
                         seed=config.seed, pad_width=width,
                         min_new_tokens=min(config.min_new_tokens, config.max_new_tokens))
         return AskPlan(job=job, method=method, guarantee=guarantee, hits=hits, settings=settings_out, t0=t0)

@@ -33,7 +33,7 @@ from dpinfer.validation import check_sanitize_config, check_text
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
-    from dpinfer.accounting.ledger import Cost
+    from dpinfer.accounting.costs import Cost
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
 
@@ -58,7 +58,7 @@ def estimate_cost(config: SanitizeConfig, group_map: Mapping[str, Sequence[str]]
     DP-Fusion its per-group target at order α; None for the whole-document methods, whose exact cost is settled once
     the release is planned."""
     from dpinfer.accounting import PureDp
-    from dpinfer.accounting.ledger import Cost
+    from dpinfer.accounting.costs import Cost
 
     entry = methods.method(config.method)
     if entry.guarantee == "none" or (entry.protects == "spans" and not group_map):

@@ -30,13 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.charge import charge
-from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig, template_sha256
-from dpinfer.engine import EngineJob
+from dpinfer.configs.synth import SynthConfig
+from dpinfer.engine import Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import atomic_open
 from dpinfer.methods.synthesize import (
-    REFERENCE_SLACK,
-    TABLE,
     batch_contexts,
     build,
     check,
@@ -45,7 +43,7 @@ from dpinfer.methods.synthesize import (
     public_pad_width,
     reads_references,
 )
-from dpinfer.references import Reference, as_references, load_references, partition, partition_sha256
+from dpinfer.references import Reference, as_references, partition, partition_sha256
 from dpinfer.release import check_release, with_warning
 from dpinfer.runtime import resolve_runtime
 
@@ -54,9 +52,7 @@ if TYPE_CHECKING:
     from dpinfer.models import LM
     from dpinfer.runtime import Runtime
 
-__all__ = ["REFERENCE_SLACK", "TABLE", "TEMPLATES", "PromptTemplate", "Reference", "SynthConfig", "SynthesisPlan",
-           "SynthesisResult", "SyntheticText", "batch_contexts", "load_references", "partition", "plan_synthesis",
-           "public_pad_width", "synthesize", "synthesize_iter", "template_sha256"]
+__all__ = ["SynthesisPlan", "SynthesisResult", "SyntheticText", "plan_synthesis", "synthesize", "synthesize_iter"]
 
 
 @dataclass
@@ -213,13 +209,13 @@ class SynthesisPlan:
         """:func:`dpinfer.references.partition_sha256` of this plan: PRIVATE, never in a release."""
         return partition_sha256(self.references, self.batches)
 
-    def job(self, lm: LM, b: int) -> EngineJob:
+    def job(self, lm: LM, b: int) -> Job:
         """Batch ``b``'s engine job: its contexts, its own copy of the calibrated mechanism (jobs share no state), a
         public padding width and a sampling seed from the plan's seed and ``b`` alone."""
         refs = [self.references[i] for i in self.batches[b]]
         contexts = batch_contexts(lm, self.template, refs, self.max_reference_tokens)
         seed = self.seed
-        return EngineJob(contexts=contexts[:1] if self.public else contexts,
+        return Job(contexts=contexts[:1] if self.public else contexts,
                          mechanism=copy.deepcopy(self.mechanism), max_new_tokens=self.max_new_tokens,
                          pad_width=public_pad_width(lm, self.template, refs[0].labels, self.max_reference_tokens),
                          seed=None if seed is None else int(seed) * 1_000_003 + b)

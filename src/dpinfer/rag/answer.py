@@ -10,7 +10,7 @@ from dpinfer.release import check_release, with_warning
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
-    from dpinfer.engine import EngineJob
+    from dpinfer.engine import Job
     from dpinfer.rag.answering import AnswerMethod
     from dpinfer.rag.store import Hit
 
@@ -75,7 +75,7 @@ class AskPlan:
     :meth:`dpinfer.PrivateRAG.finish_ask` needs. Its rows hold the retrieved private documents: never log or
     serialise it."""
 
-    job: EngineJob
+    job: Job
     method: AnswerMethod
     guarantee: Guarantee
     hits: list[Hit]

@@ -21,7 +21,7 @@ from dpinfer.accounting import Guarantee, PureDp
 from dpinfer.accounting.accountant import Adjacency, LossEvent, NoGuaranteeEvent, NoLossEvent
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.configs.ask import AskConfig
-from dpinfer.engine import EngineJob
+from dpinfer.engine import Job
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.pad import Pad
@@ -225,7 +225,7 @@ class Summarize(AnswerMethod):
             width = len(rag.lm.encode(template.wrap(rag.lm, empty))) + rag.max_doc_tokens + rag.doc_slack
             for hit in hits:
                 prompt = template.summary.replace("{document}", rag.cut(hit.text)).replace("{question}", question)
-                jobs.append(EngineJob(contexts=[rag.lm.encode(template.wrap(rag.lm, prompt))],
+                jobs.append(Job(contexts=[rag.lm.encode(template.wrap(rag.lm, prompt))],
                                       mechanism=Sampler(temperature=0.0, mode="joint"),
                                       max_new_tokens=SUMMARY_TOKENS, seed=seed, pad_width=width))
                 owner.append(n)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dpinfer.cli import main
 from dpinfer.errors import DataNotFoundError, InvalidInputError
-from dpinfer.pipelines.synthesize import Reference, load_references
+from dpinfer.references import Reference, load_references
 
 NAME = "Zacharias Oberholzer"
 HUGE = 50 * 1024 * 1024

@@ -217,7 +217,7 @@ def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path,
 
 
 def test_interrupted_write_leaves_no_temporary_file(tmp_path):
-    from dpinfer.validation import atomic_open
+    from dpinfer.io import atomic_open
 
     target = tmp_path / "o.txt"
     with pytest.raises(KeyboardInterrupt), atomic_open(target) as f:
@@ -259,7 +259,7 @@ def test_headerless_csv_error_does_not_echo_the_first_record(tmp_path, no_model,
 
 def test_jsonl_missing_field_does_not_list_the_record_keys(tmp_path):
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.synthesize import load_references
+    from dpinfer.references import load_references
 
     p = tmp_path / "c.jsonl"
     p.write_text(json.dumps({NAME: "x"}) + "\n", encoding="utf-8")

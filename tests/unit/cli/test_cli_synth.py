@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dpinfer.cli import main as cli_main
+from dpinfer.configs.synth import PromptTemplate
 from dpinfer.jobs import TORN_ERROR
-from dpinfer.pipelines.synthesize import PromptTemplate
 
 REVIEWS = [
     ("The pasta was fresh and the staff were kind.", "Restaurants", "5.0"),

@@ -18,7 +18,8 @@ import pytest
 from dpinfer.cli import main
 from dpinfer.errors import InvalidInputError
 from dpinfer.jobs.corpus import CorpusOutput, read_corpus
-from dpinfer.pipelines.sanitize import Record, record_seed, sanitize, sanitize_many
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.pipelines.sanitize_many import Record, record_seed, sanitize_many
 from dpinfer.taggers import Span
 
 SECRET = "Qvxzqj"  # a private value: it must never reach the output file, stderr or an error message

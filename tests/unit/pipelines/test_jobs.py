@@ -245,7 +245,7 @@ def test_rag_questions_summary_composes_every_answer_in_out(tiny_model_dir, tiny
     """A second questions file on the same OUT: the summary composes the answers of both files (the accountant's
     zCDP composition of every answer in OUT), not only the current file's."""
     from dpinfer.accounting import Zcdp
-    from dpinfer.accounting._format import format_up
+    from dpinfer.checks import format_up
     from dpinfer.mechanisms.pad import Pad
 
     job = JOBS["rag"]
@@ -285,7 +285,7 @@ class Ledger:
 def test_the_charge_hook_commits_releases_cancels_errors_and_never_charges_a_finished_record_twice(tmp_path):
     from dpinfer.errors import InfeasibleBudgetError
     from dpinfer.jobs.corpus import run_corpus_job
-    from dpinfer.pipelines.sanitize import Record
+    from dpinfer.pipelines.sanitize_many import Record
 
     records = [Record(f"r{i}", f"text {i}") for i in range(4)]
 

@@ -17,6 +17,8 @@ from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInput
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
+from dpinfer.methods import prompt_gtr
+from dpinfer.methods import prompt_stage3 as stage3
 from dpinfer.methods.prompt_keywords import word_universe, words
 from dpinfer.pipelines import protect_prompt as pp
 from dpinfer.release import check_release
@@ -160,9 +162,10 @@ def test_dp_prompt_is_one_rewrite(tiny_lm) -> None:
 
 
 def test_stage3_strips_echoes_and_falls_back_to_the_exemplar() -> None:
-    assert pp.strip_echoes("Generated question: What is it?\nAvoid using the following tokens: a, b") == "What is it?"
-    assert pp.strip_echoes("**New question:** 'Why?'") == "Why?"
-    assert pp.strip_echoes("\n\n") == ""
+    echoed = "Generated question: What is it?\nAvoid using the following tokens: a, b"
+    assert stage3.strip_echoes(echoed) == "What is it?"
+    assert stage3.strip_echoes("**New question:** 'Why?'") == "Why?"
+    assert stage3.strip_echoes("\n\n") == ""
 
 
 def test_stage3_bans_every_spelling_of_the_released_keywords(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,37 +182,37 @@ def test_stage3_bans_every_spelling_of_the_released_keywords(tiny_lm, monkeypatc
     monkeypatch.setattr(Engine, "generate", record)
     engine = Engine(tiny_lm)
     exemplar = "Where would you keep a violin so that it does not get scratched?"
-    pp.stage3_prompts(engine, tiny_lm, [(exemplar, [])], max_new_tokens=12, suppress="instruct")
+    stage3.stage3_prompts(engine, tiny_lm, [(exemplar, [])], max_new_tokens=12, suppress="instruct")
     free = seen[-1][0]
     # the keywords: the words the model writes when nothing is banned (its greedy output, decoded token by token)
     pieces = [tiny_lm.decode([t]).strip().lower() for t in free]
     keywords = sorted({p for p in pieces if p.isalpha()})[:6]
     assert keywords, "the tiny model wrote no word to ban"
     items = [(exemplar, keywords), (exemplar, [])]
-    pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=12, suppress="ban")
+    stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=12, suppress="ban")
     banned_row, free_row = seen[-1]
     assert free_row == free  # a row without keywords is decoded as before
-    for seq in pp.keyword_ban(tiny_lm, keywords):
+    for seq in stage3.keyword_ban(tiny_lm, keywords):
         n = len(seq)
         assert all(tuple(banned_row[i:i + n]) != seq for i in range(len(banned_row) - n + 1))
     assert banned_row != free
     with pytest.raises(ConfigurationError, match="suppress"):
-        pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=4, suppress="filter")
+        stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=4, suppress="filter")
 
 
 def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
     rewrites = ["", "ok", "The applicant was born in 1970 and lives in Izmir.", "zq xv kk ww pp qq"]
-    ex = pp.choose_exemplar(tiny_lm, rewrites)
+    ex = prompt_gtr.choose_exemplar(tiny_lm, rewrites)
     assert ex in rewrites[2:]
-    ctx = pp.final_prompt_head(tiny_lm)
+    ctx = stage3.final_prompt_head(tiny_lm)
     from dpinfer.eval.metrics import perplexity
 
-    scores = pp.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
+    scores = prompt_gtr.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
     alone = [perplexity(tiny_lm, ctx, tiny_lm.encode(r)) for r in rewrites[2:]]
     assert scores == pytest.approx(alone, rel=1e-4)
     assert ex == rewrites[2 + int(np.argmin(scores))]
-    assert pp.choose_exemplar(tiny_lm, ["", "  "]) == ""
-    assert pp.choose_exemplar(tiny_lm, ["hi", ""]) == "hi"  # nothing has 3 content words: any non-empty one
+    assert prompt_gtr.choose_exemplar(tiny_lm, ["", "  "]) == ""
+    assert prompt_gtr.choose_exemplar(tiny_lm, ["hi", ""]) == "hi"  # nothing has 3 content words: any non-empty one
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -273,7 +276,7 @@ def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: py
     word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
                 and len(tiny_lm.decode([t]).strip()) > 2)
     assert newline
-    stop = pp.StopAfterFirstLine(tiny_lm, [[], []])
+    stop = stage3.StopAfterFirstLine(tiny_lm, [[], []])
     logits = torch.zeros((2, tiny_lm.vocab_size), dtype=torch.float64)
     out = stop([[word, word], [word, newline[0]]], logits)
     assert torch.equal(out[0], logits[0])  # no complete line yet: untouched
@@ -282,9 +285,9 @@ def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: py
     # end to end, the final prompts are those of a run without the stop (it only cuts what strip_echoes drops)
     engine = Engine(tiny_lm)
     items = [("Where would you keep a violin?", ["violin"]), ("What is a kettle for?", [])]
-    with_stop = pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24)
-    monkeypatch.setattr(pp.StopAfterFirstLine, "__call__", lambda self, generated, logits: logits)
-    assert pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
+    with_stop = stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24)
+    monkeypatch.setattr(stage3.StopAfterFirstLine, "__call__", lambda self, generated, logits: logits)
+    assert stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
 
 
 def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny_lm) -> None:
@@ -292,7 +295,7 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
     word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
                 and len(tiny_lm.decode([t]).strip()) > 2)
     eos = sorted(tiny_lm.eos_token_ids)
-    stop = pp.StopAfterFirstLine(tiny_lm, [[]] * 5, groups=[0, 0, 0, 1, 1], quorum=2)
+    stop = stage3.StopAfterFirstLine(tiny_lm, [[]] * 5, groups=[0, 0, 0, 1, 1], quorum=2)
     logits = torch.zeros((5, tiny_lm.vocab_size), dtype=torch.float64)
     # group 0: row 0 wrote a kept line, row 1 ended by EOS (one token short), row 2 still runs -> cut;
     # group 1: one complete row (row 3) of the two needed, row 4 runs on
@@ -303,9 +306,9 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
     out = stop([[word, newline], [word], [word, word], [word, newline], [word, word, newline]], logits)
     assert stop.cut == [False, False, True, False, False]  # row 4 completed its own line: a candidate
     with pytest.raises(ConfigurationError, match="one group per row"):
-        pp.StopAfterFirstLine(tiny_lm, [[]] * 2, groups=[0], quorum=1)
+        stage3.StopAfterFirstLine(tiny_lm, [[]] * 2, groups=[0], quorum=1)
     with pytest.raises(ConfigurationError, match="stage3_quorum"):
-        pp.StopAfterFirstLine(tiny_lm, [[]], quorum=0)
+        stage3.StopAfterFirstLine(tiny_lm, [[]], quorum=0)
 
 
 def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,7 +327,7 @@ def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: p
     monkeypatch.setattr(prompt_stage3, "stage3_prompts", finals)
     monkeypatch.setattr(prompt_stage3, "closest_to_consensus", pick)
     groups = [(["a", "b", "c"], ["k"], ["r"]), (["d", "e"], ["k"], ["r"])]
-    chosen = pp.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
+    chosen = stage3.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
     assert seen == [["final 0", "final 1", "final 2"], ["final 3", "final 4"]]  # final 0, cut, with its text so far
     assert chosen == [("final 0", 0), ("final 3", 0)]  # indices into each group's exemplars
 
@@ -340,14 +343,14 @@ def test_stage3_quorum_of_the_whole_group_changes_nothing(tiny_lm) -> None:
             return np.eye(len(texts), 4, dtype=np.float32)
 
     kw = dict(max_new_tokens=16, embedder=First())
-    assert (pp.stage3_choices(engine, tiny_lm, groups, quorum=2, **kw)
-            == pp.stage3_choices(engine, tiny_lm, groups, quorum=None, **kw))
+    assert (stage3.stage3_choices(engine, tiny_lm, groups, quorum=2, **kw)
+            == stage3.stage3_choices(engine, tiny_lm, groups, quorum=None, **kw))
 
 
 def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> None:
-    context = pp.final_prompt_head(tiny_lm)
+    context = stage3.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "", "A", "What is a kettle for, then?")]
-    batched = pp.perplexities(tiny_lm, context, outputs)
+    batched = prompt_gtr.perplexities(tiny_lm, context, outputs)
     assert batched[1] == math.inf
     for o, score in zip(outputs, batched, strict=True):
         if o:
@@ -361,9 +364,9 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
 def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpinfer.methods import prompt_gtr
 
-    context = pp.final_prompt_head(tiny_lm)
+    context = stage3.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
-    fresh = pp.perplexities(tiny_lm, context, outputs)
+    fresh = prompt_gtr.perplexities(tiny_lm, context, outputs)
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
     passes = []
     real = tiny_lm.model.forward
@@ -373,12 +376,12 @@ def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tiny_lm.model, "forward", counting)
-    first = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
-    again = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    first = prompt_gtr.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    again = prompt_gtr.perplexities(tiny_lm, context, outputs, reuse_context=True)
     assert first == fresh and again == fresh  # bit for bit: the same tensors a fresh pass computes
     assert passes.count(len(context)) == 1 and len(passes) == 3  # the context once, then one packed pass per call
     private = tiny_lm.encode("a private context")
-    pp.perplexities(tiny_lm, private, outputs)
+    prompt_gtr.perplexities(tiny_lm, private, outputs)
     assert tuple(private) not in prompt_gtr._PUBLIC_CONTEXTS[tiny_lm.model]  # never kept unless declared public
     monkeypatch.undo()
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
@@ -585,9 +588,10 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
     rewrites = ["Where is the violin kept in the house?", "What is a kettle used for?", "ok",
                 "Who wrote the ledger and where was it hidden?"]
     store = PrefixStore(tiny_lm.model)
-    chosen = pp.choose_exemplars(tiny_lm, rewrites, 2, prefixes=store)
-    assert chosen == pp.choose_exemplars(tiny_lm, rewrites, 2)  # the same ranking with or without keeping the pass
-    head = pp.final_prompt_head(tiny_lm)
+    chosen = prompt_gtr.choose_exemplars(tiny_lm, rewrites, 2, prefixes=store)
+    # the same ranking with or without keeping the pass
+    assert chosen == prompt_gtr.choose_exemplars(tiny_lm, rewrites, 2)
+    head = stage3.final_prompt_head(tiny_lm)
     assert len(store) == 2  # the chosen exemplars only
     for ex in chosen:
         entry = store.get(head + tiny_lm.encode(ex))
@@ -598,7 +602,7 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
         for (k, v), layer in zip(entry.layers, cache.layers, strict=True):  # what a plain pass of those tokens gives
             torch.testing.assert_close(k, layer.keys[0], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(v, layer.values[0], rtol=1e-4, atol=1e-4)
-        assert pp.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
+        assert stage3.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
     # stage 3 on the int8 twin reads them: each seeded row skips its head and exemplar, and the finals are the same
     seen: list = []
     generate = Engine.generate
@@ -610,11 +614,11 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
     monkeypatch.setattr(Engine, "generate", record)
     twin = Engine(int8_twin(tiny_lm))
     items = [(ex, ["kettle"]) for ex in chosen] + [("Not ranked: a question?", [])]
-    seeded = pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
+    seeded = stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
     assert [s is not None for s in seen[-1]] == [True, True, False]
-    assert pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10) == seeded and seen[-1] is None
+    assert stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10) == seeded and seen[-1] is None
     other = PrefixStore(torch.nn.Linear(2, 2))  # computed on other layers: never read
-    pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=other)
+    stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=other)
     assert seen[-1] is None
     # a release passes the ranking's pass to stage 3 (and nothing of the prompt: the spy test above)
     clip_bounds(tiny_lm)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+from dpinfer.accounting.costs import Cost, composed_epsilon
+from dpinfer.accounting.ledger import Ledger
 from dpinfer.serve.budget import ledger_unit
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
