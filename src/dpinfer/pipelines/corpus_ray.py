@@ -5,8 +5,8 @@ the local backend), and sends the records still to do through ``ray.data.from_it
 :class:`SanitizeActor`, a stateful actor class: each actor loads the model ONCE and runs
 :func:`~dpinfer.pipelines.sanitize_many.sanitize_many` (one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`
 call) per batch; ``num_gpus=1`` per actor when the model runs on CUDA, else ``num_cpus``; several batches in flight per
-actor (``ActorPoolStrategy(max_tasks_in_flight_per_actor=...)``) so an actor never waits for its next batch. Each record comes
-back to the driver as its output line as soon as its batch finishes, and the driver appends it (the same line the
+actor (``ActorPoolStrategy(max_tasks_in_flight_per_actor=...)``) so an actor never waits for its next batch. Each record
+comes back to the driver as its output line as soon as its batch finishes, and the driver appends it (the same line the
 local backend would write: with a test seed, the same text, since a record's seed depends on its id only).
 
 With a ledger (``--ledger``: a PostgreSQL URL, or a SQLite file on a one-machine Ray), each record's unit is charged
