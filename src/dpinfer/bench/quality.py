@@ -44,11 +44,11 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
+from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
 from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
     BASELINES,
     ENGLISH_THRESHOLD,
@@ -147,16 +147,6 @@ def config_from_args(args: argparse.Namespace) -> QualityBenchConfig:
 
 
 # ------------------------------------------------------------------------------------------------ run
-@dataclass
-class _Progress:
-    update: Callable[[str], None] | None
-    start: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, msg: str) -> None:
-        if self.update:
-            self.update(f"{msg} ({time.perf_counter() - self.start:.0f} s)")
-
-
 def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
     from dpinfer.eval.embeddings import load_embedder
@@ -168,7 +158,7 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
             write_json(Path(config.out) / "bench_quality.json", res)
             write_text(Path(config.out) / "bench_quality.md", res["markdown"] + "\n")
         return res
-    prog = _Progress(progress)
+    prog = ProgressLine(progress)
     lm = resolve_lm(config.model)
     emb = load_embedder()
     res: dict[str, Any] = {"model": lm.name, "settings": plain(config.to_kwargs())}

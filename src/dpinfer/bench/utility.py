@@ -39,11 +39,11 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
+from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import RAG
@@ -152,16 +152,6 @@ def config_from_args(args: argparse.Namespace) -> UtilityBenchConfig:
 
 
 # ------------------------------------------------------------------------------------------------ run
-@dataclass
-class _Progress:
-    update: Callable[[str], None] | None
-    start: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, msg: str) -> None:
-        if self.update:
-            self.update(f"{msg} ({time.perf_counter() - self.start:.0f} s)")
-
-
 def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
     from dpinfer.bench.utility_tasks import run_protect, run_rag, run_sanitize, run_synth
@@ -170,7 +160,7 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
 
     if config.merge:
         return _merge(config)
-    prog = _Progress(progress)
+    prog = ProgressLine(progress)
     lm = resolve_lm(config.model)
     t0 = time.perf_counter()
     if config.support_of:
