@@ -8,8 +8,7 @@ Heavy modules are imported lazily, so ``import dpinfer`` is cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dpinfer._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -43,14 +42,4 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpinfer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("dpinfer", _LAZY, globals())
