@@ -105,17 +105,6 @@ def method_for(config: ProtectConfig, runtime: Any = None) -> Any:
     return TABLE.build(config.method, config, runtime)
 
 
-def check_protect_params(*, seed: object = None, spelling: str = "api", **settings: Any) -> int:
-    """Every setting of :func:`protect_prompt` checked before any model loads (:class:`ProtectConfig` and the method
-    table); returns the number of stage-1 rewrites. ``spelling="cli"`` spells the names as options
-    (``--n-rewrites``)."""
-    from dpinfer.checks import check_seed
-
-    config = ProtectConfig(**settings, spelling=spelling)
-    check_seed(seed, config.name("seed"))
-    return int(method_for(config).rewrites)
-
-
 def _check_prompt(prompt: object) -> str:
     from dpinfer.validation import check_text
 
@@ -407,7 +396,7 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 __all__ = [
     "ADJACENCY", "METHODS", "ProtectedPrompt", "capped_paraphrase_ids",
-    "check_protect_params", "check_request_fits", "guarantee_lines", "paraphrase_ids",
+    "check_request_fits", "guarantee_lines", "paraphrase_ids",
     "protect_prompt", "protect_prompts", "request_bound", "stage1_mechanism",
     "stage1_rewrites",
     "truncate_tokens",

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from dpinfer.models import LM
 
 __all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "METHODS", "STORE_LEDGER", "PrivateRAG",
-           "answer_method", "ask_guarantee", "check_ask_params", "compose_answer",
+           "answer_method", "ask_guarantee", "compose_answer",
            "released_answer_method", "store_reservation"]
 
 METHODS = tuple(TABLE.names())
@@ -75,17 +75,6 @@ def answer_method(config: AskConfig, runtime: Any = None) -> AnswerMethod:
     method: AnswerMethod = TABLE.build(config.mechanism, config, runtime)
     method.mechanism  # noqa: B018  # calibrated now: an unreachable ε is refused here, before anything is read
     return method
-
-
-def check_ask_params(*, spelling: str = "api", **params: Any) -> None:
-    """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
-
-    >>> check_ask_params(epsilon=8)
-    >>> check_ask_params(mechanism="pda")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    dpinfer.errors.ConfigurationError: unknown method 'pda' for rag; choose one of pad, pad-as-published, static, ...
-    """
-    answer_method(AskConfig.merged(None, **params, spelling=spelling))
 
 
 def ask_guarantee(mechanism: str, **params: Any) -> Guarantee:

@@ -56,7 +56,7 @@ def test_the_methods_are_the_table() -> None:
     assert pp.method_for(ProtectConfig(method="dp-prompt")).rewrites == 1
     with pytest.raises(ConfigurationError, match="unknown method 'dp-fusion'"):
         pp.method_for(ProtectConfig(method="dp-fusion"))
-    assert pp.check_protect_params(method="dp-gtr", n_rewrites=3) == 3
+    assert pp.method_for(ProtectConfig(method="dp-gtr", n_rewrites=3)).rewrites == 3
 
 
 def test_keywords_override_a_config_and_unknown_ones_are_refused() -> None:
