@@ -138,7 +138,7 @@ def ask_config_from_args(args: argparse.Namespace) -> Any:
     if args.support_top_k is not None and args.support_top_k < 0:
         raise InvalidInputError(f"--support-top-k must be ≥ 0 (0 = full vocabulary), got {args.support_top_k}")
     given["support_top_k"] = None if args.support_top_k == 0 else args.support_top_k
-    config = AskConfig.merged(None, **given, mechanism=args.mechanism, spelling="cli")
+    config = AskConfig.merged(None, **{**given, "mechanism": args.mechanism}, spelling="cli")
     answer_method(config)  # the method's checks and PAD's calibration: an unreachable ε is refused here
     return config
 
