@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
-from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
+from dpinfer.bench.quality_tasks import (
     BASELINES,
     ENGLISH_THRESHOLD,
     MAIN_JOB,
@@ -57,16 +57,12 @@ from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
     SETTINGS,
     TASKS,
     TOPIC_THRESHOLD,
-    english_share,
-    rag_template,
     run_privacy_checks,
     run_protect,
     run_rag,
     run_sanitize,
     run_synth,
-    sanitize_options,
     summarise_row,
-    word_count,
 )
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
