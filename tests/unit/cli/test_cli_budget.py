@@ -157,6 +157,7 @@ CORPUS = [
 ]
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_a_resumed_sanitize_corpus_charges_each_record_once_after_a_kill(tiny_model_dir, tmp_path: Path) -> None:
     import os
     import signal

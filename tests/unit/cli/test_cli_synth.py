@@ -242,6 +242,7 @@ def test_cli_synth_resume_cuts_a_line_torn_before_its_batch(interrupted, uninter
     assert _lines(out)[: len(kept)] == kept and sorted(_lines(out)) == sorted(uninterrupted)
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_cli_synth_resume_after_sigkill(uninterrupted, tiny_model_dir: Path, tmp_path: Path) -> None:
     import os
     import signal

@@ -220,6 +220,7 @@ def test_cli_corpus_resume_after_deleted_records_and_a_torn_line(tiny_model_dir,
     assert sorted(_lines(out)) == sorted(settled)
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_cli_corpus_resume_after_sigkill(tiny_model_dir, tmp_path):
     """A run killed with SIGKILL mid-way, then rerun: only the missing ids are written, the finished lines stay
     byte-identical, and the result equals an uninterrupted run's."""

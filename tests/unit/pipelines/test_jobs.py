@@ -135,6 +135,7 @@ def _store(tmp_path: Path, tiny_lm, embedder_cls) -> None:
     PrivateRAG(tmp_path / "store", lm=tiny_lm, embedder=embedder_cls(), top_k=2, top_n=1, max_doc_tokens=16).add(docs)
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 @pytest.mark.parametrize("name", list(JOBS))
 def test_every_corpus_job_survives_a_kill_a_torn_line_and_a_deleted_line(name, tiny_model_dir, tiny_lm, tmp_path,
                                                                          model_gate, hash_embedder, capsys):
