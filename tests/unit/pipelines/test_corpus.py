@@ -330,6 +330,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # a local Ray cluster and the model in its actors
 def test_ray_backend_matches_the_local_backend_record_for_record(local_ray, tiny_model_dir, tmp_path, capsys):
     corpus = _write_corpus(tmp_path / "in.jsonl", n=3, extra=[{"id": "bad", "text": "   "}])
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
