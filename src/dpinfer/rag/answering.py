@@ -64,7 +64,7 @@ class AnswerMethod:
     def __post_init__(self) -> None:
         given = {k for k in ("epsilon", "noise_scale") if getattr(self.config, k) is not None}
         for knob in sorted(given - self.knobs):
-            flag = self.config._name(knob)
+            flag = self.config.name(knob)
             if knob == "epsilon":
                 raise ConfigurationError(f"{flag} applies to pad, not to {self.name}, which has no guarantee")
             raise ConfigurationError(f"{flag} is pad-as-published's noise knob; it does not apply to {self.name}")
