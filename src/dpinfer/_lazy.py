@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_names(package: str, names: Mapping[str, str], namespace: dict[str, Any]
-               ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_names(
+    package: str, names: Mapping[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``: ``names`` maps a name to the module that defines it; a
     name is imported on first use and kept in ``namespace`` (the package's globals).
 

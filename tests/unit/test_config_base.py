@@ -16,14 +16,39 @@ SECRET = "Zacharias Oberholzer, born 1961"
 
 
 def test_the_request_fields_are_the_ones_the_server_took() -> None:
-    assert set(SanitizeConfig.request_fields()) == {"epsilon", "group_epsilon", "groups", "method", "max_new_tokens",
-                                                   "delta", "alpha", "temperature", "top_k", "allow_untagged",
-                                                   "adjacency"}
+    assert set(SanitizeConfig.request_fields()) == {
+        "epsilon",
+        "group_epsilon",
+        "groups",
+        "method",
+        "max_new_tokens",
+        "delta",
+        "alpha",
+        "temperature",
+        "top_k",
+        "allow_untagged",
+        "adjacency",
+    }
     assert set(AskConfig.request_fields()) == {"mechanism", "epsilon", "delta", "max_new_tokens", "temperature"}
-    assert set(SynthConfig.request_fields()) == {"method", "epsilon", "delta", "batch_size", "max_new_tokens",
-                                                "max_texts"}
-    assert set(ProtectConfig.request_fields()) == {"method", "epsilon", "delta", "n_rewrites", "n_keywords",
-                                                  "keywords", "max_new_tokens", "n_exemplars", "stage3_quorum"}
+    assert set(SynthConfig.request_fields()) == {
+        "method",
+        "epsilon",
+        "delta",
+        "batch_size",
+        "max_new_tokens",
+        "max_texts",
+    }
+    assert set(ProtectConfig.request_fields()) == {
+        "method",
+        "epsilon",
+        "delta",
+        "n_rewrites",
+        "n_keywords",
+        "keywords",
+        "max_new_tokens",
+        "n_exemplars",
+        "stage3_quorum",
+    }
 
 
 @pytest.mark.parametrize("config", [SanitizeConfig, AskConfig, SynthConfig, ProtectConfig])
@@ -35,11 +60,13 @@ def test_an_unknown_key_is_refused_in_one_line_without_its_name(config) -> None:
 
 
 def test_a_value_of_the_wrong_type_names_the_type_never_the_value() -> None:
-    for body, words in (({"epsilon": SECRET}, "epsilon must be a number, got str"),
-                        ({"max_new_tokens": 2.5}, "max_new_tokens must be a number, got float"),
-                        ({"groups": [SECRET]}, "groups must be a dict, got list"),
-                        ({"allow_untagged": "yes"}, "allow_untagged must be a bool, got str"),
-                        ({"top_k": True}, "top_k must be int, got a boolean")):
+    for body, words in (
+        ({"epsilon": SECRET}, "epsilon must be a number, got str"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be a number, got float"),
+        ({"groups": [SECRET]}, "groups must be a dict, got list"),
+        ({"allow_untagged": "yes"}, "allow_untagged must be a bool, got str"),
+        ({"top_k": True}, "top_k must be int, got a boolean"),
+    ):
         with pytest.raises(InvalidInputError) as err:
             SanitizeConfig.from_mapping(body)
         assert str(err.value) == words and SECRET not in str(err.value)
