@@ -208,3 +208,71 @@ def postgres_url() -> object:
     finally:
         with psycopg.connect(POSTGRES_BASE, autocommit=True) as con:  # type: ignore[attr-defined]
             con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+# ---------------------------------------------------------------------------------------- Chroma server (stores)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ChromaRun:
+    """``chroma run`` on a loopback port: its URL (``chroma://127.0.0.1:PORT``), its process and its log."""
+
+    def __init__(self, url: str, proc: object, log: Path) -> None:
+        self.url, self.proc, self.log = url, proc, log
+
+
+@pytest.fixture
+def chroma_server(tmp_path: Path) -> object:
+    """A fresh ``chroma run --path TMP --host 127.0.0.1 --port FREE`` (the chroma command beside this Python), stopped
+    after the test; skipped with the reason when it cannot start, and FAILED when ``CI`` is set."""
+    import subprocess
+    import sys
+    import time
+
+    why = None
+    exe = Path(sys.executable).with_name("chroma")
+    proc = None
+    log = tmp_path / "chroma.log"
+    if not exe.is_file():
+        why = f"no chroma command beside {sys.executable} (the rag extra installs it)"
+    else:
+        port = _free_port()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(exe), "run", "--path", str(tmp_path / "chroma"), "--host", "127.0.0.1",
+                                     "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "ANONYMIZED_TELEMETRY": "False"})
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while why is None:
+            if proc.poll() is not None:
+                why = f"chroma run exited with status {proc.returncode}"
+            elif time.monotonic() > deadline:
+                why = "chroma run did not answer its heartbeat within 30 s"
+            else:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+    if why is not None:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and the Chroma server tests cannot run: {why}")
+        pytest.skip(why)
+    try:
+        yield ChromaRun(f"chroma://127.0.0.1:{port}", proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -192,6 +192,13 @@ class ServeDefaults:
     """``serve --replicas``: requests Ray Serve lets one replica hold at once (its batcher decodes them together)."""
     chat_max_new_tokens: int = 128
     """T_max of an OpenAI-compatible chat completion when the request gives no ``max_tokens``."""
+    stores_connect_timeout_s: float = 5.0
+    """``--stores chroma://HOST:PORT``: how long the check that the Chroma server answers may take at start."""
+    job_lease_s: float = 60.0
+    """A synthesis job's lease in a PostgreSQL ledger: a replica on another machine that has not renewed it for this
+    long is presumed dead, and a poll reports its unfinished job failed (its process on this machine is looked up)."""
+    job_heartbeat_s: float = 15.0
+    """How often a replica renews the leases of the synthesis jobs it runs."""
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.charge import Charges
 from dpinfer.defaults import GENERATE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.sampler import Sampler
 from dpinfer.models import LM, resolve_lm
+from dpinfer.task import Plan
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.runtime import Runtime
 
 
 @dataclass
@@ -89,6 +92,52 @@ def plan_generate(lm: LM, prompt: str | None = None, *, messages: Sequence[dict[
                seed=seed, pad_width=len(ids))
 
 
+@dataclass(frozen=True)
+class GenerateSettings:
+    """The settings of one plain generation (:func:`plan_generate`'s keywords)."""
+
+    max_new_tokens: int = GENERATE.max_new_tokens
+    temperature: float = GENERATE.temperature
+    top_k: int | None = GENERATE.top_k
+    top_p: float | None = GENERATE.top_p
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateInputs:
+    """What plain generation continues: a ``prompt`` used verbatim, or chat ``messages``."""
+
+    prompt: str | None = None
+    messages: Sequence[dict[str, str]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class GeneratePlan(Plan):
+    """One plain generation planned (:data:`TASK`): one job, no guarantee, nothing charged."""
+
+    lm: LM
+
+
+class GenerateTask:
+    """Plain generation as a :class:`~dpinfer.task.Task` (no privacy: no guarantee, no charge)."""
+
+    name = "generate"
+
+    def plan(self, config: GenerateSettings, inputs: GenerateInputs, runtime: Runtime) -> GeneratePlan:
+        c = config
+        job = plan_generate(runtime.lm, inputs.prompt, messages=inputs.messages, max_new_tokens=c.max_new_tokens,
+                            temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, seed=c.seed)
+        return GeneratePlan(jobs=(job,), guarantee=None, charges=Charges(None), lm=runtime.lm)
+
+    def finish(self, plan: GeneratePlan, outputs: Sequence[EngineOutput]) -> GenerationResult:
+        job = plan.job
+        return _result(plan.lm, outputs[0], 0, job.mechanism, job.max_new_tokens)  # type: ignore[arg-type]
+
+
+TASK = GenerateTask()
+"""Plain generation's task object (:mod:`dpinfer.task`)."""
+
+
 def _result(lm: LM, out: EngineOutput, row: int, mechanism: Sampler, max_new_tokens: int) -> GenerationResult:
     ids = out.sequences[row]
     return GenerationResult(
@@ -115,8 +164,8 @@ def generate(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | 
     model = resolve_lm(lm)
     job = plan_generate(model, prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
                         top_k=top_k, top_p=top_p, seed=seed)
-    out = Engine(model).generate(job.contexts, job.mechanism, max_new_tokens=max_new_tokens, seed=seed)
-    return _result(model, out, 0, job.mechanism, max_new_tokens)
+    out = Engine(model).run(job)
+    return _result(model, out, 0, job.mechanism, max_new_tokens)  # type: ignore[arg-type]
 
 
 def generate_many(prompts: Sequence[str], *, lm: LM | str | None = None,
@@ -170,7 +219,7 @@ def stream(prompt: str | None = None, *, messages: Sequence[dict[str, str]] | No
     job = plan_generate(model, prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
                         top_k=top_k, top_p=top_p, seed=seed)
     streamer = TextStreamer(model)
-    for event in Engine(model).stream(job.contexts, job.mechanism, max_new_tokens=max_new_tokens, seed=seed):
+    for event in Engine(model).stream(job):
         tok = event.tokens[0]
         if tok >= 0 and tok not in model.eos_token_ids:
             piece = streamer.push(tok)

@@ -4,9 +4,10 @@
 Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
 ``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``; ``modeling``, the model code,
 imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs`` (the resumable-job
-loop), ``rag`` (the store and the answering parts) → pipelines → bench, serve, audit → interfaces (``cli``, the Python
-API). ``rag`` imports no interface (its file readers come from :mod:`dpinfer.references`, not through pipelines);
-``bench`` imports no command line and no server.
+loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task`` (the task
+protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no interface (its
+file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command line (it
+measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "jobs": (*INTERFACES, "runtime", "engine", "models", "modeling", "quantize", "packed", "taggers", "eval",
              "validation"),
     "rag": INTERFACES,
-    "bench": ("cli", "serve", "api"),
+    "protect": INTERFACES,
+    "task.py": INTERFACES,
+    "bench": ("cli", "api"),
+    "serve": ("cli", "bench", "api", "audit"),
 }
 """For each core module or package (relative to src/dpinfer): the dpinfer sub-packages/modules it must not import."""
 

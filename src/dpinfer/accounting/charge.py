@@ -12,6 +12,13 @@ cost), in three steps:
    estimate on every unit, re-checked against each budget (a refusal cancels them all).
 3. **commit** once the release is handed over (returned or written), or **cancel** if it failed before that.
 
+A planned task (:class:`dpinfer.task.Plan`) carries its :class:`Charges` (the cost from its ex-ante guarantee, the
+scope, the mechanism): :func:`run_charged` is the step that runs it, ``run_charged(ledger, plan.charges, run)``
+(settle, run, commit; cancel when ``run`` raises). A cost known before the model loads (an estimate from the settings)
+is held with :func:`hold` on the reservation the caller opened with :func:`charge` or :func:`open_reservation`.
+Outside :mod:`dpinfer.accounting` nothing calls a reservation's or a ledger's ``reserve`` / ``settle`` / ``commit``
+(tests/unit/test_charge_path.py greps for it): those steps are taken here.
+
 ``with charge(ledger, units, cost, scope=...) as res:`` reserves ``cost`` on entry (when given), commits when the
 block ends and cancels when it raises; inside, ``res.reserve(estimate)`` / ``res.settle(guarantee)`` /
 ``res.commit()`` / ``res.cancel()`` may run earlier (each is idempotent on a reservation already past it). A
@@ -27,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from dpinfer.accounting.costs import Cost
 from dpinfer.accounting.guarantee import Guarantee
@@ -36,8 +44,10 @@ from dpinfer.accounting.ledger_store import check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 
-__all__ = ["LedgerLike", "RecordCharges", "Reservation", "charge", "commit_left", "open_ledger", "open_reservation",
-           "reserve"]
+__all__ = ["Charges", "LedgerLike", "RecordCharges", "Reservation", "charge", "close", "commit_left", "hold",
+           "open_ledger", "open_reservation", "reserve", "run_charged", "spend_once"]
+
+T = TypeVar("T")
 
 LedgerLike = Ledger | str | os.PathLike[str] | None
 """What ``ledger=`` accepts: a :class:`~dpinfer.Ledger`, the path of one, or None (no ledger)."""
@@ -80,6 +90,8 @@ class Reservation:
         """Whether the charges hold the release's exact cost (or an estimate from the parameters alone)."""
         self.refused: str | None = None
         """The unit whose budget refused the last reserve or settle (None otherwise)."""
+        self.priced: Price | None = None
+        """What the last :meth:`settle` priced the charges with."""
 
     @property
     def unit(self) -> str:
@@ -138,6 +150,7 @@ class Reservation:
                 self.cancel()
                 raise
         self.settled = True
+        self.priced = price
 
     def commit(self) -> None:
         """Step 3: the release was handed over."""
@@ -214,12 +227,13 @@ def charge(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, 
 
 
 def reserve(ledger: LedgerLike | Reservation, units: str | Sequence[str] | None, cost: Price, *, scope: str | None,
-            mechanism: str | None = None, resume_key: str | Sequence[str] | None = None) -> Reservation | None:
+            mechanism: str | None = None, resume_key: str | Sequence[str] | None = None,
+            what: str = "this release") -> Reservation | None:
     """Step 1 alone, for a release that outlives the caller's call (a stream, a background job): ``cost`` on every
     unit or none (a refusal is raised here; :attr:`Reservation.refused` names the unit). A later
     ``with charge(res, None, scope=...)`` around the release commits it, or cancels it if the release fails; None
     without a ledger. ``mechanism``: the release's (a guarantee names its own)."""
-    res = open_reservation(ledger, units, scope=scope, resume_key=resume_key)
+    res = open_reservation(ledger, units, scope=scope, resume_key=resume_key, what=what)
     if res is not None:
         res.settle(cost, mechanism=mechanism)
     return res
@@ -235,19 +249,20 @@ def commit_left(ledger: Ledger, resume_keys: Sequence[str]) -> None:
 
 
 class RecordCharges:
-    """A resumable corpus job's per-record charges (the corpus loop's protocol: ``reserve(key)`` → ``commit(token)``
-    / ``cancel(token)``), one :class:`Reservation` per record on ``unit_of(key)``, under a resume key of this job and
-    record, so a run killed and resumed takes over its own pending charge instead of reserving twice.
+    """A resumable corpus job's per-record charges (the corpus loop's protocol,
+    :class:`dpinfer.jobs.resumable.Charge`: ``open(key)`` → ``close(token, released=...)``), one :class:`Reservation`
+    per record on ``unit_of(key)``, under a resume key of this job and record, so a run killed and resumed takes over
+    its own pending charge instead of reserving twice.
 
-    ``reserve(key)`` reserves a placeholder before the record is generated (or, ``exact``, its exact cost
+    ``open(key)`` reserves a placeholder before the record is generated (or, ``exact``, its exact cost
     ``bound_of(key)``, known from the parameters alone); the pipeline prices it when it plans the record
-    (:meth:`settle`; a refusal becomes the record's error); ``commit`` charges a record whose line is durable; one
+    (:meth:`price`; a refusal becomes the record's error); ``close`` charges a record whose line is durable; one
     released without being priced (a torn line settled as released) is charged ``bound_of(key)``, an upper bound
     from the parameters alone.
 
     ``priced_elsewhere``: another process prices the records (a Ray actor, reserving its exact cost under the same
     resume key, which takes over this placeholder: :mod:`dpinfer.pipelines.corpus_ray`). The placeholder is then
-    reserved ``settle_first`` (a holder that dies before it is priced released nothing), and at ``commit`` the
+    reserved ``settle_first`` (a holder that dies before it is priced released nothing), and at ``close`` the
     ledger's phase of each charge says whether it was priced there (``releasing``) or still needs the bound."""
 
     def __init__(self, ledger: Ledger, *, job: str, scope: str, mechanism: str, unit_of: Callable[[str], str],
@@ -256,32 +271,41 @@ class RecordCharges:
         self.unit_of, self.bound_of = unit_of, bound_of
         self.exact = exact
         self.priced_elsewhere = priced_elsewhere
-        self.open: dict[str, Reservation] = {}
+        self.open_charges: dict[str, Reservation] = {}
 
-    def reserve(self, key: str) -> Reservation:
+    def open(self, key: str) -> Reservation:
+        """Step 1 for the record ``key``, before it is generated (the corpus loop's protocol)."""
         res = Reservation(self.ledger, self.unit_of(key), self.scope,
                           resume_key=self.ledger.resume_key(self.job, key))
         if self.priced_elsewhere:
             res.reserve(None, mechanism=self.mechanism, settle_first=True)
         else:
             res.reserve(self.bound_of(key) if self.exact else None, mechanism=self.mechanism)
-        self.open[key] = res
+        self.open_charges[key] = res
         return res
 
-    def settle(self, key: str, guarantee: Guarantee) -> None:
-        """The record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
-        self.open[key].settle(guarantee)
+    def price(self, key: str, guarantee: Guarantee) -> None:
+        """Step 2: the record ``key`` is planned: its exact cost (raises BudgetExceededError when it does not fit)."""
+        self.open_charges[key].settle(guarantee)
 
-    def commit(self, res: Reservation) -> None:
+    def close(self, res: Reservation, *, released: bool) -> None:
+        """Step 3: the record ended; ``released``: its line is durable (committed; one never priced is charged
+        ``bound_of(key)``), else it released nothing (cancelled)."""
+        if not released:
+            res.cancel()
+            return
         if self.priced_elsewhere and any(c.state == "pending" for c in res.charges):
             res.settled = all(self.ledger.charge(c.id).phase == "releasing" for c in res.charges)
         if not res.settled and res.charge is not None and res.charge.state == "pending":
-            key = next(k for k, v in self.open.items() if v is res)
+            key = next(k for k, v in self.open_charges.items() if v is res)
             res.settle(self.bound_of(key), force=True)
         res.commit()
 
-    def cancel(self, res: Reservation) -> None:
-        res.cancel()
+    @staticmethod
+    def price_elsewhere(ledger: Ledger, unit: str, guarantee: Price, *, scope: str, resume_key: str) -> None:
+        """The other process's half of ``priced_elsewhere`` (a Ray actor): the record's exact cost, reserved under
+        its resume key, which takes over the driver's placeholder (or the charge an earlier attempt priced)."""
+        ledger.reserve(unit, guarantee, scope=scope, resume_key=resume_key)
 
     def reconcile(self, released: list[str], errors: list[str]) -> None:
         """After a run: a record whose line is in OUT but whose charge a killed run left pending is committed; an
@@ -291,3 +315,81 @@ class RecordCharges:
                 left = self.ledger.pending_charge(self.ledger.resume_key(self.job, key))
                 if left is not None:
                     left.commit() if done else left.cancel()
+
+
+@dataclass(frozen=True)
+class Charges:
+    """What one planned release is charged (a :class:`dpinfer.task.Plan`'s ``charges``), from its parameters alone:
+    ``cost`` (the ex-ante :class:`~dpinfer.accounting.Guarantee`, a :class:`~dpinfer.accounting.ledger.Cost` or a
+    loss; None: the release costs nothing and nothing is charged, as plain generation), the ``scope`` of the units it
+    is charged to (``document``, ``store``, ``corpus``, ``prompt-source``), the ``mechanism`` named on the ledger
+    (a guarantee names its own), and ``units``: the units the plan itself names (usually none: the caller decides
+    which units pay, by the service's unit rule or the command's ``--unit``; each unit pays the full cost)."""
+
+    cost: Price | None
+    scope: str | None = None
+    mechanism: str | None = None
+    units: tuple[str, ...] = ()
+
+
+def hold(res: Reservation | None, estimate: Price | None, *, mechanism: str | None = None, exact: bool = False,
+         settle_first: bool = False) -> None:
+    """Step 1 on a reservation the caller opened, before the model loads: ``estimate`` (from the settings alone;
+    None: a placeholder priced at :func:`run_charged`) on every unit or none (:meth:`Reservation.reserve`);
+    ``exact``: it is the release's exact cost (its ex-ante guarantee, known before the model loads), settled at once
+    (:meth:`Reservation.settle`). Nothing without a ledger (``res`` None)."""
+    if res is None:
+        return
+    if exact and estimate is not None:
+        res.settle(estimate, mechanism=mechanism)
+    elif mechanism is None:
+        raise LedgerError("an estimate is held with the mechanism's name (mechanism=...)")
+    else:
+        res.reserve(estimate, mechanism=mechanism, settle_first=settle_first)
+
+
+def close(res: Reservation | None, *, released: bool) -> None:
+    """Step 3 of a release run outside :func:`run_charged` (one of a batch's answers): committed when ``released``,
+    else cancelled; nothing without a ledger."""
+    if res is not None:
+        res.commit() if released else res.cancel()
+
+
+def run_charged(ledger: LedgerLike | Reservation, charges: Charges, run: Callable[[], T], *,
+                units: str | Sequence[str] | None = None, default_unit: Callable[[Ledger], str] | None = None,
+                what: str = "this release", resume_key: str | Sequence[str] | None = None,
+                released: bool = False) -> T:
+    """The charge step of a planned release: ``charges.cost`` settled on ``units`` (and the plan's own
+    ``charges.units``) of ``ledger`` before ``run()`` generates anything (refused in one line when a unit cannot
+    afford it; nothing runs), then ``run()`` (the engine and the task's ``finish``), then the charges committed; a
+    ``run()`` that raises cancels them (or commits them, fail closed, where part of the release may have left:
+    :meth:`Reservation.releasing`). ``ledger`` may be a :class:`Reservation` the caller opened (estimate held
+    before the model loaded: :func:`hold`). ``released``: the release already happened (a resumed job's batch
+    written by a killed run): priced late, without the budget check. Without a ledger ``run()`` just runs."""
+    res = open_reservation(ledger, _units(units, charges), scope=charges.scope, default_unit=default_unit, what=what,
+                           resume_key=resume_key)
+    if res is None:
+        return run()
+    try:
+        if charges.cost is not None and not (res.priced is charges.cost and res.settled):  # settled once
+            res.settle(charges.cost, mechanism=charges.mechanism, force=released)
+        out = run()
+    except BaseException:
+        res.cancel()
+        raise
+    res.commit()
+    return out
+
+
+def spend_once(ledger: LedgerLike, units: str | Sequence[str], cost: Price, *, scope: str | None,
+               mechanism: str | None = None) -> None:
+    """One release charged in one go (reserved, settled and committed: a benchmark of the ledger, a release already
+    out); refused in one line when a unit cannot afford it."""
+    run_charged(ledger, Charges(cost, scope=scope, mechanism=mechanism), lambda: None, units=units)
+
+
+def _units(units: str | Sequence[str] | None, charges: Charges) -> str | list[str] | None:
+    if not charges.units:
+        return units
+    given = [] if units is None else [units] if isinstance(units, str) else list(units)
+    return [*given, *charges.units]

@@ -336,17 +336,29 @@ class Ledger(LedgerStore):
         rows = self._query("SELECT id, holder, lease FROM charges WHERE state = 'pending' AND holder IS NOT NULL "
                            "AND resume_key IS NULL ORDER BY id")
         for charge_id, holder, lease in rows:
-            if holder_alive(holder, lease, now):
-                continue
-            with self._transaction(f"settle charge {charge_id} of a dead holder") as con:
-                row = con.execute(f"SELECT state, phase, holder FROM charges WHERE id = ?{self.lock_rows}",
-                                  (charge_id,)).fetchone()
-                if row is None or row[0] != "pending" or row[2] != holder:
-                    continue  # settled meanwhile, or taken over by a live run
-                state = "cancelled" if row[1] == "reserved" else "committed"
-                con.execute("UPDATE charges SET state = ?, updated = ? WHERE id = ?", (state, time.time(), charge_id))
-            settled.append(self.charge(int(charge_id)))
+            if not holder_alive(holder, lease, now):
+                settled += self._settle_dead(int(charge_id), holder)
         return settled
+
+    def settle_job(self, resume_keys: list[str], holder: str) -> list[ChargeRecord]:
+        """The pending charges of a resumable job that will not run again (its holder ``holder`` died, and the job
+        is reported failed) reserved under ``resume_keys`` by that holder, settled by :meth:`settle_dead`'s rule."""
+        settled: list[ChargeRecord] = []
+        for key in resume_keys:
+            for (charge_id,) in self._query("SELECT id FROM charges WHERE resume_key = ? AND state = 'pending' AND "
+                                            "holder = ? ORDER BY id", (key, holder)):
+                settled += self._settle_dead(int(charge_id), holder)
+        return settled
+
+    def _settle_dead(self, charge_id: int, holder: str) -> list[ChargeRecord]:
+        with self._transaction(f"settle charge {charge_id} of a dead holder") as con:
+            row = con.execute(f"SELECT state, phase, holder FROM charges WHERE id = ?{self.lock_rows}",
+                              (charge_id,)).fetchone()
+            if row is None or row[0] != "pending" or row[2] != holder:
+                return []  # settled meanwhile, or taken over by a live run
+            state = "cancelled" if row[1] == "reserved" else "committed"
+            con.execute("UPDATE charges SET state = ?, updated = ? WHERE id = ?", (state, time.time(), charge_id))
+        return [self.charge(charge_id)]
 
     def void(self, charge_id: int) -> ChargeRecord:
         """Operator's decision that a PENDING reservation released nothing (e.g. its process was killed before it

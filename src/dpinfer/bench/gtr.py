@@ -48,6 +48,7 @@ from typing import Any
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.bench import plots
 from dpinfer.bench.data import load_csqa
+from dpinfer.bench.gtr_scoring import LMAnswerer, MiniLMAnswerer, privacy_scores
 from dpinfer.bench.harness import Progress, quiet, write_json, write_text
 from dpinfer.bench.speed import speed_model
 from dpinfer.checks import int_at_least, positive_number
@@ -77,144 +78,77 @@ def parse_temperatures(text: str) -> list[float]:
     return values
 
 
-# ---------------------------------------------------------------------------------------------------------- scoring
-def privacy_scores(original: str, protected: str) -> dict[str, float]:
-    """ROUGE-1 / ROUGE-L F1 and sentence BLEU (/100) between the original and the protected question."""
-    import sacrebleu
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=False)
-    r = scorer.score(original, protected)
-    bleu = sacrebleu.sentence_bleu(protected, [original]).score / 100.0 if protected.strip() else 0.0
-    return {"rouge1": r["rouge1"].fmeasure, "rougeL": r["rougeL"].fmeasure, "bleu": bleu}
-
-
-class MiniLMAnswerer:
-    """Answers a multiple-choice question by the cosine of all-MiniLM-L6-v2 embeddings (question vs each choice)."""
-
-    name = "minilm-cosine"
-
-    def __init__(self) -> None:
-        from dpinfer.eval.embeddings import shared_embedder
-
-        self.embedder = shared_embedder()
-
-    def answer(self, questions: list[str], choices: list[list[str]]) -> list[int]:
-        q = self.embedder.encode([x if x.strip() else "?" for x in questions])
-        flat = [c for cs in choices for c in cs]
-        c = self.embedder.encode(flat)
-        out, at = [], 0
-        for i, cs in enumerate(choices):
-            sims = c[at:at + len(cs)] @ q[i]
-            out.append(int(sims.argmax()))
-            at += len(cs)
-        return out
-
-
-class LMAnswerer:
-    """Answers by the mean log-likelihood of each choice after ``Question: …\\nAnswer:`` under a local causal LM."""
-
-    def __init__(self, lm: Any) -> None:
-        self.lm = lm
-        self.name = f"lm-loglik ({lm.name})"
-
-    def answer(self, questions: list[str], choices: list[list[str]]) -> list[int]:
-        from dpinfer.eval.metrics import continuation_nll
-
-        out = []
-        for q, cs in zip(questions, choices, strict=True):
-            ctx = self.lm.encode(self.lm.instruction_prompt(f"Question: {q}\nAnswer with one of: {', '.join(cs)}."))
-            scores = []
-            for c in cs:
-                ids = self.lm.encode(c)
-                scores.append(-continuation_nll(self.lm, [ctx], ids)[0] / max(1, len(ids)))
-            out.append(max(range(len(cs)), key=lambda j: scores[j]))
-        return out
-
-
 # ---------------------------------------------------------------------------------------------------------- quality
 def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[float], repeats: int, n_rewrites: int,
                 n_keywords: int, jem_epsilon: float, max_new_tokens: int, delta: float, batch_questions: int,
                 seed: int, answerers: list[Any], progress: Progress = quiet, suppress: str | None = None,
                 n_exemplars: int | None = None, stage3_int8: bool = PROTECT.stage3_int8,
                 stage3_quorum: int | None = PROTECT.stage3_quorum) -> dict[str, Any]:
+    import dataclasses
+
     from dpinfer.clip_bounds import clip_bounds
-    from dpinfer.engine import Engine, PrefixStore
+    from dpinfer.configs.protect import ProtectConfig
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
-    from dpinfer.mechanisms.randomness import SeededRandom
-    from dpinfer.methods import prompt_gtr
-    from dpinfer.methods import prompt_stage3 as stage3
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.protect.stage1 import stage1_mechanism
     from dpinfer.runtime import Runtime
+    from dpinfer.task import run_jobs
 
     bounds = clip_bounds(lm)
     lo, hi = bounds.bounds
-    engine = Engine(lm)
-    # stage 3 on the pipeline's engine for it: the int8 twin of a float32 CPU model (PROTECT.stage3_int8)
-    s3 = (Runtime(lm).int8_engine if stage3_int8 else None) or engine
     questions = [r["question"] for r in records]
     choices = [r["choices"] for r in records]
     gold = [r["answer"] for r in records]
     original_acc = {a.name: sum(int(p == g) for p, g in zip(a.answer(questions, choices), gold, strict=True))
                     for a in answerers}
-    ids = [pp.paraphrase_ids(lm, q) for q in questions]
     # stage 3's consensus selection embeds released text with the same offline MiniLM (loaded once)
-    embedder = next((a.embedder for a in answerers if isinstance(a, MiniLMAnswerer)), None)
+    rt = Runtime(lm, embedder=next((a.embedder for a in answerers if isinstance(a, MiniLMAnswerer)), None))
     rows_out: list[dict[str, Any]] = []
     examples: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     for tau in temperatures:
-        gtr_mech = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=n_rewrites, max_new_tokens=max_new_tokens,
-                                       delta=delta, temperature=tau)
-        gtr_g = gtr_mech.guarantee(max_new_tokens)
-        one_g = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
+        # DP-GTR as the pipeline plans it (NDP; JEM is the same release with the other keyword method)
+        ndp = ProtectConfig(temperature=tau, n_rewrites=n_rewrites, n_keywords=n_keywords, keywords="ndp",
+                            jem_epsilon=jem_epsilon, max_new_tokens=max_new_tokens, delta=delta,
+                            suppress=suppress or PROTECT.suppress, n_exemplars=n_exemplars or PROTECT.n_exemplars,
+                            stage3_int8=stage3_int8, stage3_quorum=stage3_quorum)
+        jem = ndp.replace(keywords="jem")
+        gtr_g = stage1_mechanism(clip=(lo, hi), n_rewrites=n_rewrites, max_new_tokens=max_new_tokens,
+                                    delta=delta, temperature=tau).guarantee(max_new_tokens)
+        one_g = stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
                                     temperature=tau).guarantee(max_new_tokens)
         eq_mech = DPPrompt.calibrated(Budget(gtr_g.epsilon, delta),
                                       Spec(max_new_tokens, clip_min=lo, clip_max=hi, num_rewrites=1))
         eq_g = eq_mech.guarantee(max_new_tokens)
+        equal_eps = ProtectConfig(method="dp-prompt", epsilon=gtr_g.epsilon, max_new_tokens=max_new_tokens,
+                                  delta=delta)
         released: dict[str, list[list[str]]] = {m: [[] for _ in range(repeats)] for m in METHODS}
         for rep in range(repeats):
-            source = SeededRandom(seed * 1_000_003 + rep * 7919 + round(tau * 1000))
             for start in range(0, len(records), batch_questions):
                 chunk = list(range(start, min(start + batch_questions, len(records))))
                 progress(f"τ={tau:g} repeat {rep + 1}/{repeats} questions {chunk[0] + 1}-{chunk[-1] + 1}")
-                # stage 1 of every question of the chunk in one independent-mode batch (rows are independent draws)
-                rows = [ids[i] for i in chunk for _ in range(n_rewrites)]
-                batch_mech = DPPrompt(lo, hi, tau, num_rewrites=len(rows), delta=delta)
-                out = engine.generate(rows, batch_mech, max_new_tokens=max_new_tokens, generator=source)
-                texts = [lm.decode(s).strip() for s in out.sequences]
-                per_q = [texts[j * n_rewrites:(j + 1) * n_rewrites] for j in range(len(chunk))]
-                items = []
-                groups = []
-                prefixes = PrefixStore(lm.model)  # the ranking's pass over the exemplars, reused by stage 3
-                for rewrites in per_q:
-                    exemplars = prompt_gtr.choose_exemplars(lm, rewrites, n_exemplars or PROTECT.n_exemplars,
-                                                    prefixes=prefixes)
-                    ndp = prompt_gtr.release_keywords(rewrites, method="ndp", k=n_keywords, jem_epsilon=jem_epsilon,
-                                              generator=source)
-                    jem = prompt_gtr.release_keywords(rewrites, method="jem", k=n_keywords, jem_epsilon=jem_epsilon,
-                                              generator=source)
-                    items += [(exemplars[0], ndp), (exemplars[0], jem)]
-                    groups += [(exemplars, ndp, rewrites), (exemplars, jem, rewrites)]
-                finals = stage3.stage3_select(s3, s3.lm, groups, max_new_tokens=max_new_tokens,
-                                          suppress=suppress or PROTECT.suppress, embedder=embedder,
-                                          quorum=stage3_quorum, prefixes=prefixes)
-                eq_rows = [ids[i] for i in chunk]
-                eq_out = engine.generate(eq_rows, DPPrompt(lo, hi, eq_mech.temperature, num_rewrites=len(eq_rows),
-                                                           delta=delta),
-                                         max_new_tokens=max_new_tokens, generator=source)
-                for j, _ in enumerate(chunk):
-                    released["dp-prompt"][rep].append(per_q[j][0])
-                    released["dp-gtr-ndp"][rep].append(finals[2 * j])
-                    released["dp-gtr-jem"][rep].append(finals[2 * j + 1])
-                    released["dp-prompt-equal-eps"][rep].append(lm.decode(eq_out.sequences[j]).strip())
+                seeds = [seed * 1_000_003 + rep * 7919 + round(tau * 1000) + 104_729 * i for i in chunk]
+                # stage 1 of every question of the chunk in one engine run (the pipeline's plan), then stages 2-3
+                # of NDP and of JEM on the SAME released rewrites (post-processing: common random numbers)
+                plan = pp.plan_protect([questions[i] for i in chunk], ndp, rt, seeds=seeds)
+                outputs = run_jobs(rt.engine, plan.jobs)
+                by_ndp = pp.finish_protect(plan, outputs)
+                by_jem = pp.finish_protect(dataclasses.replace(plan, config=jem, method=pp.method_for(jem, rt)),
+                                           outputs)
+                by_eq = pp.protect_prompts([questions[i] for i in chunk], equal_eps, runtime=rt,
+                                           seeds=[s + 1 for s in seeds])
+                for j, (a, b, e) in enumerate(zip(by_ndp, by_jem, by_eq, strict=True)):
+                    assert isinstance(e, pp.ProtectedPrompt)
+                    released["dp-prompt"][rep].append(a.rewrites[0])
+                    released["dp-gtr-ndp"][rep].append(a.prompt)
+                    released["dp-gtr-jem"][rep].append(b.prompt)
+                    released["dp-prompt-equal-eps"][rep].append(e.prompt)
                     if rep == 0 and chunk[0] == 0 and j < 2:
-                        examples.append({"tau": tau, "question": questions[j], "dp-prompt": per_q[j][0],
-                                         "exemplar": items[2 * j][0], "ndp_keywords": items[2 * j][1],
-                                         "jem_keywords": items[2 * j + 1][1], "dp-gtr-ndp": finals[2 * j],
-                                         "dp-gtr-jem": finals[2 * j + 1],
-                                         "dp-prompt-equal-eps": released["dp-prompt-equal-eps"][rep][-1]})
+                        examples.append({"tau": tau, "question": questions[j], "dp-prompt": a.rewrites[0],
+                                         "exemplar": a.exemplar, "ndp_keywords": a.keywords,
+                                         "jem_keywords": b.keywords, "dp-gtr-ndp": a.prompt, "dp-gtr-jem": b.prompt,
+                                         "dp-prompt-equal-eps": e.prompt})
         guarantees = {"dp-prompt": (tau, one_g), "dp-gtr-ndp": (tau, gtr_g), "dp-gtr-jem": (tau, gtr_g),
                       "dp-prompt-equal-eps": (eq_mech.temperature, eq_g)}
         for method in METHODS:
@@ -327,6 +261,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.eval.embeddings import shared_embedder
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.protect.stage1 import paraphrase_ids
     from dpinfer.runtime import Runtime
 
     t0 = time.perf_counter()
@@ -365,7 +300,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
             "best_one_cpu": cpu_one, "best_gtr_cpu": cpu_gtr, "cpu_ratio": cpu_gtr / cpu_one,
             "stages": best_gtr["stages"], "loading_once": loading, "temperature": temperature,
             "n_rewrites": n_rewrites, "n_exemplars": n_ex, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "prompt_tokens": len(pp.paraphrase_ids(lm, question)), **machine_load()}
+            "prompt_tokens": len(paraphrase_ids(lm, question)), **machine_load()}
 
 
 def perf_markdown(perf: dict[str, Any]) -> str:

@@ -103,7 +103,7 @@ MANIFEST: tuple[BenchEntry, ...] = (
     BenchEntry("load", "dpinfer.bench.load", "the warm model load in a new process, stage by stage"),
     BenchEntry("ledger", "dpinfer.bench.ledger", "the budget ledger: reserve + commit p50/p99 and spends/s, SQLite "
                                                  "and PostgreSQL, at 1, 8, 32 clients"),
-    BenchEntry("serve", "dpinfer.serve.bench", "batching across HTTP requests: 8 concurrent vs sequential "
+    BenchEntry("serve", "dpinfer.bench.serve", "batching across HTTP requests: 8 concurrent vs sequential "
                                                "sanitisations, p50/p99 at 1, 8, 32 clients"),
 )
 """Every ``dpinfer bench`` sub-command, in ``--help`` order."""

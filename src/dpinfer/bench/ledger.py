@@ -66,6 +66,7 @@ def _percentile(xs: list[float], q: float) -> float:
 
 def _client(location: str, first: int, spends: int, units: int, start_at: float, out: Any) -> None:
     from dpinfer.accounting import Zcdp
+    from dpinfer.accounting.charge import spend_once
     from dpinfer.accounting.costs import Cost, composed_epsilon
     from dpinfer.accounting.ledger import Ledger
 
@@ -77,7 +78,7 @@ def _client(location: str, first: int, spends: int, units: int, start_at: float,
     latencies = []
     for i in range(spends):
         t0 = time.perf_counter()
-        ledger.reserve(f"u{(first + i) % units}", Zcdp(1e-4), mechanism="gaussian").commit()
+        spend_once(ledger, f"u{(first + i) % units}", Zcdp(1e-4), scope=None, mechanism="gaussian")
         latencies.append(time.perf_counter() - t0)
     out.put(latencies)
 

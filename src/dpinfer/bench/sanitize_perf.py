@@ -157,9 +157,7 @@ def _former_sanitize(lm: Any, text: str, groups: dict[str, list[str]] | None, op
         plan = plan_sanitize(text, lm=lm, method=method, groups=groups, **opts)
         job = plan.job
         t0, c0 = time.perf_counter(), time.process_time()
-        run = Engine(plan.lm, runner="dynamic").stream(
-            job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed, processors=job.processors,
-            min_new_tokens=job.min_new_tokens)
+        run = Engine(plan.lm, runner="dynamic").stream(job)
         for _ in run:
             pass
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0

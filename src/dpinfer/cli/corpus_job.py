@@ -265,6 +265,6 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
     tg = runtime.get_tagger(tagger) if tagger and needs_tagger(todo, options) else None
     for start in range(0, len(todo), CHUNK_RECORDS):
         chunk = todo[start:start + CHUNK_RECORDS]
-        planned = None if charge is None else (lambda rid, g: charge.settle(str(id_key(rid)), g))
+        planned = None if charge is None else (lambda rid, g: charge.price(str(id_key(rid)), g))
         for outcome in sanitize_many(chunk, runtime=runtime, tagger=tg, seed=args.seed, on_planned=planned, **options):
             yield release_record(outcome)

@@ -119,14 +119,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_prompts(args, config.api(), charge)
     prompt = _read_prompt(args)
 
+    from dpinfer.accounting.charge import hold
     from dpinfer.accounting.spend import pure_steps_estimate
     from dpinfer.models import load_model
     from dpinfer.pipelines.protect_prompt import guarantee_lines, protect_prompt
 
     with cli_charge(args, scope="prompt-source", what="protect-prompt") as spend:
-        if spend is not None:  # with --epsilon the cost follows from the settings: refused before the model loads
-            spend.reserve(None if config.epsilon is None else pure_steps_estimate(
-                config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
+        # with --epsilon the cost follows from the settings: refused before the model loads
+        hold(spend, None if config.epsilon is None else pure_steps_estimate(
+            config.epsilon, config.delta, n * config.max_new_tokens, bounded_range=True), mechanism=config.method)
         lm = load_model(args.model, device=args.device)
         res = protect_prompt(prompt, config.api(), lm=lm, seed=args.seed, ledger=spend)
     del prompt

@@ -202,11 +202,12 @@ def run(args: argparse.Namespace) -> int:
                                 tag_uncovered=cfg.tag_uncovered)
     if spans.note():
         print(f"dpinfer: {spans.note()}", file=sys.stderr)
+    from dpinfer.accounting.charge import hold
     from dpinfer.cli.budget import cli_charge
 
     with cli_charge(args, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
-        if spend is not None:  # the cost from the parameters and groups alone: refused before the model loads
-            spend.reserve(estimate_cost(cfg, resolve_groups(spans.spans, cfg.groups)), mechanism=cfg.method)
+        # the cost from the parameters and groups alone: refused before the model loads
+        hold(spend, estimate_cost(cfg, resolve_groups(spans.spans, cfg.groups)), mechanism=cfg.method)
         lm = load_model(args.model, device=args.device, quantize=args.quantize)
         with count_progress("sanitizing", "tokens") as progress:
             res = sanitize(text, cfg.replace(tagger=None), lm=lm, spans=spans, progress=progress, ledger=spend)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer import models
 from dpinfer.checks import int_at_least
-from dpinfer.cli.budget import add_ledger_options, cli_charge, report_charge
+from dpinfer.cli.budget import add_ledger_options, ledger_path, report_charge
 from dpinfer.cli.output import (
     EXIT_ERROR,
     SEED_HELP,
@@ -30,7 +29,7 @@ from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig
 from dpinfer.defaults import SYNTH
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
-from dpinfer.jobs import ReleaseDigests, check_rerelease, run_resumable
+from dpinfer.jobs import ReleaseDigests, check_rerelease
 from dpinfer.jobs.synth import SynthesisOutput, partition_path
 from dpinfer.methods.synthesize import TABLE, check
 from dpinfer.references import load_references
@@ -163,6 +162,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
     model loads."""
     import time
 
+    from dpinfer.accounting.charge import reserve
+    from dpinfer.jobs.synth import run_synthesis_job
     from dpinfer.pipelines.synthesize import SynthesisResult, synthesize_iter
 
     digest = plan.partition_sha256()
@@ -180,30 +181,31 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
         if note is not None:
             print(f"dpinfer: {note}", file=sys.stderr)
 
-    def generate(todo: Any) -> Any:
-        batches = set(todo)
-        # charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
-        # --out) was charged by the run it resumes
-        # a text in --out is released (or part of it): committed, whatever stops the run; nothing: cancelled
-        with contextlib.ExitStack() as stack:
-            spend = None if out.done else stack.enter_context(cli_charge(args, scope="corpus", what="synth"))
-            if spend is not None:
-                spend.settle(plan.guarantee)
-                stack.callback(report_charge, spend)
-                stack.callback(lambda: spend.commit() if new else spend.cancel())  # before the block's own rule
-            lm = models.load_model(args.model, device=args.device)
-            lm_name.append(lm.name)
-            out.start(header, digest)  # the private partition file, then the header line (before any text)
-            with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-                texts = synthesize_iter(plan, lm=lm, skip_batches=set(range(total)) - batches, progress=progress)
-                for text in texts:
-                    new.append(text)
-                    yield text.to_dict()
+    held: list[Any] = []
+
+    def hold(resumed: bool) -> Any:
+        """Charged once per run, from the plan's guarantee, before the model loads; a resumed run (texts already in
+        --out) was charged by the run it resumes."""
+        if not resumed:
+            held.append(reserve(ledger_path(args), args.unit, plan.guarantee, scope="corpus", what="synth"))
+        return held[0] if held else None
+
+    def texts(skip: set[int]) -> Any:
+        lm = models.load_model(args.model, device=args.device)  # after the charge, before the header is written
+        lm_name.append(lm.name)
+        return _texts(lm, skip)
+
+    def _texts(lm: Any, skip: set[int]) -> Any:
+        with count_progress(f"synthesizing ({args.method})", "batches") as progress:
+            for text in synthesize_iter(plan, lm=lm, skip_batches=skip, progress=progress):
+                new.append(text)
+                yield text
 
     t0 = time.perf_counter()
     try:
-        run = run_resumable(out, range(total), generate, job="dpinfer synth", key=lambda b: b, check=check,
-                            on_release=lambda b, _: released.add(str(b), ""))
+        run = run_synthesis_job(out, total, header, digest, texts, job="dpinfer synth", hold=hold,
+                                record=lambda text: text.to_dict(), check=check,
+                                on_release=lambda b, _: released.add(str(b), ""))
     except OSError as exc:  # the texts before it are complete and durable in --out: say so, stop
         if not lm_name:
             raise
@@ -211,6 +213,9 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
               f"{len(out.done)} of {total} texts are safely in it ({max(len(new) - 1, 0)} from this run); free the "
               "space (or fix the cause) and rerun the same command to resume", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if held:
+            report_charge(held[0])
     seconds = time.perf_counter() - t0
     if len(out.done) == total:
         out.finish()  # every batch is released: the private partition file goes (and the list of batches released)

@@ -271,12 +271,17 @@ class Engine:
         return job.output
 
     # ------------------------------------------------------------------ loops over step()
+    def run(self, job: Job) -> EngineOutput:
+        """Run ``job`` (a planned task's :class:`~dpinfer.engine.job.Job`, taken whole) to the end; its output
+        (other submitted jobs advance meanwhile). Checked before the model runs, as :meth:`submit`."""
+        return self._wait(self.submit(job))
+
     def stream(
         self,
-        contexts: Sequence[Sequence[int]],
-        mechanism: Mechanism,
+        contexts: Sequence[Sequence[int]] | Job,
+        mechanism: Mechanism | None = None,
         *,
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         min_new_tokens: int = 0,
         seed: int | None = None,
         generator: Randomness | None = None,
@@ -288,10 +293,11 @@ class Engine:
     ) -> EngineStream:
         """Generate step by step: an :class:`EngineStream` that yields a :class:`StepEvent` per token and, once
         exhausted, holds the :class:`EngineOutput` in :attr:`EngineStream.output`. Arguments are checked here, before
-        the model runs.
+        the model runs. ``engine.stream(job)`` takes a planned :class:`~dpinfer.engine.job.Job` whole (no other
+        argument then); the arguments below build one.
 
         Args:
-            contexts: K token-id sequences (already tokenised; no special tokens are added).
+            contexts: K token-id sequences (already tokenised; no special tokens are added), or a whole job.
             mechanism: turns the K rows of logits into token(s); its ``mode`` picks joint or independent decoding.
             max_new_tokens: ``T_max``.
             min_new_tokens: EOS is masked out (for every row alike) before this many tokens (benchmarks).
@@ -312,8 +318,15 @@ class Engine:
             result: deprecated; the output is also appended to this list when the stream ends (use
                 :attr:`EngineStream.output`).
         """
-        job = Job(contexts, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos, processors,
-                  pad_width, prefix_kv)
+        if isinstance(contexts, Job):
+            if mechanism is not None or max_new_tokens is not None:
+                raise ConfigurationError("Engine.stream(job) takes the job whole: give no other argument")
+            job = contexts
+        else:
+            if mechanism is None or max_new_tokens is None:
+                raise ConfigurationError("Engine.stream needs a job, or contexts, a mechanism and max_new_tokens")
+            job = Job(contexts, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos, processors,
+                      pad_width, prefix_kv)
         self.submit(job)
         job.events = deque()
         return EngineStream(self._events(job), result)

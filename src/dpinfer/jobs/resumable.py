@@ -20,12 +20,13 @@ generated as if it were missing), or it holds the complete guarantee and possibl
 replaced by an error record that keeps the key and the guarantee and says it was torn (:data:`TORN_ERROR`): the record
 counts as released, once.
 
-Budget hook (:class:`Charge`): an optional per-record charge, for a persistent budget ledger. ``reserve(key)`` before a
-record is handed to ``generate``, ``commit(token)`` after its line is durably in ``OUT``, ``cancel(token)`` when the
-record ends as an error record (nothing released) or is never generated (the run stopped first). A record already in
-``OUT`` is never reserved again, so a resumed job never charges a finished record twice. A torn record settled as
-released is charged once, on the run that finds it (``reserve`` then ``commit``): the run that wrote it was stopped
-before its ``commit``. A failed append (a full disk, ...) commits rather than cancels: part of the line may be on disk.
+Budget hook (:class:`Charge`): an optional per-record charge, for a persistent budget ledger. ``open(key)`` before a
+record is handed to ``generate``, ``close(token, released=True)`` after its line is durably in ``OUT``,
+``close(token, released=False)`` when the record ends as an error record (nothing released) or is never generated
+(the run stopped first). A record already in ``OUT`` is never charged again, so a resumed job never charges a
+finished record twice. A torn record settled as released is charged once, on the run that finds it (``open`` then
+``close`` as released): the run that wrote it was stopped before it closed. A failed append (a full disk, ...)
+closes as released: part of the line may be on disk.
 """
 
 from __future__ import annotations
@@ -47,19 +48,18 @@ TORN_ERROR = ("torn: an interrupted run wrote part of this record; that part cou
 
 
 class Charge(Protocol):
-    """A per-record budget charge (e.g. a persistent ledger): reserve → commit, or reserve → cancel.
+    """A per-record budget charge (the charge path's :class:`~dpinfer.accounting.charge.RecordCharges` on a
+    persistent ledger): ``open(key)`` before a record is generated, ``close(token, released=...)`` once it ends.
 
-    ``reserve`` may refuse (raise a :class:`~dpinfer.errors.DPInferError`, e.g. an overspent budget): the run then
-    stops before that record is generated, and every reservation not yet committed is cancelled."""
+    ``open`` may refuse (raise a :class:`~dpinfer.errors.DPInferError`, e.g. an overspent budget): the run then stops
+    before that record is generated, and every charge not yet closed is closed as not released."""
 
-    def reserve(self, key: str) -> Any:
-        """Reserve the charge of the record ``key`` (a job's canonical id key) before it is generated; a token."""
+    def open(self, key: str) -> Any:
+        """Hold the charge of the record ``key`` (a job's canonical id key) before it is generated; a token."""
 
-    def commit(self, token: Any) -> None:
-        """The record's line is durably in ``OUT`` (or part of it may be): charge it."""
-
-    def cancel(self, token: Any) -> None:
-        """The record released nothing (an error record, or never generated): drop the reservation."""
+    def close(self, token: Any, *, released: bool) -> None:
+        """The record ended: ``released`` (its line is durably in ``OUT``, or part of it may be): charge it; else (an
+        error record, or never generated) it released nothing: drop the charge."""
 
 
 class JobOutput(Protocol):
@@ -236,7 +236,7 @@ def run_resumable(out: JobOutput, items: Sequence[T], generate: Callable[[Iterat
             torn_key = out.key_of(out.settled_torn)
             if charge is not None:
                 match = [it for it in items if key(it) == torn_key]
-                charge.commit(charge.reserve(ckey(match[0]) if match else str(torn_key)))
+                charge.close(charge.open(ckey(match[0]) if match else str(torn_key)), released=True)
         todo = [it for it in items if key(it) not in out.done]
         run.skipped = len(items) - len(todo)
         if check is not None:
@@ -263,7 +263,7 @@ def _generate(out: JobOutput, todo: list[T], generate: Callable[[Iterator[T]], I
     def feed() -> Iterator[T]:
         for it in todo:
             if charge is not None:
-                tokens[key(it)] = charge.reserve(charge_key(it))
+                tokens[key(it)] = charge.open(charge_key(it))
             yield it
 
     try:
@@ -277,16 +277,16 @@ def _generate(out: JobOutput, todo: list[T], generate: Callable[[Iterator[T]], I
                     out.append(record)
                 except BaseException:
                     if charge is not None and token is not None:
-                        charge.commit(token)  # part of the line may be on disk: charged
+                        charge.close(token, released=True)  # part of the line may be on disk: charged
                     raise
                 if is_error(record):
                     run.errors += 1
                     if charge is not None and token is not None:
-                        charge.cancel(token)
+                        charge.close(token, released=False)
                 else:
                     run.done += 1
                     if charge is not None and token is not None:
-                        charge.commit(token)
+                        charge.close(token, released=True)
                     if on_release is not None:
                         on_release(by_key[k], record)
                 run.new.append(dict(record))
@@ -295,4 +295,4 @@ def _generate(out: JobOutput, todo: list[T], generate: Callable[[Iterator[T]], I
     finally:
         if charge is not None:
             for token in tokens.values():
-                charge.cancel(token)
+                charge.close(token, released=False)

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpinfer.accounting.charge import Reservation, charge
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import append_line, atomic_write_text, encode_record, read_output_lines, write_line
 from dpinfer.jobs.files import OutputLock
-from dpinfer.jobs.resumable import parse_line, release_order, settle_tail
+from dpinfer.jobs.resumable import JobRun, parse_line, release_order, run_resumable, settle_tail
 
 PARTITION_SUFFIX = ".partition"
 """The private sidecar of an unfinished ``OUT``: ``OUT.jsonl.partition``."""
@@ -253,3 +254,36 @@ class SynthesisOutput:
             write_line(fd, line)
         else:
             append_line(self.path, line)
+
+
+def run_synthesis_job(out: SynthesisOutput, total: int, header: Mapping[str, Any], partition_sha256: str,
+                      texts: Callable[[set[int]], Iterable[Any]], *, job: str,
+                      hold: Callable[[bool], Reservation | None], record: Callable[[Any], Mapping[str, Any]],
+                      check: Callable[[list[int]], None] | None = None,
+                      on_release: Callable[[int, Mapping[str, Any]], None] | None = None) -> JobRun:
+    """The one loop of a synthesis job (``dpinfer synth --out`` and the service's ``POST /v1/synth``): the
+    ``total`` batches not yet in ``out``, through the corpus jobs' loop (:func:`~dpinfer.jobs.run_resumable`: the
+    lock, the read-back, the torn-line rule, ``check(todo)`` before anything runs, one durable line per text).
+
+    ``hold(resumed)``: the run's charge, reserved at the plan's ex-ante guarantee before the model loads (a
+    :class:`~dpinfer.accounting.charge.Reservation`), or None (no ledger; or ``resumed``: ``out`` already holds texts,
+    charged by the run it resumes). ``texts(skip)``: the synthetic texts of the batches not in ``skip``, in the
+    order they finish (the model loads when it is called, before the header is written); ``record(text)``: a text's
+    line. A text in ``out`` (or part of one) is released: the charge is committed however the run ends; a run that
+    released none cancels it."""
+    def generate(todo: Iterator[int]) -> Iterator[Mapping[str, Any]]:
+        batches = set(todo)
+        held = hold(bool(out.done))
+        released = False
+        with charge(held, None, scope="corpus"):  # committed when the run ends, cancelled when it raises
+            stream = texts(set(range(total)) - batches)
+            out.start(header, partition_sha256)  # the private partition file, then the header line (before any text)
+            for text in stream:
+                if held is not None and not released:
+                    held.releasing()  # from here a cancel commits: part of the release may have left
+                released = True
+                yield record(text)
+            if held is not None and not released:
+                held.cancel()  # the run ended without a text: nothing was released
+
+    return run_resumable(out, range(total), generate, job=job, key=lambda b: b, check=check, on_release=on_release)

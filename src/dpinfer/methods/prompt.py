@@ -14,11 +14,11 @@ from dpinfer.defaults import PROTECT
 from dpinfer.methods.table import Method, MethodTable
 
 TABLE = MethodTable("prompt", [
-    Method("dp-gtr", "prompt", build="dpinfer.methods.prompt_gtr:build", mechanism="dp-prompt", contexts="original",
+    Method("dp-gtr", "prompt", build="dpinfer.protect.gtr:build", mechanism="dp-prompt", contexts="original",
            protects="prompt",
            summary="DP-GTR (Li et al. 2025): n DP-Prompt rewrites, keywords to avoid, a final prompt from the "
                    "lowest-perplexity rewrites"),
-    Method("dp-prompt", "prompt", build="dpinfer.methods.prompt_rewrite:build", mechanism="dp-prompt",
+    Method("dp-prompt", "prompt", build="dpinfer.protect.rewrite:build", mechanism="dp-prompt",
            contexts="original", protects="prompt", baseline=True,
            summary="DP-Prompt (Utpala et al. 2023): one rewrite, released as it is (the baseline)"),
 ], default=PROTECT.method)

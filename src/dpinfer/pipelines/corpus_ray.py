@@ -102,10 +102,11 @@ class SanitizeActor:
     def _planned(self, record_id: str | int, guarantee: Any) -> None:
         """A record is planned (before any of its tokens): its exact cost, reserved under its resume key (taking
         over the driver's placeholder, or the charge an earlier attempt of this task priced)."""
+        from dpinfer.accounting.charge import RecordCharges
         from dpinfer.jobs.corpus import id_key
 
         unit, resume_key = self.charges[id_key(record_id)]
-        self.ledger.reserve(unit, guarantee, scope="document", resume_key=resume_key)
+        RecordCharges.price_elsewhere(self.ledger, unit, guarantee, scope="document", resume_key=resume_key)
 
     def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, list[str]]:
         from dpinfer.io import encode_record

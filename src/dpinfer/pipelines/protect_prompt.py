@@ -13,9 +13,14 @@ the ``n`` rewrites compose to ``n·T_max`` tokens, converted to (ε, δ) by the 
 guarantee, computed before the prompt is read.
 
 **After stage 1** the method of the prompt table (:mod:`dpinfer.methods.prompt`) turns the released rewrites into
-the protected prompt: ``dp-gtr`` (:mod:`dpinfer.methods.prompt_gtr`: exemplars, keywords, final prompt; stage 3 in
-:mod:`dpinfer.methods.prompt_stage3`) or ``dp-prompt`` (the first rewrite as it is). It never sees the prompt: the
+the protected prompt: ``dp-gtr`` (:mod:`dpinfer.protect.gtr`: exemplars, keywords, final prompt; stage 3 in
+:mod:`dpinfer.protect.stage3`) or ``dp-prompt`` (the first rewrite as it is). It never sees the prompt: the
 pipeline drops it after stage 1. Settings: :class:`~dpinfer.configs.protect.ProtectConfig`.
+
+As a task (:mod:`dpinfer.task`): :func:`plan_protect` plans stage 1 of each prompt as one engine job, with the
+guarantee and the charges (:class:`ProtectPlan`); the engine (or a server's batcher) runs the jobs; the charge path
+settles the cost before they run; :func:`finish_protect` decodes the rewrites and runs the method on them. The stages
+themselves live in :mod:`dpinfer.protect`.
 
 What the authors' code got wrong and this implementation does not repeat: top_k = 50 sampling (voids the exponential
 mechanism); ``max_new_tokens`` = the private prompt's length + 20 (leaks the length); no clipping on the large model;
@@ -30,19 +35,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.accounting.calibration import Budget, Spec
-from dpinfer.accounting.charge import charge
+from dpinfer.accounting.charge import Charges, charge, hold, run_charged
 from dpinfer.accounting.spend import pure_steps_estimate
-from dpinfer.clip_bounds import PARAPHRASE_INSTRUCTION
 from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, DPInferError
 from dpinfer.methods.prompt import TABLE
+from dpinfer.protect.stage1 import capped_paraphrase_ids, check_request_fits, request_bound, stage1_mechanism
 from dpinfer.release import DIAGNOSTICS_WARNING
+from dpinfer.task import Plan, run_jobs
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
-    from dpinfer.engine import Engine
+    from dpinfer.engine import EngineOutput
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.mechanisms.randomness import RandomSource
     from dpinfer.models import LM
@@ -111,82 +116,8 @@ def _check_prompt(prompt: object) -> str:
     return check_text(prompt, "the prompt")
 
 
-# ---------------------------------------------------------------------------------------------------------- stage 1
-def stage1_mechanism(*, clip: tuple[float, float], n_rewrites: int, max_new_tokens: int, delta: float,
-                     epsilon: float | None = None, temperature: float | None = None) -> DPPrompt:
-    """Stage 1's mechanism: :class:`DPPrompt` in independent mode covering ``n_rewrites`` rows of ``max_new_tokens``
-    tokens, at ``temperature`` or calibrated to ``epsilon`` (exactly one; neither: :data:`DEFAULT_TEMPERATURE`)."""
-    from dpinfer.mechanisms.dp_prompt import DPPrompt
-
-    lo, hi = clip
-    if epsilon is not None:
-        return DPPrompt.calibrated(Budget(epsilon, delta),
-                                   Spec(max_new_tokens, clip_min=lo, clip_max=hi, num_rewrites=n_rewrites))
-    tau = DEFAULT_TEMPERATURE if temperature is None else temperature
-    return DPPrompt(lo, hi, tau, num_rewrites=n_rewrites, delta=delta)
-
-
-def paraphrase_ids(lm: LM, prompt: str) -> list[int]:
-    """Token ids of stage 1's chat-templated paraphrase request for ``prompt``."""
-    return lm.encode(lm.instruction_prompt(PARAPHRASE_INSTRUCTION.format(text=prompt)))
-
-
-def stage1_rewrites(engine: Engine, lm: LM, prompt_ids: Sequence[int], mech: DPPrompt, *, max_new_tokens: int,
-                    generator: RandomSource) -> list[str]:
-    """The ``mech.num_rewrites`` DP-Prompt rewrites, decoded in one independent-mode batch on the engine."""
-    rows = [list(prompt_ids)] * mech.num_rewrites
-    out = engine.generate(rows, mech, max_new_tokens=max_new_tokens, generator=generator)
-    return [lm.decode(seq).strip() for seq in out.sequences]
-
-
-REQUEST_MARGIN = 4
-"""Tokens allowed for the tokenizer merging the prompt's first or last token with the template around it."""
-
-
-def request_bound(lm: LM, max_input_tokens: int) -> int:
-    """The most tokens stage 1's paraphrase request may have: the template's own tokens + ``max_input_tokens`` +
-    :data:`REQUEST_MARGIN`. Public: from the model's template and the setting, never from a prompt."""
-    return len(paraphrase_ids(lm, "")) + max_input_tokens + REQUEST_MARGIN
-
-
-def check_request_fits(lm: LM, *, max_input_tokens: int, max_new_tokens: int) -> None:
-    """Refuse settings whose longest paraphrase request plus ``max_new_tokens`` exceeds the context window (a check on
-    the settings and the model alone: the message holds no number read from a prompt)."""
-    from dpinfer.errors import ContextTooLongError
-
-    bound = request_bound(lm, max_input_tokens)
-    if bound + max_new_tokens > lm.context_window:
-        raise ContextTooLongError(
-            f"max_input_tokens={max_input_tokens} with the paraphrase template ({bound - max_input_tokens} tokens) "
-            f"and max_new_tokens={max_new_tokens} exceeds the model's context window of {lm.context_window} tokens; "
-            "lower max_input_tokens or max_new_tokens"
-        )
-
-
-def truncate_tokens(lm: LM, text: str, max_tokens: int) -> str:
-    """``text`` cut to its first ``max_tokens`` tokens (a prefix of ``text``, cut at a token boundary); as is when it
-    has no more. Says nothing about whether it cut: under any-two-inputs adjacency the length is private."""
-    enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    if len(offsets) <= max_tokens:
-        return text
-    return text[: offsets[max_tokens - 1][1]] if max_tokens > 0 else ""
-
-
-def capped_paraphrase_ids(lm: LM, prompt: str, max_input_tokens: int) -> list[int]:
-    """Stage 1's request for ``prompt`` cut to ``max_input_tokens`` tokens (:func:`truncate_tokens`), at most
-    :func:`request_bound` tokens long (cut further, a token at a time, in the rare case the template's merges add
-    some). A prompt within the cap gives exactly :func:`paraphrase_ids`."""
-    cap = max_input_tokens
-    bound = request_bound(lm, max_input_tokens)
-    while True:
-        ids = paraphrase_ids(lm, truncate_tokens(lm, prompt, cap))
-        if len(ids) <= bound or cap <= 0:
-            return ids[:bound]
-        cap -= 1
-
-def _release_terms(model: LM, mech: DPPrompt, clip_source: str, config: ProtectConfig, method: Any, *,
-                   seeded: bool) -> tuple[Guarantee, dict[str, Any]]:
+def _release_terms(model: LM, mech: DPPrompt, clip_source: str, config: ProtectConfig,
+                   method: Any) -> tuple[Guarantee, dict[str, Any]]:
     """The guarantee and the settings of a release: from the parameters alone (never the prompt, never the seed)."""
     from dpinfer.accounting import Guarantee
 
@@ -199,8 +130,6 @@ def _release_terms(model: LM, mech: DPPrompt, clip_source: str, config: ProtectC
     }
     guarantee = Guarantee.from_loss(mech.loss(t_max), delta=config.delta, mechanism=config.method,
                                     adjacency=ADJACENCY, parameters=parameters, max_new_tokens=t_max)
-    if seeded:
-        guarantee = dataclasses.replace(guarantee, seeded=True)
     settings = {"method": config.method, "epsilon": config.epsilon, "temperature": mech.temperature,
                 "delta": config.delta, "n_rewrites": n, "max_new_tokens": t_max, **method.settings(),
                 "max_input_tokens": config.max_input_tokens, "model": model.name}
@@ -225,59 +154,122 @@ class _Laps:
         self.stages["total"] = time.perf_counter() - self.start
 
 
-def _protect(prompts: Sequence[str], config: ProtectConfig, method: Any, rt: Runtime,
-             seeds: Sequence[int | None], *, pooled: bool, laps: _Laps, spend: Any = None) -> list[ProtectedPrompt]:
-    """Stage 1 of every prompt (one engine run), then the method on the rewrites; prompts already checked. ``spend``:
-    a ledger charge settled at the exact cost before any token."""
+# ---------------------------------------------------------------------------------------------------------- the task
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ProtectPlan(Plan):
+    """Prompts planned for protection (:func:`plan_protect`): a :class:`~dpinfer.task.Plan` whose jobs are stage 1
+    of each prompt (``jobs[i]``: prompt ``i``'s ``n`` rewrites, the only computation that reads it), its ex-ante
+    ``guarantee`` (one for every prompt: from the settings, the model's public clip bounds and ``T_max`` alone) and
+    charges (scope ``prompt-source``: the composed loss of ``n·T_max`` tokens), and what :func:`finish_protect` needs
+    for stages 2 and 3 (post-processing of the released rewrites). Its jobs hold the prompts' tokens: never log or
+    serialise it."""
+
+    config: ProtectConfig
+    method: Any
+    runtime: Runtime
+    mechanism: DPPrompt
+    settings: dict[str, Any]
+    seeds: tuple[int | None, ...]
+    sources: tuple[RandomSource, ...]
+    laps: _Laps
+
+
+def plan_protect(prompts: Sequence[str], config: ProtectConfig, runtime: Runtime, *,
+                 seeds: Sequence[int | None] | None = None, method: Any = None, pooled: bool = True,
+                 laps: _Laps | None = None) -> ProtectPlan:
+    """Stage 1 of every prompt planned, before any token (prompts and settings already checked): the model's clip
+    bounds, the mechanism calibrated once (τ), the guarantee, and one engine job per prompt (``pooled``: every job
+    padded to the PUBLIC width :func:`request_bound`, so that prompts share the engine's steps and none's computation
+    depends on another's content or length; else one job of the prompt's own rows). ``seeds[i]``: prompt ``i``'s
+    randomness (None: a fresh secure source); ``method``: the prompt table's built method (default: the config's)."""
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.engine import Job
     from dpinfer.mechanisms.randomness import random_source
 
-    model = rt.lm
+    method = method_for(config, runtime) if method is None else method
+    seeds = (None,) * len(prompts) if seeds is None else tuple(seeds)
+    model = runtime.lm
     n, t_max = method.rewrites, config.max_new_tokens
     check_request_fits(model, max_input_tokens=config.max_input_tokens, max_new_tokens=t_max)
     bounds = clip_bounds(model)
-
     mech = stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=t_max, delta=config.delta,
                             epsilon=config.epsilon, temperature=config.temperature)
-
-    def mechanism() -> DPPrompt:  # one per job (a mechanism holds its job's state), τ as calibrated once
-        return stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=t_max, delta=config.delta,
-                                temperature=mech.temperature)
-
-    if spend is not None:  # the exact cost, before any token
-        spend.settle(mech.loss(t_max), mechanism=config.method)
-    sources = [random_source(s) for s in seeds]
-    engine = rt.engine
-    embedder = rt.embedder if method.uses_embedder else None
-    stage3_engine = rt.int8_engine if method.uses_stage3 and config.stage3_int8 else None
-    laps("loading")
-    if pooled:  # every prompt's rows in one forward per step, each padded to the PUBLIC request bound
+    guarantee, settings = _release_terms(model, mech, bounds.source, config, method)
+    sources = tuple(random_source(s) for s in seeds)
+    if pooled:
         bound = request_bound(model, config.max_input_tokens)
-        jobs = [Job(contexts=[capped_paraphrase_ids(model, p, config.max_input_tokens)] * n,
-                          mechanism=mechanism(), max_new_tokens=t_max, generator=src, pad_width=bound)
-                for p, src in zip(prompts, sources, strict=True)]
-        seqs = dict(engine.run_jobs(jobs))
-        del jobs
-        rewrites = [[model.decode(s).strip() for s in seqs[j].sequences] for j in range(len(prompts))]
+        jobs = tuple(Job(contexts=[capped_paraphrase_ids(model, p, config.max_input_tokens)] * n,
+                         # one mechanism per job (it holds its job's state), τ as calibrated once
+                         mechanism=stage1_mechanism(clip=bounds.bounds, n_rewrites=n, max_new_tokens=t_max,
+                                                    delta=config.delta, temperature=mech.temperature),
+                         max_new_tokens=t_max, generator=src, pad_width=bound)
+                     for p, src in zip(prompts, sources, strict=True))
     else:
-        ids = capped_paraphrase_ids(model, prompts[0], config.max_input_tokens)
-        rewrites = [stage1_rewrites(engine, model, ids, mech, max_new_tokens=t_max, generator=sources[0])]
-        del ids
-    del prompts  # nothing below reads a prompt
+        jobs = tuple(Job(contexts=[capped_paraphrase_ids(model, p, config.max_input_tokens)] * n, mechanism=mech,
+                         max_new_tokens=t_max, generator=src) for p, src in zip(prompts, sources, strict=True))
+    return ProtectPlan(jobs=jobs, guarantee=guarantee,
+                       charges=Charges(mech.loss(t_max), scope="prompt-source", mechanism=config.method),
+                       config=config, method=method, runtime=runtime, mechanism=mech, settings=settings,
+                       seeds=seeds, sources=sources, laps=laps or _Laps({}))
+
+
+def finish_protect(plan: ProtectPlan, outputs: Sequence[EngineOutput]) -> list[ProtectedPrompt]:
+    """Each prompt's :class:`ProtectedPrompt` from its stage-1 output: the rewrites decoded, then the method (stages 2
+    and 3, post-processing of the released rewrites only, on the runtime's engine: stage 3 in ONE run for every
+    prompt; one encoder for every consensus pick)."""
+    rt, method, laps, mech = plan.runtime, plan.method, plan.laps, plan.mechanism
+    model = rt.lm
+    rewrites = [[model.decode(s).strip() for s in out.sequences] for out in outputs]
+    for job in plan.jobs:
+        job.contexts = ()  # nothing below reads a prompt
     laps("stage1")
-    finals = method.finish(engine, model, rewrites, sources, embedder=embedder, lap=laps, stages=laps.stages,
-                           stage3_engine=stage3_engine)
+    embedder = rt.embedder if method.uses_embedder else None
+    stage3_engine = rt.int8_engine if method.uses_stage3 and plan.config.stage3_int8 else None
+    finals = method.finish(rt.engine, model, rewrites, list(plan.sources), embedder=embedder, lap=laps,
+                           stages=laps.stages, stage3_engine=stage3_engine)
     laps.total()
-    out = []
-    for rw, (final, exemplar, kws), seed in zip(rewrites, finals, seeds, strict=True):
-        guarantee, settings = _release_terms(model, mech, bounds.source, config, method, seeded=seed is not None)
-        if "stage3_int8" in settings:  # what stage 3 ran on (no int8 twin on a GPU or in a server's shared batch)
-            settings["stage3_int8"] = stage3_engine is not None
-        out.append(ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=kws, rewrites=rw, guarantee=guarantee,
-                                   method=config.method, epsilon_per_token=mech.epsilon_per_token, settings=settings,
-                                   seconds=dict(laps.stages)))
-    return out
+    settings = dict(plan.settings)
+    if "stage3_int8" in settings:  # what stage 3 ran on (no int8 twin on a GPU or in a server's shared batch)
+        settings["stage3_int8"] = stage3_engine is not None
+    seeded = dataclasses.replace(plan.guarantee, seeded=True)  # the same guarantee, held only while the seed is secret
+    return [ProtectedPrompt(prompt=final, exemplar=exemplar, keywords=kws, rewrites=rw,
+                            guarantee=plan.guarantee if seed is None else seeded, method=plan.config.method,
+                            epsilon_per_token=mech.epsilon_per_token, settings=dict(settings),
+                            seconds=dict(laps.stages))
+            for rw, (final, exemplar, kws), seed in zip(rewrites, finals, plan.seeds, strict=True)]
+
+
+@dataclass(frozen=True)
+class ProtectInputs:
+    """What :data:`TASK` plans: the private prompts and, for tests and benches only, one seed per prompt."""
+
+    prompts: Sequence[str]
+    seeds: Sequence[int | None] | None = None
+
+
+class ProtectTask:
+    """Prompt protection as a :class:`~dpinfer.task.Task`: :func:`plan_protect` then :func:`finish_protect`."""
+
+    name = "protect_prompt"
+
+    def plan(self, config: ProtectConfig, inputs: ProtectInputs, runtime: Runtime) -> ProtectPlan:
+        return plan_protect(inputs.prompts, config, runtime, seeds=inputs.seeds)
+
+    def finish(self, plan: ProtectPlan, outputs: Sequence[EngineOutput]) -> list[ProtectedPrompt]:
+        return finish_protect(plan, outputs)
+
+
+TASK = ProtectTask()
+"""Prompt protection's task object (:mod:`dpinfer.task`)."""
+
+
+def _run(plan: ProtectPlan) -> list[ProtectedPrompt]:
+    rt, method = plan.runtime, plan.method
+    _ = rt.engine, rt.embedder if method.uses_embedder else None  # loaded before stage 1 (the "loading" lap)
+    if method.uses_stage3 and plan.config.stage3_int8:
+        _ = rt.int8_engine
+    plan.laps("loading")
+    return finish_protect(plan, run_jobs(plan.runtime.engine, plan.jobs))
 
 
 # ---------------------------------------------------------------------------------------------------------- API
@@ -322,14 +314,16 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
         config = ProtectConfig.merged(config, **settings)
         check_seed(seed, "seed")
         method = method_for(config, runtime)
-        if spend is not None and config.epsilon is not None:  # the cost from the settings alone, before the model
-            spend.reserve(pure_steps_estimate(config.epsilon, config.delta, method.rewrites * config.max_new_tokens,
-                                              bounded_range=True), mechanism=config.method)
+        if config.epsilon is not None:  # the cost from the settings alone, before the model
+            hold(spend, pure_steps_estimate(config.epsilon, config.delta, method.rewrites * config.max_new_tokens,
+                                            bounded_range=True), mechanism=config.method)
         stages: dict[str, float] = {} if profile is None else profile
         stages.clear()
         laps = _Laps(stages)
         rt = resolve_runtime(runtime, lm=lm, embedder=embedder)
-        return _protect([prompt], config, method, rt, [seed], pooled=False, laps=laps, spend=spend)[0]
+        plan = plan_protect([prompt], config, rt, seeds=[seed], method=method, pooled=False, laps=laps)
+        del prompt  # nothing after stage 1 reads it
+        return run_charged(spend, plan.charges, lambda: _run(plan))[0]  # the exact cost, before any token
 
 
 def protect_prompts(prompts: Sequence[str], config: ProtectConfig | None = None, *, lm: LM | str | None = None,
@@ -365,8 +359,7 @@ def protect_prompts(prompts: Sequence[str], config: ProtectConfig | None = None,
             ok.append(i)
     if ok:
         rt = resolve_runtime(runtime, lm=lm, embedder=embedder)
-        done = _protect([prompts[i] for i in ok], config, method, rt, [seeds[i] for i in ok], pooled=True,
-                        laps=_Laps({}))
+        done = _run(plan_protect([prompts[i] for i in ok], config, rt, seeds=[seeds[i] for i in ok], method=method))
         for i, res in zip(ok, done, strict=True):
             out[i] = res
     return [o for o in out if o is not None]
@@ -395,9 +388,6 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 
 __all__ = [
-    "ADJACENCY", "METHODS", "ProtectedPrompt", "capped_paraphrase_ids",
-    "check_request_fits", "guarantee_lines", "paraphrase_ids",
-    "protect_prompt", "protect_prompts", "request_bound", "stage1_mechanism",
-    "stage1_rewrites",
-    "truncate_tokens",
+    "ADJACENCY", "METHODS", "TASK", "ProtectInputs", "ProtectPlan", "ProtectedPrompt", "finish_protect",
+    "guarantee_lines", "method_for", "plan_protect", "protect_prompt", "protect_prompts",
 ]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting import Adjacency, Guarantee, PrivacyAccountant, Zcdp
 from dpinfer.accounting.calibration import zcdp_rho
-from dpinfer.accounting.charge import Reservation, charge, open_reservation
+from dpinfer.accounting.charge import Charges, Reservation, charge, close, hold, open_reservation, run_charged
 from dpinfer.accounting.ledger import Ledger
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
@@ -135,7 +135,8 @@ class PrivateRAG:
     >>> # answer.text, answer.guarantee.epsilon, rag.session_guarantee().epsilon
 
     Args:
-        path: the store's folder (created on the first :meth:`add`).
+        path: the store's folder (created on the first :meth:`add`), or a :class:`~dpinfer.rag.store.DocumentStore`
+            (e.g. one on a Chroma server, :mod:`dpinfer.rag.server`).
         lm: model (default: the embedded SmolLM2-135M-Instruct), loaded on the first :meth:`ask`.
         embedder: sentence encoder with ``encode(texts)`` (default: offline all-MiniLM-L6-v2).
         top_k: documents retrieved by embedding distance (default 6).
@@ -158,7 +159,7 @@ class PrivateRAG:
 
     doc_slack = DOC_SLACK
 
-    def __init__(self, path: str | Path, *, lm: LM | str | None = None, embedder: Any = None,
+    def __init__(self, path: str | Path | DocumentStore, *, lm: LM | str | None = None, embedder: Any = None,
                  top_k: int = RAG.top_k, top_n: int = RAG.top_n, reranker: str | Callable[..., Any] = "maxp",
                  max_doc_tokens: int = RAG.max_doc_tokens, template: RagTemplate | None = None,
                  ledger: Any = STORE_LEDGER, unit: str | None = None, runtime: Any = None) -> None:
@@ -174,7 +175,8 @@ class PrivateRAG:
         self.runtime: Runtime = resolve_runtime(runtime, lm=lm)
         if embedder is None and runtime is not None:
             embedder = runtime.embedder
-        self.store: DocumentStore = DocumentStore(path, embedder=embedder, create=True)
+        self.store: DocumentStore = path if isinstance(path, DocumentStore) else \
+            DocumentStore(path, embedder=embedder, create=True)  # a store on a Chroma server comes made
         self.accountant = PrivacyAccountant()
         """Every answer of this session (this object), composed: :meth:`session_guarantee`."""
         self._ledger_arg = ledger
@@ -262,14 +264,16 @@ class PrivateRAG:
         afford it.
         """
         with charge(self._spend(ledger, unit), None, scope="store") as spend:
-            plan = self.plan_ask(question, config=config, on_guarantee=None if spend is None else spend.settle,
+            # the exact cost (the guarantee, from the parameters alone): settled before the store is read
+            plan = self.plan_ask(question, config=config, on_guarantee=lambda g: hold(spend, g, exact=True),
                                  **settings)
-            job = plan.job
-            g0 = time.perf_counter()
-            out = self.engine.generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                                       pad_width=job.pad_width, min_new_tokens=job.min_new_tokens)
-            answer = self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
-        return answer
+
+            def run() -> RagAnswer:
+                g0 = time.perf_counter()
+                out = self.engine.run(plan.job)
+                return self.finish_ask(plan, out, generation_seconds=time.perf_counter() - g0)
+
+            return run_charged(spend, plan.charges, run)
 
     def plan_ask(self, question: str, *, config: AskConfig | None = None,
                  prepared: tuple[list[Hit], list[str]] | None = None,
@@ -313,7 +317,8 @@ class PrivateRAG:
         job = Job(contexts=contexts, mechanism=method.mechanism, max_new_tokens=config.max_new_tokens,
                         seed=config.seed, pad_width=width,
                         min_new_tokens=min(config.min_new_tokens, config.max_new_tokens))
-        return AskPlan(job=job, method=method, guarantee=guarantee, hits=hits, settings=settings_out, t0=t0)
+        return AskPlan(jobs=(job,), guarantee=guarantee, charges=Charges(guarantee, scope="store"), method=method,
+                       hits=hits, settings=settings_out, t0=t0)
 
     def finish_ask(self, plan: AskPlan, out: EngineOutput, *, generation_seconds: float = 0.0) -> RagAnswer:
         """The :class:`RagAnswer` of a planned question (:meth:`plan_ask`) from its engine output; the answer is
@@ -367,10 +372,9 @@ class PrivateRAG:
                 try:
                     plans.append((i, self.plan_ask(question, config=config.replace(seed=seeds[i]),
                                                    prepared=prepared.get(i),
-                                                   on_guarantee=None if spend is None else spend.settle)))
+                                                   on_guarantee=lambda g, s=spend: hold(s, g, exact=True))))
                 except Exception as exc:  # a per-question refusal: reported, the others go on
-                    if spend is not None:
-                        spend.cancel()
+                    close(spend, released=False)
                     yield i, None, record_error(exc)
                     continue
                 if spend is not None:
@@ -380,13 +384,11 @@ class PrivateRAG:
             for j, out in self.engine.run_jobs([p.job for _, p in plans]):
                 i, plan = plans[j]
                 answer = self.finish_ask(plan, out)
-                spend = spends.pop(i, None)
-                if spend is not None:
-                    spend.commit()
+                close(spends.pop(i, None), released=True)
                 yield i, answer, None
         finally:  # what was reserved and never answered released nothing
             for spend in spends.values():
-                spend.cancel()
+                close(spend, released=False)
 
     # ------------------------------------------------------------------ session
     @property

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.accounting.charge import charge
+from dpinfer.accounting.charge import charge, hold, run_charged
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.pipelines.sanitize_plan import (
     estimate_cost,
@@ -73,23 +73,22 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
     cfg = SanitizeConfig.merged(config, **options)
     rt = resolve_runtime(runtime, lm=lm, engine=engine)
     with charge(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
-        plan = plan_sanitize(
-            text, cfg, runtime=rt, spans=spans,
-            on_groups=None if spend is None else lambda group_map: spend.reserve(estimate_cost(cfg, group_map),
-                                                                                 mechanism=cfg.method))
-        if spend is not None:
-            spend.settle(plan.guarantee)  # the exact cost, before any token
-        job = plan.job
-        if progress is not None:
-            progress(0, job.max_new_tokens)  # the total (T_max, public) is known before prefill
-        t0 = time.perf_counter()
-        with rt.lock:  # one caller's jobs at a time on a shared engine
-            run = rt.engine.stream(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed,
-                                   processors=job.processors, min_new_tokens=job.min_new_tokens)
-            for event in run:  # one Engine.step per token
-                if progress is not None:
-                    progress(event.step + 1, job.max_new_tokens)
-        if cfg.debug:
-            print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
-        result = finish_sanitize(plan, run.output, seconds=time.perf_counter() - t0)
-    return result
+        # plan: the estimate is held before the model loads (from the settings and the groups alone)
+        plan = plan_sanitize(text, cfg, runtime=rt, spans=spans,
+                             on_groups=lambda groups: hold(spend, estimate_cost(cfg, groups), mechanism=cfg.method))
+
+        def run() -> SanitizeResult:
+            job = plan.job
+            if progress is not None:
+                progress(0, job.max_new_tokens)  # the total (T_max, public) is known before prefill
+            t0 = time.perf_counter()
+            with rt.lock:  # one caller's jobs at a time on a shared engine
+                events = rt.engine.stream(job)
+                for event in events:  # one Engine.step per token
+                    if progress is not None:
+                        progress(event.step + 1, job.max_new_tokens)
+            if cfg.debug:
+                print(f"dpinfer: warning: {DEBUG_WARNING}", file=sys.stderr)
+            return finish_sanitize(plan, events.output, seconds=time.perf_counter() - t0)
+
+        return run_charged(spend, plan.charges, run)  # the exact cost settled before any token

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dpinfer.accounting.charge import Charges
 from dpinfer.accounting.spend import NO_PRIVACY, single_order_estimate
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.engine import Job
@@ -29,10 +30,10 @@ from dpinfer.taggers.base import Span
 from dpinfer.taggers.resolve import resolve_group_epsilon, resolve_groups
 from dpinfer.taggers.resolve import resolve_span_source as _resolve
 from dpinfer.taggers.spans import ResolvedSpans
+from dpinfer.task import Plan
 from dpinfer.validation import check_sanitize_config, check_text
 
 if TYPE_CHECKING:
-    from dpinfer.accounting import Guarantee
     from dpinfer.accounting.costs import Cost
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
@@ -71,18 +72,17 @@ def estimate_cost(config: SanitizeConfig, group_map: Mapping[str, Sequence[str]]
     return single_order_estimate(targets, alpha=config.alpha, delta=config.delta)
 
 
-@dataclass
-class SanitizePlan:
-    """One document planned for the engine (:func:`plan_sanitize`): the engine :class:`~dpinfer.engine.Job` and what
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SanitizePlan(Plan):
+    """One document planned for the engine (:func:`plan_sanitize`): a :class:`~dpinfer.task.Plan` of one engine
+    :class:`~dpinfer.engine.Job` (:attr:`job`), its ex-ante guarantee and charges (scope ``document``), and what
     :func:`finish_sanitize` needs to turn its output into a :class:`SanitizeResult`. It holds the private document's
     contexts and spans: never log or serialise it."""
 
-    job: Job
     lm: LM
     method: str
     spans: list[Span]
     groups: dict[str, list[str]]
-    guarantee: Guarantee
     prompt_tokens: int
     settings: dict[str, Any]
     debug: bool = False
@@ -167,8 +167,8 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
     job = Job(contexts=contexts, mechanism=mech,
               max_new_tokens=t_max, min_new_tokens=min(cfg.min_new_tokens, t_max), seed=cfg.seed,
               processors=processors)
-    return SanitizePlan(job=job, lm=model, method=cfg.method, spans=used_spans, groups=group_map,
-                        guarantee=guarantee, prompt_tokens=len(prep.original),
+    return SanitizePlan(jobs=(job,), guarantee=guarantee, charges=Charges(guarantee, scope="document"), lm=model,
+                        method=cfg.method, spans=used_spans, groups=group_map, prompt_tokens=len(prep.original),
                         settings=settings, debug=cfg.debug, opening=opening)
 
 
@@ -183,6 +183,30 @@ def finish_sanitize(plan: SanitizePlan, output: EngineOutput, *, seconds: float 
         max_new_tokens=plan.job.max_new_tokens,
         seconds=seconds, settings=plan.settings, data_dependent=stats, debug=plan.debug,
     )
+
+
+@dataclass(frozen=True)
+class SanitizeInputs:
+    """What :data:`TASK` plans: the private document and, optionally, its spans (see :func:`plan_sanitize`)."""
+
+    text: str
+    spans: Any = None
+
+
+class SanitizeTask:
+    """Sanitisation as a :class:`~dpinfer.task.Task`: :func:`plan_sanitize` then :func:`finish_sanitize`."""
+
+    name = "sanitize"
+
+    def plan(self, config: SanitizeConfig | None, inputs: SanitizeInputs, runtime: Runtime) -> SanitizePlan:
+        return plan_sanitize(inputs.text, config, runtime=runtime, spans=inputs.spans)
+
+    def finish(self, plan: SanitizePlan, outputs: Sequence[EngineOutput]) -> SanitizeResult:
+        return finish_sanitize(plan, outputs[0])
+
+
+TASK = SanitizeTask()
+"""Sanitisation's task object (:mod:`dpinfer.task`)."""
 
 
 def method_plan(method: str) -> methods.Method:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpinfer.accounting.charge import charge
+from dpinfer.accounting.charge import Charges, charge, run_charged
 from dpinfer.configs.synth import SynthConfig
 from dpinfer.engine import Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
@@ -46,9 +46,11 @@ from dpinfer.methods.synthesize import (
 from dpinfer.references import Reference, as_references, partition, partition_sha256
 from dpinfer.release import check_release, with_warning
 from dpinfer.runtime import resolve_runtime
+from dpinfer.task import Plan
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
+    from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
     from dpinfer.runtime import Runtime
 
@@ -205,6 +207,12 @@ class SynthesisPlan:
                             "references_left_out": self.references_left_out, "texts": len(self.batches),
                             "lm_calls_per_token": self.lm_calls_per_token}}
 
+    @property
+    def charges(self) -> Charges:
+        """What the run is charged (:func:`~dpinfer.accounting.charge.run_charged`): its ex-ante guarantee, once, on
+        the corpus's units."""
+        return Charges(self.guarantee, scope="corpus")
+
     def partition_sha256(self) -> str:
         """:func:`dpinfer.references.partition_sha256` of this plan: PRIVATE, never in a release."""
         return partition_sha256(self.references, self.batches)
@@ -269,17 +277,68 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, runtime:
     if progress is not None:
         progress(finished, len(plan.batches))  # the total is known before the first batch runs
     for j, out in rt.engine.run_jobs(jobs):
-        b = todo[j]
-        ids = out.sequences[0]
-        dd = jobs[j].mechanism.diagnostics(out.steps)  # data-dependent: diagnostics only
-        private = dd.pop("private_tokens", None)
+        text = _text(plan, model, todo[j], jobs[j], out)
         jobs[j] = dataclasses.replace(jobs[j], contexts=())  # free the finished batch's private contexts
         finished += 1
-        yield SyntheticText(text=model.decode(ids).strip(), labels=dict(plan.references[plan.batches[b][0]].labels),
-                            batch=b, tokens=len(ids), finish_reason=out.finish_reasons[0], private_tokens=private,
-                            data_dependent=dd)
+        yield text
         if progress is not None:
             progress(finished, len(plan.batches))
+
+
+def _text(plan: SynthesisPlan, model: LM, b: int, job: Job, out: EngineOutput) -> SyntheticText:
+    """Batch ``b``'s text from its job's output (the mechanism's data-dependent figures apart, diagnostics only)."""
+    ids = out.sequences[0]
+    dd = job.mechanism.diagnostics(out.steps)
+    private = dd.pop("private_tokens", None)
+    return SyntheticText(text=model.decode(ids).strip(), labels=dict(plan.references[plan.batches[b][0]].labels),
+                         batch=b, tokens=len(ids), finish_reason=out.finish_reasons[0], private_tokens=private,
+                         data_dependent=dd)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SynthesisJobs(Plan):
+    """A synthesis run planned for the engine (:data:`TASK`): a :class:`~dpinfer.task.Plan` of one job per batch
+    still to do (``batches``), the run's ex-ante guarantee and charges (scope ``corpus``), over the model-free
+    :class:`SynthesisPlan` (``synthesis``). Its jobs hold the private references: never log or serialise it."""
+
+    synthesis: SynthesisPlan
+    batches: tuple[int, ...]
+    lm: LM
+    t0: float
+
+
+@dataclass(frozen=True)
+class SynthesisInputs:
+    """What :data:`TASK` plans: the private references and the batches already released (not run again)."""
+
+    references: Sequence[Reference | str]
+    skip_batches: frozenset[int] = frozenset()
+
+
+class SynthesisTask:
+    """Synthesis as a :class:`~dpinfer.task.Task`: :func:`plan_synthesis` and one job per batch, then the texts."""
+
+    name = "synthesize"
+
+    def plan(self, config: SynthConfig | None, inputs: SynthesisInputs, runtime: Runtime) -> SynthesisJobs:
+        t0 = time.perf_counter()
+        sp = plan_synthesis(inputs.references, config)
+        todo = tuple(b for b in range(len(sp.batches)) if b not in inputs.skip_batches)
+        model = runtime.lm
+        return SynthesisJobs(jobs=tuple(sp.job(model, b) for b in todo), guarantee=sp.guarantee,
+                             charges=sp.charges, synthesis=sp, batches=todo, lm=model, t0=t0)
+
+    def finish(self, plan: SynthesisJobs, outputs: Sequence[EngineOutput]) -> SynthesisResult:
+        sp = plan.synthesis
+        texts = [_text(sp, plan.lm, b, job, out) for b, job, out in zip(plan.batches, plan.jobs, outputs, strict=True)]
+        return SynthesisResult(texts=texts, guarantee=sp.guarantee, method=sp.method,
+                               settings=sp.settings_for(plan.lm.name), references_used=sp.references_used,
+                               references_left_out=sp.references_left_out, seconds=time.perf_counter() - plan.t0,
+                               lm_calls_per_token=sp.lm_calls_per_token)
+
+
+TASK = SynthesisTask()
+"""Synthesis's task object (:mod:`dpinfer.task`)."""
 
 
 def synthesize(references: Sequence[Reference | str], config: SynthConfig | None = None, *,
@@ -315,16 +374,20 @@ def synthesize(references: Sequence[Reference | str], config: SynthConfig | None
     skip_batches = set(skip_batches)
     with charge(ledger, unit, scope="corpus", what="synthesize") as spend:
         plan = plan_synthesis(references, config, **settings)
-        if spend is not None and not skip_batches:  # the run's cost, from its parameters: before the model loads
-            spend.settle(plan.guarantee)
-        rt = resolve_runtime(runtime, lm=lm)
-        t0 = time.perf_counter()
-        done: dict[int, SyntheticText] = {}
-        for text in synthesize_iter(plan, runtime=rt, skip_batches=skip_batches, progress=progress):
-            done[text.batch] = text
-            if on_text is not None:
-                on_text(text)
-        return SynthesisResult(texts=[done[b] for b in sorted(done)], guarantee=plan.guarantee, method=plan.method,
-                               settings=plan.settings_for(rt.lm.name), references_used=plan.references_used,
-                               references_left_out=plan.references_left_out, seconds=time.perf_counter() - t0,
-                               lm_calls_per_token=plan.lm_calls_per_token)
+
+        def run() -> SynthesisResult:
+            rt = resolve_runtime(runtime, lm=lm)
+            t0 = time.perf_counter()
+            done: dict[int, SyntheticText] = {}
+            for text in synthesize_iter(plan, runtime=rt, skip_batches=skip_batches, progress=progress):
+                done[text.batch] = text
+                if on_text is not None:
+                    on_text(text)
+            return SynthesisResult(texts=[done[b] for b in sorted(done)], guarantee=plan.guarantee,
+                                   method=plan.method, settings=plan.settings_for(rt.lm.name),
+                                   references_used=plan.references_used,
+                                   references_left_out=plan.references_left_out, seconds=time.perf_counter() - t0,
+                                   lm_calls_per_token=plan.lm_calls_per_token)
+
+        # the run's cost, from its parameters, before the model loads; a resumed run was charged by the one it resumes
+        return run_charged(None if skip_batches else spend, plan.charges, run)

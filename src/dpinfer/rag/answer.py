@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.release import check_release, with_warning
+from dpinfer.task import Plan
 
 if TYPE_CHECKING:
     from dpinfer.accounting import Guarantee
-    from dpinfer.engine import Job
     from dpinfer.rag.answering import AnswerMethod
     from dpinfer.rag.store import Hit
 
@@ -69,15 +69,14 @@ class RagAnswer:
         return out
 
 
-@dataclass
-class AskPlan:
-    """One question planned for the engine (:meth:`dpinfer.PrivateRAG.plan_ask`): the job and what
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AskPlan(Plan):
+    """One question planned for the engine (:meth:`dpinfer.PrivateRAG.plan_ask`): a :class:`~dpinfer.task.Plan` of
+    one job (:attr:`job`), the answer's ex-ante guarantee and charges (scope ``store``), and what
     :meth:`dpinfer.PrivateRAG.finish_ask` needs. Its rows hold the retrieved private documents: never log or
     serialise it."""
 
-    job: Job
     method: AnswerMethod
-    guarantee: Guarantee
     hits: list[Hit]
     settings: dict[str, Any]
     t0: float

@@ -12,7 +12,8 @@
 * **Distances.** The collection uses the L2 space on unit vectors; Chroma returns the SQUARED L2 distance, which
   :meth:`DocumentStore.query` turns into the Euclidean distance ``√(2 − 2·cos)`` ∈ [0, 2].
 
-Nothing here logs or raises with document text: messages give counts, ids and paths only.
+Nothing here logs or raises with document text: messages give counts, ids and paths only. The same store on a Chroma
+server (``chroma://HOST:PORT``, shared by the service's replicas): :mod:`dpinfer.rag.server`.
 """
 
 from __future__ import annotations
@@ -177,6 +178,10 @@ class DocumentStore:
                 f"(width {meta.get(DIM_KEY)}); this one is {name!r} (width {dim}): use the same embedder"
             )
 
+    def _written(self) -> None:
+        """After an add: Chroma's files hold the document text, the owner's only."""
+        private_tree(self.path)
+
     # ------------------------------------------------------------------ public API
     def count(self) -> int:
         """Number of stored documents."""
@@ -242,7 +247,7 @@ class DocumentStore:
                 kwargs["metadatas"] = [dict(metadatas[i]) or None for i in batch]
             col.upsert(**kwargs)
             added += len(batch)
-        private_tree(self.path)  # Chroma's files hold the document text: the owner's only
+        self._written()
         return AddReport(given=len(texts), added=added, skipped=len(texts) - added, total=int(col.count()))
 
     def query(self, question: str, k: int = 6) -> list[Hit]:

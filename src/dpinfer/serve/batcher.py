@@ -238,8 +238,8 @@ class SharedStream(Iterator[StepEvent]):
 
 
 class SharedEngine:
-    """The engine's calling surface (``lm``, ``generate``, ``stream``, ``run_jobs``) for any thread: each job goes
-    to the :class:`Batcher` and is decoded in the shared batch (module docstring)."""
+    """The engine's calling surface (``lm``, ``run``, ``generate``, ``stream``, ``run_jobs``) for any thread: each
+    job goes to the :class:`Batcher` and is decoded in the shared batch (module docstring)."""
 
     def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
@@ -248,13 +248,18 @@ class SharedEngine:
     def submit(self, job: Job, *, listen: bool = False) -> Ticket:
         return self.batcher.submit(job, listen=listen)
 
+    def run(self, job: Job) -> EngineOutput:
+        """A planned job, taken whole (:meth:`Engine.run <dpinfer.engine.Engine.run>`), in the shared batch."""
+        return self.batcher.run(job)
+
     def generate(self, contexts: Sequence[Sequence[int]], mechanism: Any, **kwargs: Any) -> EngineOutput:
         kwargs.pop("result", None)
         return self.batcher.run(Job(contexts, mechanism, **kwargs))
 
-    def stream(self, contexts: Sequence[Sequence[int]], mechanism: Any, **kwargs: Any) -> SharedStream:
+    def stream(self, contexts: Sequence[Sequence[int]] | Job, mechanism: Any = None, **kwargs: Any) -> SharedStream:
         kwargs.pop("result", None)
-        return SharedStream(self.batcher, self.submit(Job(contexts, mechanism, **kwargs), listen=True))
+        job = contexts if isinstance(contexts, Job) else Job(contexts, mechanism, **kwargs)
+        return SharedStream(self.batcher, self.submit(job, listen=True))
 
     def run_jobs(self, jobs: Sequence[Job], *, max_rows: int | None = None, compile: bool | str | None = None,
                  slots: bool = True) -> Iterator[tuple[int, EngineOutput]]:

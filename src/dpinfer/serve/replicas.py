@@ -5,11 +5,15 @@ the same builder) and hands its app to Ray Serve (``@serve.ingress``, the app bu
 proxy on ``--host``/``--port`` spreads the requests over the replicas and restarts a replica whose process died.
 What the replicas share must live outside them: the privacy-budget ledger and its adoptions (``--ledger
 postgresql://…``: every spend of every replica is one transaction that locks its unit's row, so the budget holds
-across replicas; a SQLite file works only while every replica runs on this machine) and the keys file (read at
-each replica's start: give every node the same file). Each replica settles the pending charges of dead holders at
-its start (:func:`~dpinfer.accounting.ledger.settle_dead`): the charges a killed replica left are settled by the
-ledger's rule when Ray starts its successor. A synthesis job runs on the replica that took it (its files in that
-replica's own folder).
+across replicas; a SQLite file works only while every replica runs on this machine), the API keys (in the same
+database, ``dpinfer serve keys create --ledger URL``: each request is looked up there, so a key made or revoked
+works at once on every replica; or a keys file, which every node must hold) and the RAG stores (``--stores
+chroma://HOST:PORT``: one Chroma server; a stores folder is seen only by the replicas of its machine). Each replica
+settles the pending charges of dead holders at its start (:func:`~dpinfer.accounting.ledger.settle_dead`): the
+charges a killed replica left are settled by the ledger's rule when Ray starts its successor. A synthesis job runs
+on the replica that took it (its files in that replica's own folder); with a PostgreSQL ledger its state is in the
+ledger's database, so any replica answers its poll, and a job whose replica died reads as failed
+(:mod:`dpinfer.serve.job_table`).
 
 Nothing leaves the machine: Ray's usage statistics are off and a local Ray starts without its dashboard
 (:func:`dpinfer.pipelines.corpus_ray.init_ray`). Ray Serve is an optional extra: ``.venv/bin/pip install -e
@@ -40,13 +44,14 @@ class Replica:
         from ray import serve
 
         from dpinfer.pipelines.corpus_ray import _quiet_ray_env
-        from dpinfer.serve.keys import KeyStore
+        from dpinfer.serve.keys import open_keys
 
         _quiet_ray_env()
         replica = serve.get_replica_context().replica_tag
         args = argparse.Namespace(**vars(args))
         args.state = str(Path(state) / "".join(c if c.isalnum() else "-" for c in replica))
-        self.built = build(args, KeyStore(args.keys) if args.keys else None)
+        # the keys the server chose at its start (a file, or the ledger's database), opened in this process
+        self.built = build(args, open_keys(getattr(args, "keys_source", None), args.keys, args.ledger_location))
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.built

@@ -2,10 +2,13 @@
 the batcher that decodes the jobs of every request together, the budgets, the RAG stores, the synthesis jobs and the
 metrics.
 
-Every operation runs in a worker thread of the web server; each one checks its parameters, plans its release (tags,
-tokenises, calibrates: the ex-ante guarantee is known here), **reserves its cost** on its units (the unit of the
-entity it reads, always, and a unit the request names, in addition; any refusal: all cancelled, nothing generated),
-decodes, builds the release and commits the reservation; a failure in between cancels it. A stream commits once a
+Every route runs in a worker thread of the web server and drives the task's steps over this service
+(:mod:`dpinfer.serve.routes`): the body parsed and checked, the release planned by the library's task (tags,
+tokenises, calibrates: the ex-ante guarantee and the plan's charges are known here: :meth:`Service.plan_sanitize`,
+:meth:`Service.plan_ask`, :meth:`Service.plan_protect`, :meth:`Service.plan_generate`), **its cost reserved** on its
+units (:meth:`Service.hold`: the unit of the entity it reads, always, and a unit the request names, in addition; any
+refusal: all cancelled, nothing generated), its job decoded in the shared batch (:meth:`Service.run`), the release
+finished by the task and the reservation committed; a failure in between cancels it. A stream commits once a
 piece of the release has left, and cancels when it ends with none (a client gone before the first byte included).
 Units, stores and jobs are keyed by (tenant, name): a tenant's unit ``NAME`` is the ledger's ``TENANT/NAME``, its
 store ``STORES/tenants/TENANT/NAME``; what was made outside the service is reached once the operator adopts it for a
@@ -25,38 +28,33 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.accounting.charge import Reservation, charge, reserve
-from dpinfer.checks import check_delta, non_negative_number
+from dpinfer import generation
+from dpinfer.accounting.charge import Charges, Reservation, charge, reserve
+from dpinfer.accounting.ledger_store import is_database_url
 from dpinfer.clip_bounds import clip_bounds
-from dpinfer.configs.ask import AskConfig
 from dpinfer.configs.protect import ProtectConfig
-from dpinfer.configs.sanitize import SanitizeConfig
-from dpinfer.configs.synth import SynthConfig
-from dpinfer.defaults import GENERATE, PROTECT, SERVE
+from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
-from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.generation import TextStreamer, plan_generate
+from dpinfer.errors import ConfigurationError
+from dpinfer.generation import GenerateInputs, GeneratePlan, GenerateSettings, TextStreamer
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import method_for, protect_prompt
-from dpinfer.pipelines.rag import PrivateRAG, answer_method
-from dpinfer.pipelines.sanitize import finish_sanitize, plan_sanitize
+from dpinfer.pipelines.protect_prompt import ProtectPlan, plan_protect
+from dpinfer.pipelines.rag import PrivateRAG
+from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
-from dpinfer.serve.budget import (
-    TENANTS,
-    BudgetRefused,
-    LedgerBudgets,
-    ledger_unit,
-)
-from dpinfer.serve.keys import Forbidden, NotFound, Principal, check_name, check_unit_name
+from dpinfer.serve.bodies import synth
+from dpinfer.serve.budget import BudgetRefused, LedgerBudgets, ledger_unit
+from dpinfer.serve.job_table import JobTable
+from dpinfer.serve.keys import Principal, check_name, check_unit_name
 from dpinfer.serve.metrics import Metrics
-from dpinfer.serve.params import parse, text_field, unknown
+from dpinfer.serve.stores import FolderStores, ServerStores, open_stores
 from dpinfer.serve.synth_jobs import SynthJobs
-from dpinfer.validation import check_sanitize_budget, check_sanitize_config, check_text
 
 log = logging.getLogger("dpinfer.serve")
 
@@ -89,16 +87,18 @@ class Service:
                             int8_engine=None if self.int8_batcher is None else SharedEngine(self.int8_batcher))
         self.lm = lm
         self.tagger_name = tagger
-        self.stores_dir = Path(stores) if stores is not None else None
-        if self.stores_dir is not None:
-            self.stores_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.stores_at = None if stores is None else open_stores(stores, budgets.tenancy)
+        """The tenants' stores: a folder, or a Chroma server shared by replicas (:mod:`dpinfer.serve.stores`)."""
+        self.stores_dir = getattr(self.stores_at, "root", None)
         self._rags: dict[str, tuple[PrivateRAG, threading.Lock]] = {}
         self.min_new_tokens = int(min_new_tokens)
         """Benchmarks only: EOS masked for every rewrite until this many tokens (a public transform)."""
-        self.jobs = SynthJobs(Path(state) if state is not None else budgets.path.parent / "jobs", self)
+        shared = JobTable(budgets.ledger) if is_database_url(budgets.path) else None  # replicas: any one answers a poll
+        self.jobs = SynthJobs(Path(state) if state is not None else budgets.path.parent / "jobs", self, shared)
         self.jobs.resume()
 
     def close(self) -> None:
+        self.jobs.close()
         self.batcher.close()
         if self.int8_batcher is not None:
             self.int8_batcher.close()
@@ -139,21 +139,19 @@ class Service:
         name, key = self.unit_ref(principal, unit)
         return {"unit": name, **self.budgets.state(key, name)}
 
-    def set_budget(self, principal: Principal, unit: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        unknown(body, ("epsilon", "delta"))
+    def set_budget(self, principal: Principal, unit: str, epsilon: float, delta: float | None) -> dict[str, Any]:
         name, key = self.unit_ref(principal, unit)
-        eps = non_negative_number(body.get("epsilon"), "epsilon", " (the unit's total ε budget)")
-        delta = None if body.get("delta") is None else check_delta(body.get("delta"), "delta")
-        self.budgets.set_budget(key, eps, delta)
+        self.budgets.set_budget(key, epsilon, delta)
         return {"unit": name, **self.budgets.state(key, name)}
 
-    def hold(self, units: list[tuple[str, str]], guarantee: Any, scope: str, **kw: Any) -> Reservation:
-        """Reserve a release's ex-ante cost on every unit (:meth:`LedgerBudgets.hold`; a refusal is counted in the
-        metrics). The release runs in ``with charge(res, None, scope=scope)``: committed when it ends, cancelled
-        if it fails (nothing released)."""
-        res = self.budgets.open(units, scope, **kw)
+    def hold(self, units: list[tuple[str, str]], charges: Charges, **kw: Any) -> Reservation:
+        """Reserve a planned release's ex-ante cost (``plan.charges``) on every unit or none (a refusal is raised as
+        :class:`BudgetRefused`, counted in the metrics; ``kw``: :meth:`LedgerBudgets.open`'s resume key). The release
+        runs in ``with charge(res, None, scope=...)``: committed when it ends, cancelled if it fails (nothing
+        released)."""
+        res = self.budgets.open(units, charges.scope or "document", **kw)
         with self.refusals(res, units):
-            reserve(res, None, guarantee, scope=scope)  # every unit or none
+            reserve(res, None, charges.cost, scope=charges.scope, mechanism=charges.mechanism)  # every unit or none
         return res
 
     @contextmanager
@@ -197,50 +195,33 @@ class Service:
                 self.batcher.cancel(ticket)
                 raise
 
+    def run(self, job: Job) -> EngineOutput:
+        """A planned job decoded in the shared batch (with every other request's jobs)."""
+        return self.batcher.run(job)
+
     # ---------------------------------------------------------------- tag and sanitise
-    def tag(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        unknown(body, ("text",))
-        text = check_text(body.get("text"), "the document")
+    def tag(self, text: str) -> dict[str, Any]:
         with self.plan_lock:
             spans = self.core.tagger.tag(text)
         return {"spans": [s.to_dict() for s in spans], "tagger": self.tagger_name}
 
-    def _plan_sanitize(self, principal: Principal, body: Mapping[str, Any]) -> tuple[Any, str, str]:
-        """(the plan, the unit's name, its key): every check, the spans, the contexts, the calibrated mechanism."""
-        config = parse(body, SanitizeConfig, "text", "spans", "unit", "stream")
-        text = text_field(body, "text", "the document")
-        spans = body.get("spans")
-        if spans is not None and not isinstance(spans, (list, dict)):
-            raise InvalidInputError("spans must be a list of {start, end, label} objects (or TAB entity mentions)")
-        check_sanitize_budget(check_sanitize_config(config, check_tagger=False))
-        units = self.units_for(principal, self.document_unit(text), body.get("unit"))
+    def plan_sanitize(self, principal: Principal, parsed: Mapping[str, Any]
+                      ) -> tuple[SanitizePlan, list[tuple[str, str]]]:
+        """(the plan, the units it is charged to) of a parsed request (:func:`dpinfer.serve.bodies.sanitize`): the
+        spans (the server's tagger when none are given), the contexts, the calibrated mechanism, the guarantee."""
+        units = self.units_for(principal, self.document_unit(parsed["text"]), parsed["unit"])
+        config, spans = parsed["config"], parsed["spans"]
+        cap = config.max_new_tokens or self.min_new_tokens
         with self.plan_lock:
-            plan = plan_sanitize(text, config, lm=self.lm, spans=spans,
+            plan = plan_sanitize(parsed["text"], config, lm=self.lm, spans=spans,
                                  tagger=self.core.tagger if spans is None else None, checked=True,
-                                 min_new_tokens=min(self.min_new_tokens, config.max_new_tokens or self.min_new_tokens))
+                                 min_new_tokens=min(self.min_new_tokens, cap))
         return plan, units
 
-    def sanitize(self, principal: Principal, body: Mapping[str, Any]) -> dict[str, Any]:
-        plan, units = self._plan_sanitize(principal, body)
-
-        def work() -> Any:
-            out = self.batcher.run(plan.job)
-            return finish_sanitize(plan, out, seconds=out.prefill_seconds + out.decode_seconds)
-
-        with charge(self.hold(units, plan.guarantee, "document"), None, scope="document"):
-            res = work()
-        return {**res.release(), **self.charged(units)}
-
-    def prepare_sanitize_stream(self, principal: Principal, body: Mapping[str, Any]
-                                ) -> tuple[Any, list[tuple[str, str]], Reservation]:
-        """Plan and reserve a streamed sanitisation (a refusal is raised here, before the stream starts)."""
-        plan, units = self._plan_sanitize(principal, body)
-        return plan, units, self.hold(units, plan.guarantee, "document")
-
-    def sanitize_stream(self, prepared: tuple[Any, list[tuple[str, str]], Reservation]) -> Iterator[dict[str, Any]]:
+    def sanitize_stream(self, plan: SanitizePlan, units: list[tuple[str, str]], held: Reservation
+                        ) -> Iterator[dict[str, Any]]:
         """The released tokens as they are chosen, decoded in the shared batch (DP-Fusion releases token by token:
-        each is covered by the guarantee), then the release."""
-        plan, units, held = prepared
+        each is covered by the guarantee), then the release; ``held`` committed once a piece has left."""
         t0 = time.perf_counter()
         ticket = self.batcher.submit(plan.job, listen=True)
         with closing(self._streamed(ticket, held, opening=plan.opening)) as pieces:
@@ -250,46 +231,34 @@ class Service:
         yield {"done": True, **res.release(), **self.charged(units)}
 
     # ---------------------------------------------------------------- rag
-    def _stores_root(self) -> Path:
-        if self.stores_dir is None:
-            raise ConfigurationError("this server has no stores folder (start it with --stores DIR)")
-        return self.stores_dir
+    def _stores(self) -> FolderStores | ServerStores:
+        if self.stores_at is None:
+            raise ConfigurationError("this server has no stores (start it with --stores DIR or chroma://HOST:PORT)")
+        return self.stores_at
 
     def store_path(self, principal: Principal, store: str) -> Path:
-        """The folder of the tenant's store ``store``: one the operator adopted under that name, else
-        ``STORES/tenants/TENANT/STORE`` (a tenant's stores live in its own folder; folders made outside the service
-        are reached only once adopted)."""
-        check_name(store, "the store name")
-        root = self._stores_root()
-        adopted = self.budgets.tenancy.adopted("store", principal.tenant, store)
-        return root / adopted if adopted is not None else root / TENANTS / principal.tenant / store
+        """The folder of the tenant's store ``store`` in a stores folder (:meth:`FolderStores.path`)."""
+        stores = self._stores()
+        if not isinstance(stores, FolderStores):
+            raise ConfigurationError("this server's stores are on a Chroma server, not in a folder")
+        return stores.path(principal, check_name(store, "the store name"))
 
     def rag(self, principal: Principal, store: str, *, create: bool = False) -> tuple[PrivateRAG, threading.Lock]:
         """The tenant's store ``store`` (created on the first documents) and its lock. Another tenant's store is a
         missing one: the same 404, the same message."""
-        folder = self.store_path(principal, store)
-        if not create and not folder.is_dir():
-            raise NotFound("no store of that name for this key; add documents first with POST "
-                           "/v1/rag/STORE/documents")
-        if create and not folder.parent.is_dir():
-            folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for made in (folder.parent, folder.parent.parent):  # STORES/tenants/TENANT: the tenant names too
-                made.chmod(0o700)
+        stores = self._stores()
+        check_name(store, "the store name")
+        key = stores.locate(principal, store, create=create)
         with self.plan_lock:
-            if str(folder) not in self._rags:
+            if key not in self._rags:
                 # the one runtime of this process: summaries and answers are decoded in the shared batch
-                rag = PrivateRAG(folder, runtime=self.core)
-                self._rags[str(folder)] = (rag, threading.Lock())
-        return self._rags[str(folder)]
+                where = stores.document_store(principal, store, key, self.core.embedder if isinstance(
+                    stores, ServerStores) else None)
+                self._rags[key] = (PrivateRAG(where, runtime=self.core), threading.Lock())
+        return self._rags[key]
 
     def stores(self, principal: Principal) -> list[str]:
-        if self.stores_dir is None:
-            return []
-        own = self.stores_dir / TENANTS / principal.tenant
-        names = {p.name for p in own.iterdir() if p.is_dir()} if own.is_dir() else set()
-        names |= {n for n, target in self.budgets.tenancy.names("store", principal.tenant).items()
-                  if (self.stores_dir / target).is_dir()}
-        return sorted(names)
+        return [] if self.stores_at is None else self.stores_at.names(principal)
 
     def store_unit(self, store: str) -> str:
         """A store's unit (every answer from it is charged there): ``store.STORE``."""
@@ -301,103 +270,60 @@ class Service:
         name, key = self.unit_ref(principal, self.store_unit(store))
         return {"store": store, "unit": name, "budget": self.budgets.state(key, name)}
 
-    def rag_add(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        unknown(body, ("documents",))
-        docs = body.get("documents")
-        if not isinstance(docs, list) or not docs:
-            raise InvalidInputError("documents must be a non-empty list of strings or {text, id} objects")
+    def rag_add(self, principal: Principal, store: str, docs: list[Any]) -> dict[str, Any]:
         rag, lock = self.rag(principal, store, create=True)
         with lock:
             report = rag.add(docs, text_field="text", id_field="id" if all(isinstance(d, dict) and "id" in d
                                                                           for d in docs) else None)
         return {"store": store, **report.to_dict()}
 
-    def _plan_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> tuple[Any, ...]:
-        """(the store, the plan, the unit's name, its key): checks, retrieval, the calibrated mechanism."""
-        config = parse(body, AskConfig, "question", "unit", "stream")
-        question = text_field(body, "question", "the question")
-        answer_method(config)  # the method's checks and PAD's calibration, before the store is read
+    def plan_ask(self, principal: Principal, store: str, parsed: Mapping[str, Any]) -> Asked:
+        """A parsed question (:func:`dpinfer.serve.bodies.ask`) planned on the tenant's store: retrieval, the
+        calibrated mechanism, the guarantee; with the units it is charged to."""
         rag, lock = self.rag(principal, store)
-        units = self.units_for(principal, self.store_unit(store), body.get("unit"))
+        units = self.units_for(principal, self.store_unit(store), parsed["unit"])
         with lock:  # a summary runs on the shared engine: other requests go on meanwhile
-            plan = rag.plan_ask(question, config=config, checked=True)
-        return rag, plan, units
+            plan = rag.plan_ask(parsed["question"], config=parsed["config"], checked=True)
+        return Asked(rag, plan, store, units)
 
-    def _answer(self, rag: PrivateRAG, plan: Any, out: EngineOutput, store: str, units: list[tuple[str, str]]
-                ) -> dict[str, Any]:
-        answer = rag.finish_ask(plan, out)
-        return {**answer.release(), "store": store, **self.charged(units)}
+    def answer(self, asked: Asked, out: EngineOutput) -> dict[str, Any]:
+        """The release of a planned question from its engine output, with the budget of its units."""
+        answer = asked.rag.finish_ask(asked.plan, out)
+        return {**answer.release(), "store": asked.store, **self.charged(asked.units)}
 
-    def rag_ask(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        rag, plan, units = self._plan_ask(principal, store, body)
-        with charge(self.hold(units, plan.guarantee, "store"), None, scope="store"):
-            out = self.batcher.run(plan.job)
-        return self._answer(rag, plan, out, store, units)
-
-    def prepare_rag_stream(self, principal: Principal, store: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Plan and reserve a streamed answer (refusals come here); the guarantee and the budget as reserved."""
-        rag, plan, units = self._plan_ask(principal, store, body)
-        held = self.hold(units, plan.guarantee, "store")
-        return {"rag": rag, "plan": plan, "store": store, "unit_refs": units, "charge": held,
-                "guarantee": plan.guarantee.to_dict(), "mechanism": plan.mechanism, **self.charged(units)}
-
-    def rag_stream(self, prepared: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    def ask_stream(self, asked: Asked, held: Reservation) -> Iterator[dict[str, Any]]:
         """PAD's released tokens as they are released (each is covered by the answer's guarantee), then the
-        answer."""
-        ticket = self.batcher.submit(prepared["plan"].job, listen=True)
-        with closing(self._streamed(ticket, prepared["charge"])) as pieces:
+        answer; ``held`` committed once a piece has left."""
+        ticket = self.batcher.submit(asked.plan.job, listen=True)
+        with closing(self._streamed(ticket, held)) as pieces:
             for piece in pieces:
                 yield {"delta": piece}
-        p = prepared
-        yield {"done": True, **self._answer(p["rag"], p["plan"], ticket.result(), p["store"], p["unit_refs"])}
+        yield {"done": True, **self.answer(asked, ticket.result())}
 
     # ---------------------------------------------------------------- protect-prompt
-    def protect(self, principal: Principal, body: Mapping[str, Any], *, prompt: str | None = None) -> dict[str, Any]:
-        if prompt is None:
-            config = parse(body, ProtectConfig, "prompt", "unit")
-            prompt = body.get("prompt")
-        else:  # a chat's dpinfer extension: its other fields are the chat's
-            config = parse({k: v for k, v in body.items() if k in ProtectConfig.request_fields()}, ProtectConfig)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InvalidInputError("prompt must be a non-empty string")
-        method_for(config)  # the method's checks (its number of rewrites), before the model
-        units = self.units_for(principal, self.prompts_unit(principal), body.get("unit"))
-        held = self.budgets.open(units, "prompt-source")
+    def plan_protect(self, principal: Principal, prompt: str, config: ProtectConfig, unit: object = None
+                     ) -> tuple[ProtectPlan, list[tuple[str, str]]]:
+        """(the plan, the units it is charged to) of a parsed prompt (:func:`dpinfer.serve.bodies.protect`): stage 1's
+        job, the calibrated mechanism and the guarantee (:func:`~dpinfer.pipelines.protect_prompt.plan_protect`),
+        charged to the key's prompts and the unit named."""
+        units = self.units_for(principal, self.prompts_unit(principal), unit)
         with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
             clip_bounds(self.lm)
-        # the pipeline charges ``held`` itself (its estimate before the model runs, its exact guarantee before any
-        # token, committed once released); its three stages' jobs join the shared batch
-        with self.refusals(held, units):
-            res = protect_prompt(prompt, config, runtime=self.core, ledger=held)
-        return {**res.release(), **self.charged(units)}
+        return plan_protect([prompt], config, self.core, pooled=False), units
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:
         """Every check of a synthesis job and its plan (no model): bad parameters are refused before the job."""
-        config = parse(body, SynthConfig, "references", "unit")
-        refs = body.get("references")
-        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
-            raise InvalidInputError("references must be a non-empty list of non-empty strings (the private records)")
-        if body.get("unit") is not None:
-            check_unit_name(body.get("unit"))
-        return plan_synthesis(refs, config)
+        return plan_synthesis(*synth(body))
 
     # ---------------------------------------------------------------- plain generation
     def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,
-                      top_p: float | None) -> Job:
-        """A chat completion without privacy, planned by :func:`dpinfer.generation.plan_generate` (checks first)."""
+                      top_p: float | None) -> GeneratePlan:
+        """A chat completion without privacy, planned by plain generation's task (:data:`dpinfer.generation.TASK`:
+        every check first; no guarantee, nothing charged)."""
+        settings = GenerateSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=None, top_p=top_p)
         with self.plan_lock:
-            return plan_generate(self.lm, messages=[dict(m) for m in messages], max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_k=None, top_p=top_p)
-
-    def generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int = SERVE.chat_max_new_tokens,
-                 temperature: float = GENERATE.temperature, top_p: float | None = GENERATE.top_p) -> dict[str, Any]:
-        job = self.plan_generate(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-        out = self.batcher.run(job)
-        seq = out.sequences[0]
-        return {"text": self.lm.decode(seq).strip(), "prompt_tokens": len(job.contexts[0]),
-                "completion_tokens": len(seq),
-                "finish_reason": "length" if out.finish_reasons[0] == "length" else "stop"}
+            return generation.TASK.plan(settings, GenerateInputs(messages=[dict(m) for m in messages]), self.core)
 
     def generate_stream(self, job: Job) -> Iterator[str]:
         """The text of a planned chat completion (:meth:`plan_generate`) piece by piece, decoded in the shared
@@ -405,14 +331,14 @@ class Service:
         yield from self._streamed(self.batcher.submit(job, listen=True), None)
 
 
-def replace_last_user(messages: Sequence[Mapping[str, Any]], content: str) -> list[dict[str, Any]]:
-    """The messages with the last user message's content replaced."""
-    out = [dict(m) for m in messages]
-    for m in reversed(out):
-        if m.get("role") == "user":
-            m["content"] = content
-            return out
-    raise InvalidInputError("the messages have no user message")
+@dataclass(frozen=True)
+class Asked:
+    """A question planned on a store (:meth:`Service.plan_ask`): what its answer is finished with."""
+
+    rag: PrivateRAG
+    plan: Any
+    store: str
+    units: list[tuple[str, str]]
 
 
-__all__ = ["Forbidden", "NotFound", "Service", "replace_last_user"]
+__all__ = ["Asked", "Service"]

@@ -129,13 +129,13 @@ def test_record_charges_priced_elsewhere_take_the_pricing_of_another_process(led
 
     jobs = RecordCharges(ledger, job="/out.jsonl", scope="document", mechanism="test", unit_of=lambda key: f"u{key}",
                          bound_of=lambda key: LARGE, priced_elsewhere=True)
-    priced, unpriced = jobs.reserve("1"), jobs.reserve("2")
+    priced, unpriced = jobs.open("1"), jobs.open("2")
     assert [ledger.charge(r.charge.id).phase for r in (priced, unpriced)] == ["reserved", "reserved"]
     for _ in range(2):  # the worker, and Ray's retry of its task
         Ledger(ledger.location).reserve("u1", SMALL, mechanism="test", scope="document",
                                         resume_key=ledger.resume_key("/out.jsonl", "1"))
-    jobs.commit(priced)
-    jobs.commit(unpriced)
+    jobs.close(priced, released=True)
+    jobs.close(unpriced, released=True)
     (one,), (two,) = ledger.history("u1"), ledger.history("u2")
     assert (one.state, one.phase, two.state) == ("committed", "releasing", "committed")
     assert one.epsilon == pytest.approx(ledger.reserve("x", SMALL, mechanism="test").epsilon)  # its exact cost, once

@@ -144,6 +144,20 @@ def test_a_holder_on_another_machine_is_dead_when_its_lease_runs_out(location: s
         a.settle(Zcdp(0.1))  # nor can it release on a reservation settled as never released
 
 
+def test_a_failed_jobs_charges_are_settled_by_the_rule_under_its_resume_keys(location: str) -> None:
+    """``settle_job``: the pending charges a dead holder left under a job's resume keys (which ``settle_dead`` leaves
+    to the job's next run) settled by the same rule when the job will not run again; another holder's untouched."""
+    ledger = Ledger.init(location, epsilon=100.0)
+    keys = [ledger.resume_key("job", "a"), ledger.resume_key("job", "b")]
+    a = ledger.reserve("u", Zcdp(0.1), mechanism="gaussian", resume_key=keys[0], settle_first=True, holder="gone")
+    b = ledger.reserve("v", Zcdp(0.1), mechanism="gaussian", resume_key=keys[1], holder="gone")
+    other = ledger.reserve("w", Zcdp(0.1), mechanism="gaussian", resume_key=keys[1], holder="alive")
+    assert ledger.settle_dead(now=time.time() + 10 * 24 * 3600) == []  # a job's charges are left to its next run
+    settled = ledger.settle_job(keys, "gone")
+    assert {r.id: r.state for r in settled} == {a.id: "cancelled", b.id: "committed"}
+    assert ledger.charge(other.id).state == "pending" and ledger.settle_job(keys, "gone") == []  # once
+
+
 # ------------------------------------------------------------------------------------------------ schema
 def test_a_version_1_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
@@ -158,8 +172,9 @@ def test_a_version_1_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
                     json.loads(_cost_json(Zcdp(0.1)))),))
     con.close()
     ledger = Ledger(path)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM adopted").fetchone() == (0,)  # the service's adoptions
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM api_keys").fetchone() == (0,)  # the service's keys
     old = ledger.history("u")[0]
     assert (old.state, old.holder, old.phase) == ("pending", None, None)
     assert ledger.settle_dead() == []  # no holder: left pending for the operator

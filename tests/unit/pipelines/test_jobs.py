@@ -268,7 +268,7 @@ class Ledger:
         self.calls: list[tuple[str, str]] = []
         self.refuse_after = refuse_after
 
-    def reserve(self, key: str) -> str:
+    def open(self, key: str) -> str:
         from dpinfer.errors import InfeasibleBudgetError
 
         if self.refuse_after is not None and sum(c == "reserve" for c, _ in self.calls) >= self.refuse_after:
@@ -276,11 +276,8 @@ class Ledger:
         self.calls.append(("reserve", key))
         return key
 
-    def commit(self, token: str) -> None:
-        self.calls.append(("commit", token))
-
-    def cancel(self, token: str) -> None:
-        self.calls.append(("cancel", token))
+    def close(self, token: str, *, released: bool) -> None:
+        self.calls.append(("commit" if released else "cancel", token))
 
 
 def test_the_charge_hook_commits_releases_cancels_errors_and_never_charges_a_finished_record_twice(tmp_path):

@@ -103,18 +103,18 @@ def test_ledger_charges_hook_reserves_prices_commits_and_takes_over_after_a_kill
                              unit_of=lambda key: f"doc-{key}", bound_of=lambda key: bound)
 
     first = hook()
-    a, b, c = first.reserve("1"), first.reserve("2"), first.reserve("3")
-    first.settle("1", exact)
-    first.commit(a)  # record 1's line is durable
-    first.settle("2", exact)
+    a, b, c = first.open("1"), first.open("2"), first.open("3")
+    first.price("1", exact)
+    first.close(a, released=True)  # record 1's line is durable
+    first.price("2", exact)
     # the run is killed here: record 2 planned and pending, record 3 reserved only
     resumed = hook()
-    b2, c2 = resumed.reserve("2"), resumed.reserve("3")
+    b2, c2 = resumed.open("2"), resumed.open("3")
     assert (b2.charge.id, c2.charge.id) == (b.charge.id, c.charge.id)  # taken over, not reserved twice
-    resumed.settle("2", exact)
-    resumed.commit(b2)
-    resumed.commit(c2)  # released without being priced (a torn line): the bound
-    resumed.cancel(resumed.reserve("4"))  # an error record: nothing released
+    resumed.price("2", exact)
+    resumed.close(b2, released=True)
+    resumed.close(c2, released=True)  # released without being priced (a torn line): the bound
+    resumed.close(resumed.open("4"), released=False)  # an error record: nothing released
     spent = {u.unit: (u.releases, u.pending, u.spent) for u in ledger.units()}
     assert spent == {"doc-1": (1, 0, exact.to_epsilon(1e-5)), "doc-2": (1, 0, exact.to_epsilon(1e-5)),
                      "doc-3": (1, 0, Zcdp(1.0).to_epsilon(1e-5)), "doc-4": (0, 0, 0.0)}

@@ -17,10 +17,10 @@ from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInput
 from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
-from dpinfer.methods import prompt_gtr
-from dpinfer.methods import prompt_stage3 as stage3
-from dpinfer.methods.prompt_keywords import word_universe, words
 from dpinfer.pipelines import protect_prompt as pp
+from dpinfer.protect import gtr as prompt_gtr
+from dpinfer.protect import stage1, stage3
+from dpinfer.protect.keywords import word_universe, words
 from dpinfer.release import check_release
 
 SECRET = "Where did Zanzibarquux Oduya hide the Kettleborough ledger?"
@@ -36,7 +36,7 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory):
 
 # ------------------------------------------------------------------------------------------------ stage 1 mechanism
 def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperature() -> None:
-    mech = pp.stage1_mechanism(clip=(0.0, 3.0), n_rewrites=4, max_new_tokens=2, delta=1e-5, epsilon=40.0)
+    mech = stage1.stage1_mechanism(clip=(0.0, 3.0), n_rewrites=4, max_new_tokens=2, delta=1e-5, epsilon=40.0)
     assert mech.mode == "independent" and mech.num_rewrites == 4
     tau = mech.temperature
     assert mech.guarantee(2).epsilon <= 40.0
@@ -54,7 +54,7 @@ def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperatur
 def test_no_truncation_can_be_switched_on(tiny_lm) -> None:
     settings = set(inspect.signature(pp.protect_prompt).parameters) | set(ProtectConfig.field_names())
     assert not {"top_k", "top_p"} & settings
-    assert not {"top_k", "top_p"} & set(inspect.signature(pp.stage1_mechanism).parameters)
+    assert not {"top_k", "top_p"} & set(inspect.signature(stage1.stage1_mechanism).parameters)
     for knob in ({"top_k": 50}, {"top_p": 0.9}):
         with pytest.raises(ConfigurationError, match="full vocabulary"):
             DPPrompt(0.0, 3.0, 1.0, **knob)
@@ -100,7 +100,8 @@ def test_epsilon_target_calibrates_the_temperature(tiny_lm) -> None:
 
 # ------------------------------------------------------------------------------------------------ pipeline
 def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_gtr, prompt_stage3
+    from dpinfer.protect import gtr as prompt_gtr
+    from dpinfer.protect import stage3 as prompt_stage3
 
     seen: dict[str, list] = {"stage2+3": []}
     # every stage-2/3 function the method runs, where it is called from (the method's modules)
@@ -117,15 +118,15 @@ def test_dp_gtr_on_the_tiny_model(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
     lengths: list[int] = []
     from dpinfer.engine import Engine
 
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
-        lengths.append(kwargs["max_new_tokens"])
-        out = generate(self, contexts, mechanism, **kwargs)
-        assert max(len(s) for s in out.sequences) <= kwargs["max_new_tokens"]
+    def record(self, job):
+        lengths.append(job.max_new_tokens)
+        out = wait(self, job)
+        assert max(len(s) for s in out.sequences) <= job.max_new_tokens
         return out
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=4, n_keywords=3, max_new_tokens=6,
                             seed=3)
     assert len(res.rewrites) == 4 and res.method == "dp-gtr"
@@ -242,10 +243,11 @@ def test_a_long_prompt_is_cut_to_the_public_cap_and_nothing_says_so(tiny_lm) -> 
     # released like any other (before, it was refused with "the prompt's paraphrase request is N tokens")
     long = ("Zanzibarquux " * 600).strip()
     short = "Where is the kettle?"
-    bound = pp.request_bound(tiny_lm, 40)
-    assert len(pp.capped_paraphrase_ids(tiny_lm, long, 40)) <= bound
-    assert pp.capped_paraphrase_ids(tiny_lm, short, 40) == pp.paraphrase_ids(tiny_lm, short)  # within the cap: as is
-    assert pp.truncate_tokens(tiny_lm, long, 40) == long[: len(pp.truncate_tokens(tiny_lm, long, 40))]  # a prefix
+    bound = stage1.request_bound(tiny_lm, 40)
+    assert len(stage1.capped_paraphrase_ids(tiny_lm, long, 40)) <= bound
+    # within the cap: as is
+    assert stage1.capped_paraphrase_ids(tiny_lm, short, 40) == stage1.paraphrase_ids(tiny_lm, short)
+    assert stage1.truncate_tokens(tiny_lm, long, 40) == long[: len(stage1.truncate_tokens(tiny_lm, long, 40))]  # prefix
     kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=2, n_keywords=2, max_new_tokens=4, max_input_tokens=40,
                   seed=0)
     from dpinfer.clip_bounds import clip_bounds
@@ -312,7 +314,7 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
 
 
 def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_stage3
+    from dpinfer.protect import stage3 as prompt_stage3
 
     def finals(engine, lm, items, **kwargs):
         assert kwargs["groups"] == [0, 0, 0, 1, 1] and kwargs["quorum"] == 2
@@ -362,7 +364,7 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
 
 
 def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpinfer.methods import prompt_gtr
+    from dpinfer.protect import gtr as prompt_gtr
 
     context = stage3.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
@@ -441,7 +443,7 @@ def test_stage1_mechanism_meets_the_contract() -> None:
     one token per rewrite row, drawn from the generator only; guarantee ex ante, non-decreasing in T_max; more rows
     than the rewrites it covers refused."""
     def build() -> DPPrompt:
-        return pp.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
+        return stage1.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
 
     def run(seed: int) -> list[list[int]]:
         mech = build()
@@ -537,7 +539,7 @@ def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeyp
 
     def count_jobs(self, jobs, **kw):
         calls.append(sum(len(j.contexts) for j in jobs))
-        assert len({j.pad_width for j in jobs}) == 1 and jobs[0].pad_width == pp.request_bound(tiny_lm, 256)
+        assert len({j.pad_width for j in jobs}) == 1 and jobs[0].pad_width == stage1.request_bound(tiny_lm, 256)
         yield from run_jobs(self, jobs, **kw)
 
     monkeypatch.setattr(Engine, "generate", count)
@@ -558,13 +560,13 @@ def test_stage3_decodes_on_the_int8_twin_and_stage1_in_float32(tiny_lm, monkeypa
     clip_bounds(tiny_lm)  # measured now if no earlier test did: both releases below read the cached bounds
 
     ran_on: list[str | None] = []
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
+    def record(self, job):
         ran_on.append(self.lm.quantize)
-        return generate(self, contexts, mechanism, **kwargs)
+        return wait(self, job)
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     res = pp.protect_prompt(SECRET, lm=tiny_lm, temperature=1.0, n_rewrites=3, max_new_tokens=5, seed=3)
     assert ran_on[-2:] == [None, "int8"] and res.settings["stage3_int8"] is True  # stage 1 float32, stage 3 int8
     ran_on.clear()
@@ -605,13 +607,13 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
         assert stage3.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
     # stage 3 on the int8 twin reads them: each seeded row skips its head and exemplar, and the finals are the same
     seen: list = []
-    generate = Engine.generate
+    wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
 
-    def record(self, contexts, mechanism, **kwargs):
-        seen.append(kwargs.get("prefix_kv"))
-        return generate(self, contexts, mechanism, **kwargs)
+    def record(self, job):
+        seen.append(job.prefix_kv)
+        return wait(self, job)
 
-    monkeypatch.setattr(Engine, "generate", record)
+    monkeypatch.setattr(Engine, "_wait", record)
     twin = Engine(int8_twin(tiny_lm))
     items = [(ex, ["kettle"]) for ex in chosen] + [("Not ranked: a question?", [])]
     seeded = stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)

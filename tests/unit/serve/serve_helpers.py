@@ -83,12 +83,15 @@ class ThreadServer:
         self.thread.join(timeout=10)
 
 
-def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: float = 0.02):
+def make_runtime(lm, tmp: Path, *, default_epsilon: float = 1000.0, window: float = 0.02, stores=None, ledger=None):
+    """A service on ``ledger`` (default: TMP/ledger.db) and ``stores`` (default: the folder TMP/stores; or a Chroma
+    server's ``chroma://HOST:PORT``)."""
     from dpinfer.serve.budget import LedgerBudgets
     from dpinfer.serve.service import Service
 
-    budgets = LedgerBudgets(tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
-    return Service(lm, budgets, tagger="regex", stores=tmp / "stores", embedder=HashEmbedder(), window=window)
+    budgets = LedgerBudgets(ledger or tmp / "ledger.db", create_epsilon=default_epsilon, create_delta=1e-3)
+    return Service(lm, budgets, tagger="regex", stores=stores or tmp / "stores", embedder=HashEmbedder(),
+                   window=window, state=tmp / "jobs" if ledger else None)
 
 
 def cli_server(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:

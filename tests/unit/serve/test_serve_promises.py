@@ -28,7 +28,8 @@ def auth(key: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def local(tiny_lm, tmp_path_factory):
     """A server without keys (the default: every request is the local admin), as ``dpinfer serve`` binds it."""
-    from dpinfer.serve.app import allowed_hosts, create_app
+    from dpinfer.serve.app import create_app
+    from dpinfer.serve.security import allowed_hosts
 
     runtime = make_runtime(tiny_lm, tmp_path_factory.mktemp("local"))
     with ThreadServer(create_app(runtime, None, hosts=allowed_hosts("127.0.0.1"))) as srv:
@@ -229,16 +230,16 @@ def test_a_stream_whose_client_left_before_it_started_leaves_nothing_pending(ser
     from dpinfer.errors import LedgerError
 
     svc, key = server.runtime, server.keys["acme"]
-    prepare, reserved, gone = svc.prepare_sanitize_stream, threading.Event(), threading.Event()
+    hold, reserved, gone = svc.hold, threading.Event(), threading.Event()
 
-    def held(who, data):  # the reservation is made, then the client hangs up before the stream starts
-        out = prepare(who, data)
+    def held(*args, **kw):  # the reservation is made, then the client hangs up before the stream starts
+        out = hold(*args, **kw)
         reserved.set()
         gone.wait(30)
         time.sleep(0.3)
         return out
 
-    monkeypatch.setattr(svc, "prepare_sanitize_stream", held)
+    monkeypatch.setattr(svc, "hold", held)
     gc.disable()  # settled by the response itself, not by a garbage collection that may come late or never
     request.addfinalizer(gc.enable)
     body = json.dumps({"text": DOC + " Hang-up.", "spans": SPANS, "max_new_tokens": 4, "stream": True,
@@ -401,6 +402,6 @@ def test_the_command_line_checks_forward_and_allowed_host_before_the_model_loads
     args = parse(["serve", "--forward", "system, assistant", "--allowed-host", "box.lan"])
     check_serve_args(args)
     assert args.forward_roles == ["system", "assistant"]
-    from dpinfer.serve.app import allowed_hosts
+    from dpinfer.serve.security import allowed_hosts
 
     assert allowed_hosts(args.host, args.allowed_host) == {"127.0.0.1", "localhost", "::1", "box.lan"}

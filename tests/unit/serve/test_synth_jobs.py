@@ -138,3 +138,139 @@ def test_a_job_of_an_earlier_server_is_resumed_on_its_own_unit_and_reservation(t
     assert json.loads((folder / "job.json").read_text())["status"] == "done"
     st = ledger.status("acme-corpus-old")
     assert st.releases == 1 and st.pending == 0  # the old reservation taken over, not a second one
+
+
+def _poll(svc, who, job: str, until, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = svc.jobs.get(who, job)
+        if until(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_a_job_started_on_one_replica_is_polled_on_another(tiny_lm, tmp_path, postgres_url, monkeypatch) -> None:
+    """Two services on one PostgreSQL ledger (two replicas): the job started on one is polled on the other (running
+    with its progress, then done with the same result), another tenant's poll is a missing job's, and a job whose
+    holder died reads as failed on either, its charges settled by the ledger's rule (committed: it had released)."""
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from dpinfer.serve import synth_jobs
+    from dpinfer.serve.job_table import DEAD
+    from dpinfer.serve.keys import NotFound, Principal
+
+    acme, globex = Principal("acme", "user", "k1"), Principal("globex", "user", "k2")
+    real, gate = synth_jobs.synthesize_iter, threading.Event()
+
+    def held_after_one(*args, **kwargs):
+        it = real(*args, **kwargs)
+        yield next(it)
+        assert gate.wait(120)
+        yield from it
+
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", held_after_one)
+    one, two = (make_runtime(tiny_lm, tmp_path / name, ledger=postgres_url) for name in ("one", "two"))
+    try:
+        job = one.jobs.submit(acme, BODY)["id"]
+        running = _poll(two, acme, job, lambda g: g["progress"]["done"] >= 1)
+        assert running["status"] == "running" and running["progress"] == {"done": 1, "total": 4}, running
+        for svc in (one, two):  # another tenant's job answers like a missing one
+            with pytest.raises(NotFound, match="no such job"):
+                svc.jobs.get(globex, job)
+            with pytest.raises(NotFound, match="no such job"):
+                svc.jobs.get(acme, "0" * 32)
+        gate.set()
+        one.jobs.wait(120)
+        done = two.jobs.get(acme, job)
+        assert done["status"] == "done" and done["progress"] == {"done": 4, "total": 4}, done
+        assert done == one.jobs.get(acme, job)  # the same answer from either replica
+        assert [t["batch"] for t in done["result"]["texts"]] == [0, 1, 2, 3]
+        assert done["result"]["budget"]["releases"] == 1 and done["result"]["budget"]["pending"] == 0
+
+        # a replica that dies mid-job: its holder names a process that is gone (its charges too)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        dead = f"{socket.gethostname()}:{proc.pid}:1"
+        monkeypatch.setattr(one.jobs.table, "holder", dead)
+        monkeypatch.setattr("dpinfer.accounting.ledger.holder_id", lambda: dead)
+
+        def dies_after_one(*args, **kwargs):
+            it = real(*args, **kwargs)
+            yield next(it)
+            it.close()
+            raise Killed
+
+        @contextlib.contextmanager
+        def dies_with_the_process(*args, **kwargs):
+            yield  # a process killed inside the charge's block neither commits nor cancels it
+
+        monkeypatch.setattr(synth_jobs, "synthesize_iter", dies_after_one)
+        monkeypatch.setattr("dpinfer.jobs.synth.charge", dies_with_the_process)
+        monkeypatch.setattr("threading.excepthook", lambda args: None)  # the thread's death is the point
+        lost = one.jobs.submit(acme, BODY)["id"]
+        one.jobs.wait(120)
+        ledger = two.budgets.ledger
+        keys = two.jobs._resume_keys(lost, {"units": one.jobs._state(lost)["units"]})
+        pending = [c for key in keys for c in ledger._query("SELECT state, phase FROM charges WHERE resume_key = ?",
+                                                            (key,))]
+        assert pending == [("pending", "releasing")] * 2  # the corpus's unit and the named one, left by the dead job
+        failed = two.jobs.get(acme, lost)
+        assert failed["status"] == "failed" and failed["error"] == DEAD and "result" not in failed, failed
+        assert one.jobs.get(acme, lost) == failed  # failed once, the same on every replica
+        settled = [c for key in keys for c in ledger._query("SELECT state FROM charges WHERE resume_key = ?", (key,))]
+        assert settled == [("committed",)] * 2  # a text may have left: counted for good, by the rule
+        rows = repr(ledger._query("SELECT * FROM synth_jobs"))
+        assert not any(ref in rows for ref in REFS) and "Record 0" not in rows  # no reference text in the database
+    finally:
+        gate.set()
+        for svc in (one, two):
+            svc.jobs.wait(120)
+            svc.close()
+
+
+def test_a_restarted_server_on_a_postgresql_ledger_takes_its_job_over(tiny_lm, tmp_path, postgres_url,
+                                                                      monkeypatch) -> None:
+    """A server whose process died mid-job, restarted on its folder before any poll failed the job, takes the job's
+    row over (its holder dead) and finishes it: done on every replica, charged once."""
+    import socket
+    import subprocess
+    import sys
+
+    from dpinfer.serve import synth_jobs
+    from dpinfer.serve.keys import Principal
+
+    acme = Principal("acme", "user", "k1")
+    real = synth_jobs.synthesize_iter
+
+    def dies_after_one(*args, **kwargs):
+        it = real(*args, **kwargs)
+        yield next(it)
+        it.close()
+        raise Killed
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    dead = f"{socket.gethostname()}:{proc.pid}:1"
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", dies_after_one)
+    monkeypatch.setattr("threading.excepthook", lambda args: None)  # the thread's death is the point
+    first = make_runtime(tiny_lm, tmp_path / "one", ledger=postgres_url)
+    monkeypatch.setattr(first.jobs.table, "holder", dead)  # its process is gone once the job stops
+    job = first.jobs.submit(acme, BODY)["id"]
+    first.jobs.wait(120)
+    first.close()
+    monkeypatch.setattr(synth_jobs, "synthesize_iter", real)
+    again = make_runtime(tiny_lm, tmp_path / "one", ledger=postgres_url)  # the same folder: resumes the job
+    other = make_runtime(tiny_lm, tmp_path / "two", ledger=postgres_url)
+    try:
+        again.jobs.wait(120)
+        got = other.jobs.get(acme, job)
+        assert got["status"] == "done" and [t["batch"] for t in got["result"]["texts"]] == [0, 1, 2, 3], got
+        assert got["result"]["budget"]["releases"] == 1 and got["result"]["budget"]["pending"] == 0  # charged once
+        assert again.jobs.resume() == []
+    finally:
+        for svc in (again, other):
+            svc.close()

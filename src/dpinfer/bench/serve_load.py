@@ -1,7 +1,7 @@
 """A bounded loopback load test of ``dpinfer serve``: 50 concurrent clients against one unit whose budget admits
 exactly 3 sanitisations, then the same after a ``kill -9`` of the server in the middle of the load and a restart.
 
-    python -m dpinfer.serve.load [--model M] [--clients 50] [--admits 3] [--max-new-tokens 16]
+    python -m dpinfer.bench.serve_load [--model M] [--clients 50] [--admits 3] [--max-new-tokens 16]
 
 It starts its own servers (``dpinfer serve`` subprocesses on a free 127.0.0.1 port, a fresh ledger in a temp folder),
 sends only to them, sends each client's request once (phase 2: once more after the restart, for the clients whose
@@ -197,7 +197,7 @@ def run(model: str | None, *, clients: int = 50, admits: int = 3, max_new_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpinfer.serve.load", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dpinfer.bench.serve_load", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model for the servers (default: the embedded one)")
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--admits", type=int, default=3)

@@ -122,7 +122,7 @@ def _request_parts(lm: LM) -> tuple[tuple[int, ...], str, str] | None:
 
 def final_prompt_head(lm: LM) -> list[int]:
     """The token ids of stage 3's request before the exemplar (public: the chat template and the template's first
-    line). The ranking scores the rewrites after it (:func:`dpinfer.methods.prompt_gtr.choose_exemplars`), so that
+    line). The ranking scores the rewrites after it (:func:`dpinfer.protect.gtr.choose_exemplars`), so that
     stage 3 reuses that pass for each exemplar's row (:class:`~dpinfer.engine.PrefixStore`)."""
     parts = _request_parts(lm)
     if parts is not None:
@@ -264,7 +264,7 @@ def stage3_prompts(engine: Engine, lm: LM, items: Sequence[tuple[str, Sequence[s
     ``timing`` (diagnostics only): receives the engine run's ``prefill`` seconds. ``groups`` (a group number per
     item) and ``quorum``: a group's rows stop once ``quorum`` of them are complete (:class:`StopAfterFirstLine`; a row
     stopped there has its text so far as its final). ``prefixes``: the ranking's keys and values of the request's head
-    and exemplar (:func:`dpinfer.methods.prompt_gtr.choose_exemplars`), for the rows whose exemplar it scored: only
+    and exemplar (:func:`dpinfer.protect.gtr.choose_exemplars`), for the rows whose exemplar it scored: only
     the rest of those rows is prefilled (the same request, up to floating-point rounding).
     """
     if suppress not in SUPPRESS_METHODS:

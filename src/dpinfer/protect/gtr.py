@@ -1,11 +1,11 @@
 """DP-GTR (Li et al. 2025) after stage 1: the exemplars, the keywords and the final prompt, from the rewrites only.
 
 Stage 2 (post-processing of the released rewrites): the *exemplars* are the rewrites with the lowest perplexity
-after the PUBLIC head of stage 3's request (:func:`~dpinfer.methods.prompt_stage3.final_prompt_head`, no private text)
+after the PUBLIC head of stage 3's request (:func:`~dpinfer.protect.stage3.final_prompt_head`, no private text)
 among those with at least :data:`MIN_CONTENT_WORDS` content words (:func:`choose_exemplars`, one packed forward:
 :func:`perplexities`; stage 3 reuses that forward's keys and values for each exemplar's request); the
 *keywords* are counted over the rewrites and released as the top K (``ndp``) or by the Joint Exponential Mechanism
-(``jem``: :mod:`dpinfer.methods.prompt_keywords`). Stage 3: :mod:`dpinfer.methods.prompt_stage3`.
+(``jem``: :mod:`dpinfer.protect.keywords`). Stage 3: :mod:`dpinfer.protect.stage3`.
 
 :class:`GroupTextRewrite` is the ``dp-gtr`` entry of the prompt method table (:mod:`dpinfer.methods.prompt`); the
 pipeline (:func:`dpinfer.protect_prompt`) runs stage 1 and hands it the rewrites, never the prompt.
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT
-from dpinfer.methods.prompt_keywords import keyword_counts, top_k_jem, top_k_ndp, words
-from dpinfer.methods.prompt_stage3 import final_prompt_head, stage3_choices
+from dpinfer.protect.keywords import keyword_counts, top_k_jem, top_k_ndp, words
+from dpinfer.protect.stage3 import final_prompt_head, stage3_choices
 
 if TYPE_CHECKING:
     from dpinfer.engine import Engine, PrefixKV, PrefixStore
@@ -169,11 +169,11 @@ def _score(lm: LM, context: Sequence[int], outputs: Sequence[Sequence[int]], *, 
 def choose_exemplars(lm: LM, rewrites: Sequence[str], k: int = 1, *,
                      min_content_words: int = MIN_CONTENT_WORDS, prefixes: PrefixStore | None = None) -> list[str]:
     """Stage 2: the ``k`` rewrites with the lowest perplexity after stage 3's request head
-    (:func:`~dpinfer.methods.prompt_stage3.final_prompt_head`: public), best first, among those with at least
+    (:func:`~dpinfer.protect.stage3.final_prompt_head`: public), best first, among those with at least
     ``min_content_words`` content words (else among the non-empty ones; ``[""]`` if every rewrite is empty).
 
     ``prefixes``: receives the keys and values of the head and each chosen exemplar, which stage 3's request for
-    that exemplar starts with (:func:`~dpinfer.methods.prompt_stage3.stage3_prompts` reuses them)."""
+    that exemplar starts with (:func:`~dpinfer.protect.stage3.stage3_prompts` reuses them)."""
     nonempty = [r for r in rewrites if r.strip()]
     candidates = [r for r in nonempty if len(words(r)) >= min_content_words] or nonempty
     if not candidates:
