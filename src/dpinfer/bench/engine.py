@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dpinfer.bench.engine_decisions import MECHANISMS, format_mechanism_markdown, run_mechanism_bench
 from dpinfer.bench.harness import Progress, Timings, md_table, quiet, rounds
 from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's names before the split)
     DEFAULT_DOC,
@@ -40,6 +41,7 @@ from dpinfer.bench.speed import (  # noqa: F401 (re-exported: the engine bench's
     document_prompt_ids,
     example_document,
     hf_twin,
+    job_prompts,
     shape_model,
     slot_decode_step,
     speed_model,
@@ -109,17 +111,6 @@ def run_engine_bench(lm: Any, *, ks: tuple[int, ...] = (1, 2, 5, 9), new_tokens:
                      "torch_threads": torch.get_num_threads()},
         "rows": rows,
     }
-
-
-def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
-    """``n_jobs`` different chat prompts of about ``prompt_tokens`` tokens: windows of the example document starting
-    at successive paragraphs (cut to ``prompt_tokens``; the document repeats when it runs out)."""
-    paragraphs = [p for p in example_document().split("\n\n") if p.strip()]
-    out = []
-    for i in range(n_jobs):
-        text = "\n\n".join(paragraphs[(i + j) % len(paragraphs)] for j in range(len(paragraphs)))
-        out.append(lm.encode(lm.instruction_prompt(INSTRUCTION + text))[:prompt_tokens])
-    return out
 
 
 def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_tokens: int = 64,
@@ -214,128 +205,6 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
         "rows": rows,
         "decode_step": step_ab,
     }
-
-
-MECHANISMS = ("dp-fusion", "invisibleink")
-"""``--mechanism`` choices: the mechanism of ``--jobs N --mechanism M`` (timed per step beside plain sampling)."""
-
-
-def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, mechanism: str, *,
-                   plain: bool = False, seed: int = 0) -> list[Any]:
-    """``n_jobs`` jobs of K = 5 rows (row 0 a window of the example document, row i the same window with every 11th
-    token from the i-th changed, as a private context differs from the public one at its tagged spans), exactly
-    ``new_tokens`` each: DP-Fusion m = 4 with the defaults of ``dpinfer sanitize`` (temperature, top-k, min-p;
-    bounds b = 0.05), or InvisibleInk with B = 4 references and the defaults of ``dpinfer synth`` (temperature,
-    top-k; C calibrated to ε = 8 over its T_max); ``plain``: the same rows sampled one by one (the mechanism's
-    temperature and top-k, independent mode)."""
-    from dpinfer.accounting.calibration import Budget, Spec
-    from dpinfer.defaults import SANITIZE, SYNTH
-    from dpinfer.engine import Job
-    from dpinfer.mechanisms.dp_fusion import DPFusion
-    from dpinfer.mechanisms.invisibleink import InvisibleInk
-    from dpinfer.mechanisms.sampler import Sampler
-
-    if mechanism not in MECHANISMS:
-        raise ConfigurationError(f"unknown --mechanism {mechanism!r}; choose one of {', '.join(MECHANISMS)}")
-    m = 4
-    out = []
-    for j, p in enumerate(job_prompts(lm, n_jobs, prompt_tokens)):
-        rows = [list(p)] + [[(t + 1) % lm.vocab_size if (x >= i and (x - i) % 11 == 0) else t
-                             for x, t in enumerate(p)] for i in range(1, m + 1)]
-        mech: Any
-        if mechanism == "invisibleink":
-            mech = (Sampler(temperature=SYNTH.temperature, top_k=SYNTH.top_k) if plain else
-                    InvisibleInk.calibrated(Budget(8.0, SYNTH.delta), Spec(SYNTH.max_new_tokens, batch_size=m,
-                                                                             temperature=SYNTH.temperature,
-                                                                             top_k=SYNTH.top_k)))
-        else:
-            mech = (Sampler(temperature=SANITIZE.temperature, top_k=SANITIZE.top_k) if plain else
-                    DPFusion(bounds=[0.05] * m, group_names=[f"G{i}" for i in range(1, m + 1)], alpha=SANITIZE.alpha,
-                             temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=SANITIZE.min_p))
-        out.append(Job(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
-                             seed=seed + j))
-    return out
-
-
-def run_mechanism_bench(lm: Any, *, n_jobs: int, mechanism: str, new_tokens: int = 16, prompt_tokens: int = 300,
-                        repeats: int = 1, max_rows: int | None = None, progress: Progress = quiet) -> dict[str, Any]:
-    """``--jobs N --mechanism M``: N jobs of M through ``run_jobs`` (all in one batch), each decode step timed by
-    phase (:class:`~dpinfer.engine.core.StepTimes`: scheduler, decisions, forward; host reads counted by
-    :class:`~dpinfer.bench.speed.HostReads`), beside plain sampling of the same rows, each on the per-job decision
-    path and on the batched one (:attr:`Engine.batched_decisions`); arms interleaved over ``repeats`` rounds,
-    per-step medians. The ratio is the mechanism's step time to plain sampling's on the same path."""
-    import statistics
-
-    import torch
-
-    from dpinfer.bench.speed import HostReads
-    from dpinfer.engine import Engine
-    from dpinfer.engine.core import StepTimes
-
-    rows_per_job = 5
-    engine = Engine(lm, max_rows=max_rows or n_jobs * rows_per_job)
-    arms = [(f"{mechanism} {path}", plain, path == "batched")
-            for path in ("per-job", "batched") for plain in (False, True)]
-    arms = [(label.replace(mechanism, "plain sampling") if plain else label, plain, batched)
-            for label, plain, batched in arms]
-    per_step: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in arms}
-    outputs: dict[str, list[list[int]]] = {}
-    progress("warm-up")
-    list(engine.run_jobs(mechanism_jobs(lm, 2, 32, 2, mechanism)))
-    for _, order in rounds(repeats, arms):
-        for label, plain, batched in order:
-            progress(label)
-            engine.batched_decisions = batched
-            with HostReads() as reads:
-                engine.timing = StepTimes(host_reads=reads)
-                try:
-                    got = dict(engine.run_jobs(mechanism_jobs(lm, n_jobs, prompt_tokens, new_tokens, mechanism,
-                                                              plain=plain)))
-                finally:
-                    timing, engine.timing = engine.timing, None
-            per_step[label].append(timing.per_step())
-            outputs[label] = [got[i].sequences[0] for i in range(n_jobs)]
-    rows = []
-    for label, _, batched in arms:
-        runs = per_step[label]
-        row: dict[str, Any] = {"config": label, "path": "batched" if batched else "per-job", "rows": n_jobs * 5}
-        for key in ("schedule_ms", "decide_ms", "forward_ms", "step_ms", "syncs"):
-            row[key] = statistics.median(r[key] for r in runs)
-        row["steps"] = runs[0]["steps"]
-        rows.append(row)
-    by = {r["config"]: r for r in rows}
-    for r in rows:
-        base = by[f"plain sampling {r['path']}"]
-        r["ratio_vs_plain"] = r["step_ms"] / base["step_ms"]
-    same = {kind: sum(a == b for a, b in zip(outputs[f"{kind} per-job"], outputs[f"{kind} batched"], strict=True))
-            for kind in (mechanism, "plain sampling")}
-    return {
-        "settings": {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-                     "jobs": n_jobs, "mechanism": mechanism, "rows": n_jobs * rows_per_job,
-                     "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
-                     "torch_threads": torch.get_num_threads(), "max_rows": engine.scheduler.max_rows},
-        "rows": rows,
-        "same_tokens_batched_vs_per_job": {k: f"{v}/{n_jobs}" for k, v in same.items()},
-    }
-
-
-def format_mechanism_markdown(res: dict[str, Any]) -> str:
-    s = res["settings"]
-    same = ", ".join(f"{k} {v}" for k, v in res["same_tokens_batched_vs_per_job"].items())
-    lines = [
-        f"Decode step by phase: {s['jobs']} {s['mechanism']} jobs ({s['rows']} rows) on {s['model']} "
-        f"({s['device']}, {s['dtype']}, {s['torch_threads']} threads), prompts of ~{s['prompt_tokens']} tokens, "
-        f"{s['new_tokens']} new tokens, median of {s['repeats']} run(s) of the per-step means (steps without an "
-        "admission); syncs = host reads per step (device-to-host syncs on CUDA)",
-        "",
-        *md_table(["config", "forward ms", "decisions ms", "scheduler ms", "step ms", "syncs/step",
-                   "ratio vs plain"], "lrrrrrr",
-                  ([r["config"], f"{r['forward_ms']:.1f}", f"{r['decide_ms']:.1f}", f"{r['schedule_ms']:.2f}",
-                    f"{r['step_ms']:.1f}", f"{r['syncs']:.0f}", f"{r['ratio_vs_plain']:.2f}"] for r in res["rows"])),
-        "",
-        f"Same tokens, batched vs per-job path (jobs): {same}",
-    ]
-    return "\n".join(lines)
 
 
 def decode_step_ab(lm: Any, *, slots: int, capacity: int, reps: int = 20) -> dict[str, float]:
@@ -445,6 +314,8 @@ class EngineBenchConfig(Config):
                                         "same rows, per-job and batched decisions")
     shape: str | None = option(None, type=str, choices=sorted(SHAPES),
                                help="random-weight model of this shape (no download) instead of --model")
+    debug_stats: bool = option(False, help="with --mechanism: the jobs fetch and record their data-dependent "
+                                           "per-step statistics (left on the device otherwise)")
     backend_ab: bool = option(True, help="when the model runs on dpinfer's own model code, also time every engine "
                                          "config on transformers' forward in the same rounds (--no-backend-ab: "
                                          "skip those runs)")
@@ -469,7 +340,8 @@ def config_from_args(args: argparse.Namespace) -> EngineBenchConfig:
     c = EngineBenchConfig.from_args(args, **({"ks": tuple(args.ks)} if "ks" in args else {}))
     check_speed_arguments(args, speed_run=True, runs="bench engine")  # shape, model, device, dtype
     if c.jobs is None:
-        for name, flag in (("compile", "--compile"), ("max_rows", "--max-rows"), ("mechanism", "--mechanism")):
+        for name, flag in (("compile", "--compile"), ("max_rows", "--max-rows"), ("mechanism", "--mechanism"),
+                           ("debug_stats", "--debug-stats")):
             if getattr(c, name):
                 raise ConfigurationError(f"{flag} applies to the slot engine: add --jobs N")
         return c
@@ -489,7 +361,7 @@ def run(config: EngineBenchConfig, progress: Progress = quiet) -> dict[str, Any]
     if config.jobs is not None and config.mechanism is not None:
         return run_mechanism_bench(lm, n_jobs=config.jobs, mechanism=config.mechanism, new_tokens=config.new_tokens,
                                    prompt_tokens=config.prompt_tokens, repeats=config.repeats,
-                                   max_rows=config.max_rows, progress=progress)
+                                   max_rows=config.max_rows, debug_stats=config.debug_stats, progress=progress)
     hf_lm = hf_twin(lm)  # the same model on transformers' forward: its generate, and the A/B
     if config.jobs is not None:
         return run_jobs_bench(lm, n_jobs=config.jobs, ks=config.ks, new_tokens=config.new_tokens,

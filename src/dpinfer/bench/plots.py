@@ -207,15 +207,35 @@ def _epsilon_curve(ax: Any, rows: Sequence[Mapping[str, Any]], method: str, metr
 
 
 def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
-    """``dpinfer bench utility`` (sanitize): the mean share of the document's non-direct values the release keeps
-    vs ε for dp-fusion (t bars), ``original`` and ``ner-scrub`` as bands."""
+    """``dpinfer bench utility`` (sanitize): the share of fact questions the MiniLM answerer gets right from the
+    release vs ε for dp-fusion (Wilson bars), ``original`` and ``ner-scrub`` as bands (a result without fact
+    questions: the mean share of the document's values kept, t bars)."""
+    from dpinfer.defaults import SANITIZE
+
     with figure(path, (6.4, 4.2)) as ax:
         if ax is None:
             return None
         rows = res["rows"]
-        _floor_ceiling(ax, rows, "recall", {"original": ("tab:green", "original (ceiling)"),
-                                            "ner-scrub": ("grey", "ner-scrub (floor)")}, share=False)
-        _epsilon_curve(ax, rows, "dp-fusion", "recall", "mean", "ci95")
-        _share_axes(ax, "ε per group (dp-fusion)", "share of the document's values kept",
+        facts = all(r.get("facts") for r in rows)
+        default = SANITIZE.min_p
+        key = "facts" if facts else "recall"
+
+        def point(r: Mapping[str, Any]) -> tuple[float, float, float]:
+            v = r[key]
+            return (v["share"], *v["wilson95"]) if facts else (v["mean"], *v["ci95"])
+
+        _floor_ceiling(ax, rows, key, {"original": ("tab:green", "original (ceiling)"),
+                                       "ner-scrub": ("grey", "ner-scrub (floor)")}, share=facts)
+        dp = sorted((r for r in rows if r["method"] == "dp-fusion" and r.get("min_p", default) == default),
+                    key=lambda r: r["epsilon"])  # the default support (a row with another min-p is in the table)
+        if dp:
+            ys, los, his = zip(*map(point, dp), strict=True)
+            ax.errorbar([r["epsilon"] for r in dp], ys, marker="o", capsize=3, color="tab:blue", label="dp-fusion",
+                        yerr=_error_bars(list(ys), list(los), list(his)))
+            ax.set_xscale("log")
+        if facts:
+            ax.axhline(1 / res.get("choices", 4), color="black", linestyle=":", linewidth=1, label="chance")
+        _share_axes(ax, "ε per group (dp-fusion)",
+                    "fact questions answered from the release" if facts else "share of the document's values kept",
                     f"TAB-ECHR: {res['docs']} documents, T_max {res['T_max']}")
     return path

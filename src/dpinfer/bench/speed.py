@@ -121,7 +121,8 @@ def check_speed_arguments(args: argparse.Namespace, *, speed_run: bool, runs: st
     ``--quantize``, and an unknown device or dtype (or a missing GPU). With ``--shape``, ``--model`` names the
     tokenizer only."""
     from dpinfer.errors import ConfigurationError
-    from dpinfer.models import EMBEDDED_NAME, _pick_device, _pick_dtype, model_name
+    from dpinfer.model_files import EMBEDDED_NAME, model_name
+    from dpinfer.models import _pick_device, _pick_dtype
 
     device, dtype, shape = (getattr(args, n, None) for n in ("device", "dtype", "shape"))  # options not given: absent
     given = [f"--{n}" for n, v in (("device", device), ("dtype", dtype), ("shape", shape)) if v is not None]
@@ -159,7 +160,8 @@ def speed_model(model: str | None, *, device: str | None = None, dtype: str | No
 
 def hf_twin(lm: Any) -> Any:
     """``lm`` on transformers' forward: ``lm`` itself when it already is, else the same folder loaded again with
-    ``backend="hf"`` (its packed copies made now): the Hugging Face ``generate`` baselines and the own-vs-hf A/B."""
+    ``backend="hf"``: the Hugging Face ``generate`` baselines and the own-vs-hf A/B. The packed copies of both are made
+    now, so that neither side makes its own inside a timed run."""
     if getattr(lm, "backend", "hf") == "hf":
         return lm
     from dpinfer.models import load_model
@@ -167,6 +169,7 @@ def hf_twin(lm: Any) -> Any:
 
     twin = load_model(str(lm.source), device=str(lm.device), dtype=lm.dtype, backend="hf")
     pack_now(twin.model)
+    pack_now(lm.model)
     return twin
 
 
@@ -265,3 +268,14 @@ class HostReads:
             else:
                 setattr(torch.Tensor, name, fn)
         self._saved.clear()
+
+
+def job_prompts(lm: Any, n_jobs: int, prompt_tokens: int) -> list[list[int]]:
+    """``n_jobs`` different chat prompts of about ``prompt_tokens`` tokens: windows of the example document starting
+    at successive paragraphs (cut to ``prompt_tokens``; the document repeats when it runs out)."""
+    paragraphs = [p for p in example_document().split("\n\n") if p.strip()]
+    out = []
+    for i in range(n_jobs):
+        text = "\n\n".join(paragraphs[(i + j) % len(paragraphs)] for j in range(len(paragraphs)))
+        out.append(lm.encode(lm.instruction_prompt(INSTRUCTION + text))[:prompt_tokens])
+    return out

@@ -9,7 +9,7 @@ One table and one plot per task; every row decodes with the SAME model, on the s
 * **rag** (GenMedGPT dialogues from ``../shared/data``): the first ``--docs`` dialogues are stored; the questions are
   the patient messages of the first ``--questions`` of them whose doctor's reply names a drug or a test that the
   message does not (held-in). The vocabulary of drugs and tests is computed deterministically from the dialogues'
-  replies (:func:`~dpinfer.bench.utility_tasks.medical_vocabulary`). Rows: ``none`` (the ceiling), ``public`` (the
+  replies (:func:`~dpinfer.bench.utility_vocab.medical_vocabulary`). Rows: ``none`` (the ceiling), ``public`` (the
   floor; both skipped with ``--no-rag-baselines``) and ``pad`` at each ``--epsilons`` value (``--pad-min-p``: its
   public support). Figures: the share of answers naming at least one of the reply's facts (Wilson 95%), the same on
   the questions whose reply names a drug, the mean share of the facts named (t 95%), each row's paired difference
@@ -46,7 +46,7 @@ from typing import Any
 from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
-from dpinfer.defaults import RAG
+from dpinfer.defaults import RAG, SANITIZE
 from dpinfer.errors import ConfigurationError
 
 DESCRIPTION = __doc__
@@ -55,7 +55,8 @@ TASKS = ("rag", "synth", "protect", "sanitize")
 RAG_EPSILONS = (4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 SYNTH_EPSILONS = (3.0, 10.0, 30.0)
 PROTECT_TEMPERATURES = (0.5, 0.75, 1.0)
-SANITIZE_EPSILONS = (10.0, 40.0, 160.0)
+SANITIZE_EPSILONS = (20.0, 40.0, 160.0)
+"""dp-fusion's ε per group (10 is out of reach at α = 2, δ = 1e-5: the conversion alone costs 10.13)."""
 
 
 def _floats(values: tuple[float, ...]) -> str:
@@ -88,6 +89,10 @@ class UtilityBenchConfig(Config):
     sanitize_tokens: int = option(64, help="sanitize: T_max of each release")
     sanitize_epsilons: tuple[float, ...] = option(SANITIZE_EPSILONS, type=str, help=(
         f"sanitize: comma-separated ε of the dp-fusion rows (default {_floats(SANITIZE_EPSILONS)})"))
+    sanitize_min_p: str = option("default", help="sanitize: min-p of the dp-fusion rows' public support: a number, "
+                                                 f"'none' or 'default' ({SANITIZE.min_p}; the floor keeps the default)")
+    sanitize_baselines: bool = option(True, help="sanitize: run the ceiling (original) and the floor (ner-scrub) rows "
+                                                 "too (--no-sanitize-baselines: a run that adds ε, see --merge)")
     seed: int = option(0, help="seed of the benchmark's noise (default 0)")
     model: str | None = option(None, type=str, help="model name or local folder (default: the embedded SmolLM2)")
     rag_baselines: bool = option(True, help="rag: run the ceiling (none) and the floor (public) rows too (default; "
@@ -95,6 +100,9 @@ class UtilityBenchConfig(Config):
     merge: tuple[str, ...] = option((), type=str, help="comma-separated bench_utility.json files of one bench split "
                                                        "across processes: their rag rows on the questions every run "
                                                        "asked, one table; runs no model")
+    protect_from: str | None = option(None, type=str, help="protect: a `dpinfer bench gtr` JSON (e.g. "
+                                                           "docs/gtr_bench/csqa200_stage3_ban5.json) to tabulate and "
+                                                           "plot instead of protecting questions again")
     support_of: str | None = option(None, type=str, help="rag: a bench_utility.json of an earlier run: add the "
                                                          "public-support diagnostic of its ceiling answers (runs no "
                                                          "generation)")
@@ -107,6 +115,13 @@ class UtilityBenchConfig(Config):
             return RAG.support_min_p
         return None if self.pad_min_p == "none" else float(self.pad_min_p)
 
+    @property
+    def dp_fusion_min_p(self) -> float | None:
+        """min-p of the dp-fusion rows (``--sanitize-min-p``)."""
+        if self.sanitize_min_p == "default":
+            return SANITIZE.min_p
+        return None if self.sanitize_min_p == "none" else float(self.sanitize_min_p)
+
     def __post_init__(self) -> None:
         for t in self.tasks:
             if t not in TASKS:
@@ -118,6 +133,13 @@ class UtilityBenchConfig(Config):
             for e in getattr(self, name):
                 if not (isinstance(e, float) and math.isfinite(e) and e > 0):
                     raise ConfigurationError(f"--{name.replace('_', '-')}: every value must be a positive number")
+        if self.sanitize_min_p not in ("default", "none"):
+            try:
+                ok = 0 < float(self.sanitize_min_p) <= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigurationError("--sanitize-min-p: give a number in (0, 1], 'none' or 'default'")
         if self.pad_min_p not in ("default", "none"):
             try:
                 ok = 0 < float(self.pad_min_p) <= 1
@@ -128,6 +150,8 @@ class UtilityBenchConfig(Config):
         for path in self.merge:
             if not Path(path).is_file():
                 raise ConfigurationError(f"--merge: no such file: {path} (give the bench_utility.json of each run)")
+        if self.protect_from is not None and not Path(self.protect_from).is_file():
+            raise ConfigurationError(f"--protect-from: no such file: {self.protect_from}")
         if self.support_of is not None and not Path(self.support_of).is_file():
             raise ConfigurationError(f"--support-of: no such file: {self.support_of}")
         if self.questions > self.docs:
@@ -154,24 +178,41 @@ def config_from_args(args: argparse.Namespace) -> UtilityBenchConfig:
 # ------------------------------------------------------------------------------------------------ run
 def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
-    from dpinfer.bench.utility_tasks import run_protect, run_rag, run_sanitize, run_synth
+    from dpinfer.bench.utility_rag import run_rag
+    from dpinfer.bench.utility_sanitize import run_sanitize
+    from dpinfer.bench.utility_synth import run_protect, run_synth
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.generation import resolve_lm
 
     if config.merge:
         return _merge(config)
     prog = ProgressLine(progress)
+    if config.protect_from and config.tasks == ("protect",):  # tabulates a finished bench gtr run: no model
+        from dpinfer.bench.utility_synth import protect_from_file
+
+        part = protect_from_file(config.protect_from)
+        res = {"model": part["gtr"]["settings"].get("model", "?"), "protect": part, "seconds": 0.0}
+        res["markdown"] = markdown(res)
+        if config.out:
+            write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
+            write_text(Path(config.out) / "bench_utility.md", res["markdown"] + "\n")
+            FIGURES["protect"](part, Path(config.out) / "utility_protect.png")
+        return res
     lm = resolve_lm(config.model)
     t0 = time.perf_counter()
     if config.support_of:
         import json
 
-        from dpinfer.bench.utility_tasks import support_of_run
+        from dpinfer.bench.utility_rag import support_of_run
 
         res = json.loads(Path(config.support_of).read_text(encoding="utf-8"))
         res["rag"]["rows"] = [{**r, "epsilon": float(r["epsilon"])} for r in res["rag"]["rows"]]
         prog("rag: the public support at the ceiling's facts")
         res["rag"]["support"] = support_of_run(lm, res["rag"], config.epsilons)
+        from dpinfer.bench.utility_rag import emission_screen
+
+        prog("rag: the chance of each PAD setting to release the fact's first token")
+        res["rag"]["screen"] = emission_screen(lm, load_embedder(), res["rag"], config.epsilons, seed=config.seed)
         res["markdown"] = markdown(res)
         if config.out:
             write_json(Path(config.out) / "bench_utility.json", {k: v for k, v in res.items() if k != "markdown"})
@@ -227,11 +268,11 @@ FIGURES = {name: _figure(name) for name in TASKS}
 
 
 def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
-    """``--merge``: the rag rows of several runs as one result (:func:`~dpinfer.bench.utility_tasks.merge_rag`);
+    """``--merge``: the rag rows of several runs as one result (:func:`~dpinfer.bench.utility_rag.merge_rag`);
     the other tasks as the first run that has them measured them."""
     import json
 
-    from dpinfer.bench.utility_tasks import merge_rag
+    from dpinfer.bench.utility_rag import merge_rag
 
     def floats(x: Any) -> Any:
         if isinstance(x, dict):
@@ -246,7 +287,12 @@ def _merge(config: UtilityBenchConfig) -> dict[str, Any]:
     rag = [p["rag"] for p in parts if p.get("rag", {}).get("rows")]
     if rag:
         res["rag"] = merge_rag(rag)
-    for task in ("synth", "protect", "sanitize"):
+    san = [p["sanitize"] for p in parts if p.get("sanitize", {}).get("rows")]
+    if san:
+        from dpinfer.bench.utility_sanitize import merge_sanitize
+
+        res["sanitize"] = merge_sanitize(san)
+    for task in ("synth", "protect"):
         found = [p[task] for p in parts if task in p]
         if found:
             res[task] = found[0]
@@ -330,6 +376,7 @@ def markdown(res: dict[str, Any]) -> str:
                         f"and {sup['median_gap']:.2f} logits below the public maximum. In PAD's support with min-p "
                         f"{sup['min_p']:g} (within ln 2 of the maximum): {_pct(sup['in_min_p'])}; in Top-1⁺ alone "
                         f"(within 2C of the maximum): {top}."]
+            _screen(out, r.get("screen"))
             if r.get("partial"):
                 out.append(f"(partial: {len(r['rows'])} rows so far)")
             if r.get("failed"):
@@ -340,6 +387,18 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _screen(out: list[str], sc: dict[str, Any] | None) -> None:
+    """The emission screen of PAD's settings (:func:`~dpinfer.bench.utility_rag.emission_screen`) as a table."""
+    if not sc or not sc["n"]:
+        return
+    eps = list(next(iter(sc["mean"].values())))
+    out += ["", f"Which support could release it (teacher-forced at the same {sc['n']} points; the private row's own "
+            f"argmax is that token at {sc['private_argmax']} of them): mean probability, over the {sc['n']}, that "
+            f"PAD releases the fact's first token there, % ({sc['draws']} noise draws each; C solved from ε and σ):",
+            "", *md_table(["PAD's public support", *(f"ε = {e}" for e in eps)], "l" + "r" * len(eps),
+                          ([lab, *(f"{100 * by[e]:.1f}" for e in eps)] for lab, by in sc["mean"].items()))]
+
+
 def _head(out: list[str], name: str, part: dict[str, Any] | None) -> bool:
     """A task's heading lines when it was skipped; True when its table should follow."""
     if not part:
@@ -347,6 +406,9 @@ def _head(out: list[str], name: str, part: dict[str, Any] | None) -> bool:
     out.append("")
     if "skipped" in part:
         out.append(f"{name}: skipped ({part['skipped']})")
+        return False
+    if "failed" in part and not part.get("rows"):
+        out.append(f"{name}: failed ({part['failed']})")
         return False
     return True
 
@@ -399,18 +461,24 @@ def _sanitize(out: list[str], s: dict[str, Any] | None) -> None:
         return
     assert s is not None
     out += [f"**sanitize** ({s['docs']} TAB-ECHR documents, gold spans, first {s['chars']} characters, T_max "
-            f"{s['T_max']}; kept = a value of the document's {', '.join(s['types'])} spans named verbatim in the "
-            "release)", "",
-            *md_table(["method", "ε", "values kept, mean per document, % (95% CI)", "vs ner-scrub, points (paired)",
-                       "values kept, pooled (95% CI)", "years kept (95% CI)", "PPL (geometric mean, 95% CI)",
-                       "tokens"], "llllllll",
-                      ([_label_s(x["method"]), _eps(x["epsilon"]), _ci(x["recall"]),
-                        _ci(x.get("vs_floor"), signed=True), _pct(x["values"]), _pct(x["years"]),
-                        _ci(x["ppl"], scale=1.0), f"{x['tokens']:.0f}"] for x in s["rows"]))]
+            f"{s['T_max']}; {s.get('questions', 0)} fact questions with {s.get('choices', 4)} choices (chance "
+            f"{1 / s.get('choices', 4):.2f}) about the document's {', '.join(s['types'])} values, answered from the "
+            "release alone by the MiniLM answerer; roles: the document's "
+            f"{', '.join(s.get('role_types', []))} slots the release reaches, still that type; kept = a value named "
+            "verbatim)", "",
+            *md_table(["method", "ε", "fact questions answered (95% CI)", "vs ner-scrub, points (paired 95% CI)",
+                       "slots keeping their type's role (95% CI)", "values kept verbatim, pooled (95% CI)",
+                       "years kept (95% CI)", "PPL (geometric mean, 95% CI)", "tokens"], "lllllllll",
+                      ([_label_s(x), _eps(x["epsilon"]), _pct(x.get("facts")),
+                        _ci(x.get("facts_vs_floor"), signed=True), _pct(x.get("roles")), _pct(x["values"]),
+                        _pct(x["years"]), _ci(x["ppl"], scale=1.0), f"{x['tokens']:.0f}"] for x in s["rows"]))]
     _tail(out, s)
 
 
-def _label_s(method: str) -> str:
+def _label_s(row: dict[str, Any]) -> str:
+    method = row["method"]
+    if method == "dp-fusion" and row.get("min_p", SANITIZE.min_p) != SANITIZE.min_p:
+        return f"dp-fusion, min-p {row['min_p'] if row['min_p'] is not None else 'none'}"
     return {"original": "original (ceiling)", "ner-scrub": "ner-scrub (floor)"}.get(method, method)
 
 

@@ -26,7 +26,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpinfer.models import installed_models
+    from dpinfer.model_files import installed_models
     from dpinfer.paths import cache_dir
 
     models = installed_models()

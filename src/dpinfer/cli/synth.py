@@ -32,6 +32,7 @@ from dpinfer.io import MAX_TEXT_BYTES, check_output_path, input_file
 from dpinfer.jobs import ReleaseDigests, check_rerelease
 from dpinfer.jobs.synth import SynthesisOutput, partition_path
 from dpinfer.methods.synthesize import TABLE, check
+from dpinfer.model_files import model_name
 from dpinfer.references import load_references
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.pipelines.synthesize import plan_synthesis  # imports torch: after the checks of every path
 
     plan = plan_synthesis(refs, config)  # the corpus's size, the template's fields, the calibration: no model yet
-    header = plan.header(models.model_name(args.model),
+    header = plan.header(model_name(args.model),
                          {"text_field": args.text_field, "label_fields": fields, "limit": args.limit})
     return _run_job(args, plan, header, SynthesisOutput(args.out))
 
@@ -197,7 +198,8 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
 
     def _texts(lm: Any, skip: set[int]) -> Any:
         with count_progress(f"synthesizing ({args.method})", "batches") as progress:
-            for text in synthesize_iter(plan, lm=lm, skip_batches=skip, progress=progress):
+            for text in synthesize_iter(plan, lm=lm, skip_batches=skip, progress=progress,
+                                        debug_stats=args.debug_stats):
                 new.append(text)
                 yield text
 
@@ -226,8 +228,14 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
                           settings=plan.settings_for(lm_name[0]), references_used=plan.references_used,
                           references_left_out=plan.references_left_out, seconds=seconds,
                           lm_calls_per_token=plan.lm_calls_per_token)
+    return _report(args, res, header, out, run, generated=len(new))
+
+
+def _report(args: argparse.Namespace, res: SynthesisResult, header: dict[str, Any], out: SynthesisOutput, run: Any, *,
+            generated: int) -> int:
+    """This run's summary (``--json``: one object) and, under ``--debug-stats``, its diagnostics."""
     if args.json:
-        summary = {**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": run.skipped,
+        summary = {**header["dpinfer"], "texts": len(out.done), "generated": generated, "skipped": run.skipped,
                    "generated_tokens": res.generated_tokens, "truncated_bytes": run.truncated_bytes, "torn": run.torn,
                    "out": args.out}
         print_json({**summary, "diagnostics": res.diagnostics()} if args.debug_stats else summary)

@@ -290,6 +290,7 @@ class Engine:
         pad_width: int | None = None,
         prefix_kv: Sequence[PrefixKV | None] | None = None,
         result: list[EngineOutput] | None = None,
+        debug_stats: bool = False,
     ) -> EngineStream:
         """Generate step by step: an :class:`EngineStream` that yields a :class:`StepEvent` per token and, once
         exhausted, holds the :class:`EngineOutput` in :attr:`EngineStream.output`. Arguments are checked here, before
@@ -317,6 +318,7 @@ class Engine:
                 (:func:`~dpinfer.engine.prefill.prefill_seeded`). Public text only; not for a job with a public row.
             result: deprecated; the output is also appended to this list when the stream ends (use
                 :attr:`EngineStream.output`).
+            debug_stats: record the mechanism's DATA-DEPENDENT per-step statistics (:attr:`Job.debug_stats`).
         """
         if isinstance(contexts, Job):
             if mechanism is not None or max_new_tokens is not None:
@@ -326,7 +328,7 @@ class Engine:
             if mechanism is None or max_new_tokens is None:
                 raise ConfigurationError("Engine.stream needs a job, or contexts, a mechanism and max_new_tokens")
             job = Job(contexts, mechanism, max_new_tokens, min_new_tokens, seed, generator, stop_on_eos, processors,
-                      pad_width, prefix_kv)
+                      pad_width, prefix_kv, debug_stats)
         self.submit(job)
         job.events = deque()
         return EngineStream(self._events(job), result)

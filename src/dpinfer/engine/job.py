@@ -45,7 +45,8 @@ class EngineOutput:
     Attributes:
         sequences: generated ids per row (joint mode: K identical lists), EOS excluded.
         finish_reasons: per row, ``"eos"``, ``"length"`` or ``"budget"`` (the mechanism stopped the run).
-        steps: per-step data-dependent statistics from the mechanism (``[]`` when it reports none).
+        steps: per-step data-dependent statistics from the mechanism (``[]`` when it reports none; a mechanism that
+            decides on the device reports them only for a job run with ``debug_stats``).
         prompt_lengths: prompt tokens per row (before padding).
         shared_prefix: tokens prefilled once for several rows (with a public row: the shortest prefix a private row
             reuses from the public row's cache). It reads the private rows: a diagnostic, never part of a release.
@@ -104,6 +105,10 @@ class Job:
     processors: Sequence[LogitsProcessor] = ()
     pad_width: int | None = None
     prefix_kv: Sequence[PrefixKV | None] | None = None
+    debug_stats: bool = False
+    """Record the mechanism's DATA-DEPENDENT per-step statistics (:attr:`EngineOutput.steps`, ``--debug-stats``): a
+    mechanism that decides on the device fetches them only then (:attr:`StepInfo.debug_stats
+    <dpinfer.mechanisms.base.StepInfo.debug_stats>`)."""
 
     status: JobStatus = field(default=JobStatus.NEW, init=False)
     output: EngineOutput | None = field(default=None, init=False, repr=False)
@@ -137,7 +142,7 @@ class Job:
     def fresh(self) -> Job:
         """A new job with the same arguments (the mechanism object is shared: it is restarted when the job starts)."""
         return Job(self.contexts, self.mechanism, self.max_new_tokens, self.min_new_tokens, self.seed, self.generator,
-                   self.stop_on_eos, self.processors, self.pad_width, self.prefix_kv)
+                   self.stop_on_eos, self.processors, self.pad_width, self.prefix_kv, self.debug_stats)
 
     # -------------------------------------------------------------- checks
     def check(self, context_window: int, num_layers: int | None = None) -> None:
@@ -192,7 +197,7 @@ class Job:
     def info(self) -> StepInfo:
         """The public step information its mechanism is given."""
         return StepInfo(step=self.t, max_new_tokens=self.max_new_tokens, num_contexts=self.k,
-                        finished=None if self.joint else self.done_rows.clone())
+                        finished=None if self.joint else self.done_rows.clone(), debug_stats=self.debug_stats)
 
     def decide(self, vocab: Vocabulary) -> tuple[StepEvent | None, torch.Tensor | None]:
         """Run the mechanism on the pending logits and record the released token(s): (the event, or None when a
@@ -245,7 +250,7 @@ class Job:
         if res.stop:
             self.reasons = ["budget"] * self.k
             return None, None
-        tok = int(res.tokens)
+        tok = res.host_tokens[0] if res.host_tokens is not None else int(res.tokens)
         event = StepEvent(self.t, [tok], res.stats and dict(res.stats))
         if self.stop_on_eos and tok in vocab.eos_ids:
             self.reasons = ["eos"] * self.k
@@ -257,7 +262,8 @@ class Job:
     def _independent(self, res: StepResult, vocab: Vocabulary) -> tuple[StepEvent, torch.Tensor | None]:
         # the bookkeeping on the host (done_rows lives there): one read of the tokens, none when they are there
         k, finished = self.k, self.done_rows
-        toks_list = res.tokens.to(device="cpu", dtype=torch.long).reshape(k).tolist()
+        toks_list = (res.host_tokens if res.host_tokens is not None else
+                     res.tokens.to(device="cpu", dtype=torch.long).reshape(k).tolist())
         fin_list = finished.tolist()
         out = []
         for i in range(k):

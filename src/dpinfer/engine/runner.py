@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from dpinfer.engine.cache import DecodeStep, SlotCache, own_model
-from dpinfer.engine.head import head_splits, split_logits
+from dpinfer.engine.head import head_splits, split_logits_many
 from dpinfer.engine.prefill import prefill_job
 from dpinfer.engine.scheduler import Pool
 
@@ -216,6 +216,7 @@ class SlotRunner:
             full_rows.extend(loc[:1] if job.split else [loc[r] for r in live[id(job)]])
         full = head(states[full_rows])
         at = 0
+        split: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
         for (job, _), loc in zip(going, where, strict=True):
             if not job.split:
                 rows = live[id(job)]
@@ -226,8 +227,9 @@ class SlotRunner:
                     job.logits[rows] = full[at:at + len(rows)]
                 at += len(rows)
                 continue
-            public = full[at:at + 1]
+            split.append((job, full[at:at + 1], states[loc[1:]]))
             at += 1
-            job.logits = split_logits(job, public, states[loc[1:]], head, self.eos)
+        for (job, _, _), logits in zip(split, split_logits_many(split, head, self.eos) if split else [], strict=True):
+            job.logits = logits
         for job in pooled:
             self.ids[job.placement.slots] = lm.pad_token_id

@@ -48,6 +48,11 @@ class StepInfo:
     """K, the number of rows stepped together."""
     finished: torch.Tensor | None = None
     """Independent mode: ``(K,)`` bool, rows that already emitted EOS (their tokens are ignored)."""
+    debug_stats: bool = True
+    """Whether the caller wants the step's DATA-DEPENDENT statistics (:attr:`StepResult.stats`). A mechanism that
+    decides on the device (:meth:`Mechanism.step_batch`) leaves them there, unfetched, when no job asks: the engine
+    asks only for a job run with ``debug_stats`` (``--debug-stats``); a direct call of :meth:`Mechanism.step` gets
+    them by default."""
 
 
 @dataclass
@@ -64,6 +69,9 @@ class StepResult:
     stop: bool = False
     """Joint mode: end the generation before this step's token (e.g. a baseline's fixed private-token budget is
     spent). ``tokens`` is then ignored and the finish reason is ``"budget"``."""
+    host_tokens: list[int] | None = field(default=None, repr=False)
+    """``tokens`` as Python ints when the mechanism holds them on the host already (a batched step, from its one
+    device-to-host transfer): the engine records these and reads nothing more."""
 
 
 class Mechanism(ABC):
@@ -143,6 +151,14 @@ class Mechanism(ABC):
             raise res
         return res
 
+    def step_as_batch(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
+        """:meth:`step` for a mechanism that always decides in batches (``step = Mechanism.step_as_batch``):
+        :meth:`batch_of_one`."""
+        res = self.batch_of_one(logits, info, generator)
+        if res is None:
+            raise ConfigurationError(f"{self.name} has no batch key: it needs a step of its own")
+        return res
+
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """Joint mode, rows 1..K−1: the token ids whose logits :meth:`step` reads, decided from the public row 0
         (``(V,)`` float64, after the public processors) alone; ``None`` (the default) means every column.
@@ -150,6 +166,16 @@ class Mechanism(ABC):
         A mechanism that reads the private rows on a public support only (InvisibleInk's Top-k⁺) returns it, and the
         engine then runs the output head of the private rows on those columns only; the other entries are ``-inf``.
         """
+        return None
+
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """:meth:`private_columns` of several jobs whose mechanisms share a :meth:`batch_key`, on the device
+        (``public[b]``: job b's public row ``(1, V)`` as :meth:`private_columns` is given it): per job its support
+        ids ``(n, W)``, ascending with the support's ids first, the mask of those ``(n, W)``, and ``(n,)`` nonzero
+        where the support may reach beyond the ``W`` columns (the job's :meth:`private_columns` then says). ``None``
+        (the default): no batched support; each job's :meth:`private_columns` is called."""
         return None
 
     @property

@@ -8,7 +8,8 @@ as a loop), so a row's result is bit for bit the same whatever rows sit beside i
 runs the same kernel on a batch of one: the batched path releases the per-job path's tokens for the same seeds.
 
 Why the rows are padded. On the CPU an element-wise kernel computes the bulk of a contiguous tensor with SIMD
-instructions and its last ``numel mod (2 · lanes)`` elements with scalar code, and a transcendental function (exp,
+instructions and its last ``numel mod (2 · lanes)`` elements with scalar code (2 · lanes: 8 float64 values with
+AVX2, 16 with AVX-512), and a transcendental function (exp,
 log, log1p) may round differently in the two: a row's figures would depend on how many rows came before it. The
 batched computations therefore run on row counts padded to a multiple of :data:`ROW_ALIGN` (zero rows, dropped after)
 in chunks small enough to run on one thread (:data:`MAX_CHUNK_ELEMENTS`): every element takes the SIMD path, on the
@@ -25,13 +26,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from dpinfer.errors import InvalidInputError
+from dpinfer.errors import ConfigurationError, InvalidInputError
+from dpinfer.mechanisms.base import StepResult
 from dpinfer.mechanisms.randomness import TWO_M53, Randomness, RandomSource, as_random_source
 
 SUPPORT_SLACK = 8
@@ -77,6 +79,30 @@ def top_columns(parts: Sequence[torch.Tensor], scale: Callable[[torch.Tensor], t
     keep = vals >= vals[:, k - 1 : k] - margin
     over = keep[:, -1] & (width < vocab) & (not exact)
     return vals, ids, keep, over
+
+
+def topk_plus_columns(public: Sequence[torch.Tensor], top_k: int, margin: torch.Tensor, full: bool | int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k⁺ of every public row (``(1, V)`` each, any float dtype): the finite entries ``≥ kth_largest − margin``
+    (``margin``: ``(n, 1)``, one per job) on the gathered columns (``full``: True, the whole vocabulary; an int,
+    exactly that many columns: a job redone alone with its support's size). ``(vals, ids, keep, kth, size)``:
+    :func:`top_columns`'s values, ids and mask, the k-th largest public logit, and per row 0 or, when the support
+    reaches beyond the gathered columns, its size (:func:`support_size`)."""
+    vocab = public[0].shape[-1]
+    width = None if isinstance(full, bool) else full
+    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
+    keep = keep & torch.isfinite(vals)
+    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in the support
+    kth = vals[:, min(top_k, vocab) - 1]
+    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    return vals, ids, keep, kth, size
+
+
+def whole_vocabulary(public: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The public rows ``(n, V)``, every column's id ``(n, V)`` and the mask of their finite entries: the support
+    of a mechanism without a top-k, in id order (nothing ranked)."""
+    pub = torch.cat(list(public))
+    return pub, torch.arange(pub.shape[-1], device=pub.device).expand_as(pub), torch.isfinite(pub)
 
 
 def support_size(parts: Sequence[torch.Tensor], threshold: torch.Tensor) -> torch.Tensor:
@@ -187,8 +213,11 @@ def fetch(*parts: torch.Tensor) -> list[list[float]]:
     return torch.cat(cols, dim=-1).tolist()
 
 
-ROW_ALIGN = 32
-"""Row counts of the batched element-wise computations are padded to a multiple of this (2 × the widest SIMD lanes)."""
+ROW_ALIGN = 16
+"""Row counts of the batched element-wise computations are padded to a multiple of this: 2 × the widest float64 SIMD
+lanes (AVX-512: 8), the step of torch's vectorised loops; every padded computation is in float64. A batch of one
+computes this many rows (the cost of the per-job path: the profile of one job's DP-Fusion decision is the
+exponentials of its bisection rounds, over the padded rows)."""
 MAX_CHUNK_ELEMENTS = 32767
 """The largest tensor of a chunk stays below torch's intra-op grain size (32,768 elements): one thread, no split."""
 
@@ -244,3 +273,84 @@ def _exact_index(w: np.ndarray, k: int, src: RandomSource) -> int:
             return int(pos[i])
         num = (num << 64) | int(src.words(1)[0])
         bits += 64
+
+
+def release_tokens(ids: torch.Tensor, code: torch.Tensor, over: torch.Tensor, *, probs: torch.Tensor | None,
+                   scores: torch.Tensor | None = None, ints: Sequence[int], srcs: Sequence[Any],
+                   want: Sequence[bool], stats: Callable[[torch.Tensor], Sequence[torch.Tensor]] | None,
+                   errors: Mapping[int, str], redo: Callable[[int, int], StepResult | Exception],
+                   describe: Callable[[int, list[float], int | None], dict[str, Any]]
+                   ) -> list[StepResult | Exception]:
+    """The end of every batched step (DP-Fusion, InvisibleInk, PAD): one token per job, in ONE device-to-host
+    transfer, from what the mechanism computed on the device for its ``n`` jobs:
+
+    * ``ids`` ``(n, W)``: the token id of each gathered column; ``code`` ``(n,)``: 0, or the key in ``errors`` of the
+      job's refusal; ``over`` ``(n,)``: 0, or (a public figure) how the job must be redone alone (``redo(b, over)``);
+    * ``probs`` ``(n, W)``: the weights drawn from with the job's 53-bit integer ``ints[b]`` (an uncertain draw is
+      finished exactly from ``srcs[b]``), or ``None`` and ``scores``: the argmax is taken (ties to the lowest column);
+    * ``stats(j)`` (``j``: the chosen column of each row): DATA-DEPENDENT figures, fetched in the same transfer only
+      when a job asks for them (``want[b]``, :attr:`~dpinfer.mechanisms.base.StepInfo.debug_stats`), and turned into
+      the job's ``StepResult.stats`` by ``describe(b, values, exact column or None)``."""
+    if probs is not None:
+        j, ok = invert(probs, host_tensor(list(ints), torch.int64, probs.device))
+    else:
+        assert scores is not None
+        j = torch.argmax(scores, dim=-1)
+        ok = torch.ones_like(j, dtype=torch.bool)
+    tok = ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    extra = list(stats(j)) if stats is not None and any(want) else []
+    rows = fetch(tok, ok, code, over, *extra)
+    out: list[StepResult | Exception] = []
+    for b, row in enumerate(rows):
+        if row[2]:
+            out.append(InvalidInputError(errors[int(row[2])]))
+            continue
+        if row[3]:
+            out.append(redo(b, int(row[3])))
+            continue
+        token, exact = int(row[0]), None
+        if not row[1]:
+            assert probs is not None
+            exact = finish_exact(probs[b], int(ints[b]), srcs[b])
+            token = int(ids[b, exact])
+        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
+                              stats=describe(b, row[4:], exact) if want[b] else None, host_tokens=[token]))
+    return out
+
+
+def sample_weights_step(mechanisms: Sequence[Any], logits: Sequence[torch.Tensor], generators: Sequence[Randomness],
+                        weights: Callable[[Any, torch.Tensor], torch.Tensor]) -> list[StepResult | Exception]:
+    """The batched step of a mechanism that samples each of its rows from weights computed job by job on the full
+    vocabulary (DP-Prompt, DP-Decoding: a full-vocabulary exponential over many jobs at once would not round alike
+    on the CPU): ``weights(mechanism, logits)`` (``(r, V)``, ≥ 0; a refusal raised) by each job's own kernels, then
+    every row's draw at once (:func:`sample_weight_rows`: one 53-bit integer per row from its job's own source, one
+    inversion, one transfer). A joint mechanism releases its one row's token, an independent one a token per row."""
+    out: list[StepResult | Exception | None] = [None] * len(mechanisms)
+    rows, gens, where = [], [], []
+    for b, (m, z, g) in enumerate(zip(mechanisms, logits, generators, strict=True)):
+        try:
+            rows.append(weights(m, z))
+        except (ConfigurationError, InvalidInputError) as err:
+            out[b] = err
+            continue
+        gens.append(g)
+        where.append(b)
+    for b, got in zip(where, sample_weight_rows(rows, gens) if rows else [], strict=True):
+        if isinstance(got, Exception):
+            out[b] = got
+            continue
+        tokens = torch.tensor(got, dtype=torch.long)
+        joint = mechanisms[b].mode == "joint"
+        out[b] = StepResult(tokens=tokens[0] if joint else tokens, host_tokens=got[:1] if joint else list(got))
+    return [r for r in out if r is not None]
+
+
+WHOLE_VOCABULARY_ELEMENTS = 1 << 24
+"""Jobs decided on the whole vocabulary are taken in groups of at most this many float64 elements (128 MiB) each."""
+
+
+def job_chunks(n: int, per_job: int) -> list[range]:
+    """``range(n)`` in consecutive groups of at most :data:`WHOLE_VOCABULARY_ELEMENTS` // ``per_job`` jobs (one at
+    least): the memory of a whole-vocabulary batch stays bounded, one transfer per group."""
+    size = max(1, WHOLE_VOCABULARY_ELEMENTS // max(per_job, 1))
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]

@@ -46,7 +46,7 @@ from dpinfer.accounting.events import (
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
-from dpinfer.mechanisms.batch import sample_weight_rows
+from dpinfer.mechanisms.batch import sample_weights_step
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
 
@@ -244,35 +244,12 @@ class DPDecoding(Mechanism):
     @classmethod
     def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
                    generators: Sequence[Randomness]) -> list[StepResult | Exception]:
-        """Each job's mixture ``q`` on the full vocabulary by its own kernels (a full-vocabulary log-sum over many
-        jobs at once would not round alike on the CPU), then every row's draw at once
-        (:func:`~dpinfer.mechanisms.batch.sample_weight_rows`: one 53-bit integer per row from its job's own source,
-        one inversion, one device-to-host transfer)."""
+        """Each job's mixture ``q`` on the full vocabulary by its own kernels, then every row's draw at once
+        (:func:`~dpinfer.mechanisms.batch.sample_weights_step`)."""
         mechs = [m for m in mechanisms if isinstance(m, DPDecoding)]
-        out: list[StepResult | Exception | None] = [None] * len(mechs)
-        weights, gens, where = [], [], []
-        for b, (m, z, g) in enumerate(zip(mechs, logits, generators, strict=True)):
-            try:
-                weights.append(m._weights(z))
-            except ConfigurationError as err:
-                out[b] = err
-                continue
-            gens.append(g)
-            where.append(b)
-        drawn = sample_weight_rows(weights, gens) if weights else []
-        for b, got in zip(where, drawn, strict=True):
-            if isinstance(got, Exception):
-                out[b] = got
-                continue
-            tokens = torch.tensor(got, dtype=torch.long)
-            out[b] = StepResult(tokens=tokens[0] if mechs[b].mode == "joint" else tokens)
-        return [r for r in out if r is not None]
+        return sample_weights_step(mechs, logits, generators, lambda m, z: m._weights(z))
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        (res,) = self.step_batch([self], [logits], [info], [generator])
-        if isinstance(res, Exception):
-            raise res
-        return res
+    step = Mechanism.step_as_batch
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""

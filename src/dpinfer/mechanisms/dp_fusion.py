@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,21 +75,9 @@ from dpinfer.accounting.dp_fusion import (
 from dpinfer.checks import check_alpha, check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
-from dpinfer.mechanisms.batch import (
-    SUPPORT_SLACK,
-    ascending,
-    draw_integers,
-    fetch,
-    finish_exact,
-    fits_aligned,
-    fixed_bisection_rounds,
-    host_tensor,
-    in_aligned_chunks,
-    invert,
-    to_device,
-    top_columns,
-)
+from dpinfer.mechanisms.batch import SUPPORT_SLACK, draw_integers, fits_aligned
 from dpinfer.mechanisms.divergences import mix, renyi_divergence, symmetric_renyi
+from dpinfer.mechanisms.dp_fusion_batch import ERRORS, batch_support, fusion_mixture, fusion_step
 from dpinfer.mechanisms.mollify import check_tol, mollify, mollify_with_divergence
 from dpinfer.mechanisms.randomness import Randomness
 from dpinfer.mechanisms.sampler import sample_probs
@@ -345,15 +332,22 @@ class DPFusion(Mechanism):
         nowhere else."""
         if self.batch_key() is not None:
             pub = [public_scores.unsqueeze(0)]
-            sid, real, over = _batch_support([self], pub, False)
+            sid, real, over = batch_support([self], pub, False)
             if bool(over[0]):
-                sid, real, _ = _batch_support([self], pub, True)
+                sid, real, _ = batch_support([self], pub, True)
             return sid[0][real[0]]
         return self._support_ids(self._scaled(public_scores))
 
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """S of several batching jobs at once (:func:`batch_support`, as :meth:`private_columns` computes it)."""
+        mechs = [m for m in mechanisms if isinstance(m, DPFusion)]
+        return batch_support(mechs, public, False)
+
     def batch_key(self) -> tuple[Any, ...] | None:
         """With a top-k support (and no top-p) DP-Fusion decides on the gathered support, in batches
-        (:func:`_fusion_step`: the per-job :meth:`step` is the same computation on a batch of one): jobs with the same
+        (:func:`fusion_step`: the per-job :meth:`step` is the same computation on a batch of one): jobs with the same
         group count, top-k, margin, min-p, enforced order and tolerance decide together (their bounds and
         temperatures may differ)."""
         if self.top_k is None or self.top_p is not None:
@@ -365,11 +359,11 @@ class DPFusion(Mechanism):
     @classmethod
     def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
                    generators: Sequence[Randomness]) -> list[StepResult | Exception]:
-        """Every job's step at once (:func:`_fusion_step`), the λ search of every job and group together in a fixed
+        """Every job's step at once (:func:`fusion_step`), the λ search of every job and group together in a fixed
         number of bisection rounds, one device-to-host transfer for every token and statistic."""
         mechs = [m for m in mechanisms if isinstance(m, DPFusion)]
         ints, srcs = draw_integers(generators, [1] * len(mechs))
-        return _fusion_step(mechs, logits, ints, srcs, False)
+        return fusion_step(mechs, logits, [int(i[0]) for i in ints], srcs, [i.debug_stats for i in infos], False)
 
     @property
     def restricts_private_columns(self) -> bool:
@@ -410,12 +404,12 @@ class DPFusion(Mechanism):
         (m,) for the ``(m + 1, V)`` logits: what :meth:`step` samples from. λ and the divergences are
         DATA-DEPENDENT."""
         if self.batch_key() is not None:
-            mix = _fusion_mixture([self], [logits], False)
+            mix = fusion_mixture([self], [logits], False)
             if bool(mix.over[0]):
-                mix = _fusion_mixture([self], [logits], True)
+                mix = fusion_mixture([self], [logits], True)
             code = int(mix.code[0])
             if code:
-                raise InvalidInputError(_ERRORS[code])
+                raise InvalidInputError(ERRORS[code])
             probs = torch.zeros(logits.shape[1], dtype=torch.float64, device=mix.probs.device)
             probs.index_put_((mix.ids[0],), mix.probs[0], accumulate=True)  # padding: weight 0 on a real id
             return probs, mix.lam[0], mix.div[0]
@@ -425,13 +419,15 @@ class DPFusion(Mechanism):
         return probs, lam, div
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        """Sample one token from ``p_out`` with ``generator``; stats hold the DATA-DEPENDENT λ and divergences."""
+        """Sample one token from ``p_out`` with ``generator``; stats (with ``info.debug_stats``) hold the
+        DATA-DEPENDENT λ and divergences."""
         if (res := self.batch_of_one(logits, info, generator)) is not None:
             return res
         probs, idx, lam, div = self._mixture(logits)
         j = sample_probs(probs, generator)
         token = idx[j] if idx is not None else j
-        return StepResult(tokens=token.to(torch.long), stats={"lambda": lam.tolist(), "divergence": div.tolist()})
+        stats = {"lambda": lam.tolist(), "divergence": div.tolist()} if info.debug_stats else None
+        return StepResult(tokens=token.to(torch.long), stats=stats)
 
     def group_guarantees(self, max_new_tokens: int) -> tuple[GroupGuarantee, ...]:
         """One ex-ante guarantee per group over at most ``max_new_tokens`` tokens."""
@@ -477,151 +473,3 @@ class DPFusion(Mechanism):
             groups=groups,
             accounting=self.accounting,
         )
-
-
-# ------------------------------------------------------------------------------------------ the batched computation
-# DP-Fusion with a top-k support, for B jobs at once (one job: the per-job step). Every operation is row-wise or
-# element-wise (dpinfer.mechanisms.batch), so a job's figures do not depend on the jobs beside it.
-
-_ERRORS = {1: "the logits contain NaN (or +inf); nothing is sampled",
-           2: "the public row has no finite logit; nothing can be sampled"}
-
-
-def _inverse_temperatures(mechs: Sequence[DPFusion], device: Any) -> torch.Tensor:
-    return host_tensor([1.0 / m.temperature for m in mechs], torch.float64, device).unsqueeze(-1)
-
-
-def _batch_support(mechs: Sequence[DPFusion], public: Sequence[torch.Tensor], full: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """S of each job from its public row only (``public[b]``: ``(1, V)``, before temperature, any float dtype):
-    top-k (with the margin), min-p and the public floor (:attr:`DPFusion.log_floor`), on the gathered columns;
-    ``(ids (B, W) ascending, real (B, W), over (B,))``."""
-    m0 = mechs[0]
-    vocab = public[0].shape[-1]
-    inv_t = _inverse_temperatures(mechs, public[0].device)
-    vals, ids, keep, over = top_columns(public, lambda v: v * inv_t, m0.top_k, m0.support_margin, full)
-    if m0.min_p is not None:
-        keep = keep & (vals >= vals[:, :1] + math.log(m0.min_p))
-    lps = torch.log_softmax(vals.masked_fill(~keep, _NEG_INF), dim=-1)
-    floor = host_tensor([m.log_floor for m in mechs], torch.float64, vals.device).unsqueeze(-1)
-    keep = keep & ~(lps < torch.minimum(floor, lps.amax(dim=-1, keepdim=True)))  # the public mode always stays
-    sid, real = ascending(ids, keep, vocab)
-    return sid, real, over
-
-
-@dataclass
-class _Mixture:
-    probs: torch.Tensor  # (B, W) p_out on the gathered support (0 on the padding)
-    ids: torch.Tensor  # (B, W) token ids
-    lam: torch.Tensor  # (B, m)
-    div: torch.Tensor  # (B, m)
-    code: torch.Tensor  # (B,) 0, or the _ERRORS key of the job's refusal
-    over: torch.Tensor  # (B,) the support reaches beyond the gathered columns: redo the job on the whole vocabulary
-
-
-def _fusion_mixture(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], full: bool) -> _Mixture:
-    """p_out of every job on its support, λ and the divergences, without a host synchronisation: the λ of every job
-    and group in :func:`~dpinfer.mechanisms.batch.fixed_bisection_rounds` rounds of bisection (λ_i is the feasible
-    end of a bracket narrower than ``tol/2``; evaluated with :func:`symmetric_renyi` against ``b·(1 − 1e-9)``)."""
-    m0 = mechs[0]
-    m = m0.num_groups
-    for z in logits:
-        if z.ndim != 2 or z.shape[0] != m + 1:
-            raise InvalidInputError(
-                f"DP-Fusion with m = {m} groups needs logits of shape (m + 1, V) = ({m + 1}, V), got {tuple(z.shape)}")
-    device = logits[0].device
-    inv_t = _inverse_temperatures(mechs, device)
-    public = [z[:1] for z in logits]
-    sid, real, over = _batch_support(mechs, public, full)
-    z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
-    z = (z * inv_t.unsqueeze(-1)).masked_fill(~real.unsqueeze(1), _NEG_INF)
-    # a public row is checked whole (its maximum: NaN propagates), a private row on S only (where it is read)
-    bad = (torch.isnan(z) | (z == math.inf)).flatten(1).any(dim=-1) | _public_bad(public)
-    logp = torch.log_softmax(z, dim=-1)
-    no_public = ~(logp[:, 0].amax(dim=-1) > _NEG_INF)
-    b = host_tensor([m.bounds for m in mechs], torch.float64, device) * (1.0 - 1e-9)
-    order, rounds = m0.enforced_order, fixed_bisection_rounds(m0.tol)
-
-    def solve(logp: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _fusion_math(logp, b, order, rounds)
-
-    if full:  # a job alone on the whole vocabulary, on both paths: the same layout, no padding needed
-        probs, lam, div = solve(logp, b)
-    else:
-        probs, lam, div = in_aligned_chunks(solve, logp, b, per_row=logp[0].numel())
-    code = torch.where(bad, 1, torch.where(no_public, 2, 0))
-    return _Mixture(probs, sid, lam, div, code, over)
-
-
-def _fusion_math(logp: torch.Tensor, b: torch.Tensor, order: float, rounds: int) -> tuple[torch.Tensor, ...]:
-    """p_out (B, W), λ (B, m) and the divergences (B, m) from the log-probabilities on S (B, m + 1, W) and the
-    bounds (B, m): element-wise and row-wise operations only."""
-    m = b.shape[-1]
-    lp, lq = logp[:, 0], logp[:, 1:]
-    lpx = lp.unsqueeze(1).expand_as(lq)
-    lq = torch.where(torch.isnan(lq).any(dim=-1, keepdim=True), lpx, lq)  # no finite private logit on S: q_i = p_pub
-    d_one = symmetric_renyi(lq, lpx, order)
-    lo, hi = torch.zeros_like(b), torch.ones_like(b)
-    d_lo = torch.zeros_like(b)
-    # the bisection evaluates D↔ as symmetric_renyi does (the same terms, masks and log-sum-exp, both directions in
-    # one call): on S every mixture is finite for λ < 1, and the padding columns are -inf in every row
-    pad = ~torch.isfinite(lpx)
-    scale = 1.0 / (order - 1.0)
-    for _ in range(rounds):
-        x = 0.5 * (lo + hi)
-        xc = x.unsqueeze(-1)
-        lmix = torch.logaddexp(torch.log1p(-xc) + lpx, torch.log(xc) + lq)
-        both = torch.stack([order * lmix + (1.0 - order) * lpx, order * lpx + (1.0 - order) * lmix])
-        d = torch.logsumexp(both.masked_fill(pad, _NEG_INF), dim=-1).amax(dim=0) * scale
-        ok = d <= b
-        lo, d_lo, hi = torch.where(ok, x, lo), torch.where(ok, d, d_lo), torch.where(ok, hi, x)
-    one = d_one <= b
-    lam = torch.where(one, torch.ones_like(lo), lo)
-    div = torch.where(one, d_one, d_lo)
-    # p_out = (1 − mean λ)·p_pub + Σ_i (λ_i/m)·p_i in log space, the sums over groups written out (batch-invariant)
-    total = lam[:, 0]
-    for i in range(1, m):
-        total = total + lam[:, i]
-    terms = [torch.log1p(-(total / m)).unsqueeze(-1) + lp] + [torch.log(lam[:, i] / m).unsqueeze(-1) + lq[:, i]
-                                                               for i in range(m)]
-    top = terms[0]
-    for t in terms[1:]:
-        top = torch.maximum(top, t)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    acc = torch.exp(terms[0] - top)
-    for t in terms[1:]:
-        acc = acc + torch.exp(t - top)
-    return torch.exp(top + torch.log(acc)), lam, div
-
-
-def _public_bad(public: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per job, whether its public row holds a NaN or +inf (its maximum is NaN or +inf: one pass per row)."""
-    top = torch.stack([p[0].amax() for p in public])
-    return torch.isnan(top) | (top == math.inf)
-
-
-def _fusion_step(mechs: Sequence[DPFusion], logits: Sequence[torch.Tensor], ints: Sequence[Any], srcs: Sequence[Any],
-                 full: bool) -> list[StepResult | Exception]:
-    """One token per job from its p_out with its own 53-bit integer (``ints[b]``, drawn before: the same draw the
-    per-job step makes), in one transfer; a job whose support reaches beyond the gathered columns is redone alone on
-    the whole vocabulary with the same integer, an uncertain draw finished exactly from the job's source."""
-    mix = _fusion_mixture(mechs, logits, full)
-    k = to_device(ints, mix.probs.device)
-    j, ok = invert(mix.probs, k)
-    tok = mix.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
-    m = mechs[0].num_groups
-    rows = fetch(tok, ok, mix.code, mix.over, mix.lam, mix.div)
-    out: list[StepResult | Exception] = []
-    for b, row in enumerate(rows):
-        if row[2]:
-            out.append(InvalidInputError(_ERRORS[int(row[2])]))
-            continue
-        if row[3]:
-            out.append(_fusion_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], True)[0])
-            continue
-        token = int(row[0])
-        if not row[1]:
-            token = int(mix.ids[b, finish_exact(mix.probs[b], int(ints[b][0]), srcs[b])])
-        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
-                              stats={"lambda": row[4:4 + m], "divergence": row[4 + m:4 + 2 * m]}))
-    return out

@@ -42,7 +42,7 @@ from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, che
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
-from dpinfer.mechanisms.batch import sample_weight_rows
+from dpinfer.mechanisms.batch import sample_weights_step
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
 
@@ -240,30 +240,16 @@ class DPPrompt(Mechanism):
     @classmethod
     def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
                    generators: Sequence[Randomness]) -> list[StepResult | Exception]:
-        """Each job's :func:`clipped_weights` on the full vocabulary by its own kernels (a full-vocabulary
-        exponential over many jobs at once would not round alike on the CPU), then every row's draw at once
-        (:func:`~dpinfer.mechanisms.batch.sample_weight_rows`: one 53-bit integer per row from its job's own source,
-        one inversion, one device-to-host transfer)."""
+        """Each job's :func:`clipped_weights` on the full vocabulary by its own kernels, then every row's draw at once
+        (:func:`~dpinfer.mechanisms.batch.sample_weights_step`)."""
         mechs = [m for m in mechanisms if isinstance(m, DPPrompt)]
-        weights = [clipped_weights(m._rows(z), m.clip_min, m.clip_max, m.temperature)
-                   for m, z in zip(mechs, logits, strict=True)]
-        out: list[StepResult | Exception] = []
-        for m, got in zip(mechs, sample_weight_rows(weights, generators), strict=True):
-            if isinstance(got, Exception):
-                out.append(got)
-                continue
-            tokens = torch.tensor(got, dtype=torch.long)
-            out.append(StepResult(tokens=tokens[0] if m.mode == "joint" else tokens))
-        return out
+        return sample_weights_step(mechs, logits, generators,
+                                   lambda m, z: clipped_weights(m._rows(z), m.clip_min, m.clip_max, m.temperature))
 
     def _rows(self, logits: torch.Tensor) -> torch.Tensor:
         return logits[self.row : self.row + 1] if self.mode == "joint" else logits
 
-    def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:
-        (res,) = self.step_batch([self], [logits], [info], [generator])
-        if isinstance(res, Exception):
-            raise res
-        return res
+    step = Mechanism.step_as_batch
 
     def loss(self, max_new_tokens: int) -> PrivacyLoss:
         """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""

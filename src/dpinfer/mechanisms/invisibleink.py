@@ -41,15 +41,13 @@ from dpinfer.mechanisms.batch import (
     SUPPORT_SLACK,
     ascending,
     draw_integers,
-    fetch,
-    finish_exact,
     fits_aligned,
     host_tensor,
     in_aligned_chunks,
-    invert,
-    support_size,
-    to_device,
-    top_columns,
+    job_chunks,
+    release_tokens,
+    topk_plus_columns,
+    whole_vocabulary,
 )
 from dpinfer.mechanisms.layout import check_batch_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -226,9 +224,13 @@ class InvisibleInk(Mechanism):
         agg = dclip_aggregate(z, self.clip_norm) / self.temperature
         return torch.softmax(agg, dim=-1), idx, kth
 
+    @property
+    def restricts_private_columns(self) -> bool:
+        return self.top_k is not None  # without a top-k V⁺ is every finite public entry: the head is not split
+
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of V⁺ (from the public row only): the private rows are read there and nowhere else."""
-        if self.batch_key() is not None:
+        if self.batch_key() is not None and self.top_k is not None:
             pub = [public_scores.unsqueeze(0)]
             sid, real, _, over = _ink_support([self], pub, False)
             if int(over[0]):
@@ -237,10 +239,20 @@ class InvisibleInk(Mechanism):
         support, kth = topk_plus(public_scores, self.top_k, self.clip_norm, self.batch_size)
         return None if kth is None else support.nonzero().squeeze(-1)
 
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """V⁺ of several batching jobs with a top-k at once (:func:`_ink_support`, as :meth:`private_columns`)."""
+        mechs = [m for m in mechanisms if isinstance(m, InvisibleInk)]
+        if not mechs or mechs[0].top_k is None:
+            return None
+        sid, real, _, over = _ink_support(mechs, public, False)
+        return sid, real, over
+
     def distribution(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The released distribution over the full vocabulary (V,) and the Top-k⁺ mask, for ``(B + 1, V)`` logits."""
         if self.batch_key() is not None:
-            mix = _ink_mixture([self], [logits], False)
+            mix = _ink_mixture([self], [logits], self.top_k is None)
             if int(mix.over[0]):
                 mix = _ink_mixture([self], [logits], int(mix.over[0]))
             code = int(mix.code[0])
@@ -279,10 +291,10 @@ class InvisibleInk(Mechanism):
         return StepResult(tokens=token.to(torch.long), stats=stats)
 
     def batch_key(self) -> tuple[Any, ...] | None:
-        """With a top-k (Top-k⁺ on the gathered public columns) InvisibleInk decides in batches (:func:`_ink_step`;
-        the per-job :meth:`step` is the same computation on a batch of one): jobs with the same B and top-k decide
-        together (their clip norms and temperatures may differ)."""
-        if self.top_k is None or not fits_aligned((self.batch_size + 1) * (self.top_k + SUPPORT_SLACK)):
+        """InvisibleInk decides in batches (:func:`_ink_step`; the per-job :meth:`step` is the same computation on a
+        batch of one), on the gathered public columns with a top-k (Top-k⁺), on the whole vocabulary without: jobs
+        with the same B and top-k decide together (their clip norms and temperatures may differ)."""
+        if self.top_k is not None and not fits_aligned((self.batch_size + 1) * (self.top_k + SUPPORT_SLACK)):
             return None
         return (InvisibleInk, self.batch_size, self.top_k)
 
@@ -293,7 +305,15 @@ class InvisibleInk(Mechanism):
         from its own source, one device-to-host transfer for every token and statistic."""
         mechs = [m for m in mechanisms if isinstance(m, InvisibleInk)]
         ints, srcs = draw_integers(generators, [1] * len(mechs))
-        return _ink_step(mechs, logits, ints, srcs, False)
+        first = [int(i[0]) for i in ints]
+        want = [i.debug_stats for i in infos]
+        if mechs and mechs[0].top_k is not None:
+            return _ink_step(mechs, logits, first, srcs, want, False)
+        out: list[StepResult | Exception] = []
+        for part in job_chunks(len(mechs), (mechs[0].batch_size + 1) * logits[0].shape[-1] if mechs else 1):
+            out += _ink_step([mechs[b] for b in part], [logits[b] for b in part], [first[b] for b in part],
+                             [srcs[b] for b in part], [want[b] for b in part], True)
+        return out
 
     def loss_event(self) -> ClippedExponentialEvent:
         """What one token releases, for the accountant: :class:`~dpinfer.accounting.events.ClippedExponentialEvent`."""
@@ -334,19 +354,17 @@ def _ink_support(mechs: Sequence[InvisibleInk], public: Sequence[torch.Tensor], 
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
     logits ``≥ kth_largest − 2C/B`` on the gathered columns (``full``: an int, exactly that many: a job redone alone
-    with its support's size; True: the whole vocabulary); ``(ids (n, W) ascending, real (n, W), kth (n,), over (n,):
-    0, or the size of V⁺ when it reaches beyond the gathered columns)``."""
+    with its support's size; True: the whole vocabulary; without a top-k, V⁺ is every finite public entry on the
+    whole vocabulary, not ranked); ``(ids (n, W) ascending, real (n, W), kth (n,), over (n,): 0, or the size of V⁺
+    when it reaches beyond the gathered columns)``."""
     m0 = mechs[0]
     vocab = public[0].shape[-1]
+    if m0.top_k is None:
+        _, ids, real = whole_vocabulary(public)
+        return ids, real, real.new_zeros(real.shape[0], dtype=torch.float64), real.new_zeros(real.shape[0])
     margin = host_tensor([2.0 * m.clip_norm / m.batch_size for m in mechs], torch.float64,
                          public[0].device).unsqueeze(-1)
-    top_k = m0.top_k if m0.top_k is not None else vocab
-    width = None if isinstance(full, bool) else full
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
-    keep = keep & torch.isfinite(vals)
-    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
-    kth = vals[:, min(top_k, vocab) - 1]
-    size = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
+    _, ids, keep, kth, size = topk_plus_columns(public, m0.top_k, margin, full)
     sid, real = ascending(ids, keep, vocab)
     return sid, real, kth, size
 
@@ -374,7 +392,10 @@ def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], 
     device = logits[0].device
     public = [z[:1] for z in logits]
     sid, real, kth, over = _ink_support(mechs, public, full)
-    z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
+    if mechs[0].top_k is None:
+        z = torch.stack(list(logits)).to(torch.float64)
+    else:
+        z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
     # a public row is checked whole (its maximum: NaN propagates), a private row on V⁺ only (where it is read)
     top = torch.stack([p[0].amax() for p in public]).to(torch.float64)
     bad = ((torch.isnan(z) | (z == math.inf)) & real.unsqueeze(1)).flatten(1).any(dim=-1)
@@ -388,8 +409,8 @@ def _ink_mixture(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], 
                   ) -> tuple[torch.Tensor, ...]:
         return _ink_math(z, real, clip, temp)
 
-    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
-        probs, clipped = aggregate(z, real, clip, temp)
+    if full is not False:  # a job alone on its whole support, on both paths (or whole vocabularies: exact
+        probs, clipped = aggregate(z, real, clip, temp)  # element-wise operations and row-wise kernels only)
     else:
         probs, clipped = in_aligned_chunks(aggregate, z, real, clip, temp, per_row=z[0].numel())
     code = torch.where(bad, 1, torch.where(no_public, 2, 0))
@@ -416,32 +437,25 @@ def _ink_math(z: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, temp: tor
     return probs, clipped.to(torch.float64)
 
 
-def _ink_step(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], ints: Sequence[Any],
-              srcs: Sequence[Any], full: bool | int) -> list[StepResult | Exception]:
+def _ink_step(mechs: Sequence[InvisibleInk], logits: Sequence[torch.Tensor], ints: Sequence[int],
+              srcs: Sequence[Any], want: Sequence[bool], full: bool | int) -> list[StepResult | Exception]:
     """One token per job from its ``softmax(ℓ̄[V⁺]/τ)`` with its own 53-bit integer (``ints[b]``, drawn before: the
-    same draw the per-job step makes), in one transfer; a job whose V⁺ reaches beyond the gathered columns is redone
-    alone on exactly |V⁺| columns (its size, public, fetched in the same transfer) with the same integer, an
-    uncertain draw finished exactly from the job's source."""
+    same draw the per-job step makes), in one transfer (:func:`~dpinfer.mechanisms.batch.release_tokens`; the
+    statistics only for the jobs that ask, ``want``); a job whose V⁺ reaches beyond the gathered columns is redone
+    alone on exactly |V⁺| columns (its size, public, fetched in the same transfer) with the same integer."""
     mix = _ink_mixture(mechs, logits, full)
-    k = to_device(ints, mix.probs.device)
-    j, ok = invert(mix.probs, k)
-    tok = mix.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
-    pub_at = mix.public.gather(-1, j.unsqueeze(-1)).squeeze(-1)
-    size = mix.real.sum(dim=-1)
-    rows = fetch(tok, ok, mix.code, mix.over, size, mix.clipped, pub_at, mix.kth)
-    out: list[StepResult | Exception] = []
-    for b, row in enumerate(rows):
-        if row[2]:
-            out.append(InvalidInputError(_ERRORS[int(row[2])]))
-            continue
-        if row[3]:
-            out.append(_ink_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], int(row[3]))[0])
-            continue
-        token, public_logit = int(row[0]), row[6]
-        if not row[1]:
-            i = finish_exact(mix.probs[b], int(ints[b][0]), srcs[b])
-            token, public_logit = int(mix.ids[b, i]), float(mix.public[b, i])
-        stats = {"support": row[4], "clipped": row[5] / (mechs[b].batch_size * row[4]),
-                 "expanded": float(public_logit < row[7])}
-        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long), stats=stats))
-    return out
+
+    def stats(j: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return mix.real.sum(dim=-1), mix.clipped, mix.public.gather(-1, j.unsqueeze(-1)).squeeze(-1), mix.kth
+
+    def describe(b: int, row: list[float], exact: int | None) -> dict[str, float]:
+        public_logit = row[2] if exact is None else float(mix.public[b, exact])
+        out = {"support": row[0], "clipped": row[1] / (mechs[b].batch_size * row[0])}
+        if mechs[b].top_k is not None:
+            out["expanded"] = float(public_logit < row[3])
+        return out
+
+    return release_tokens(
+        mix.ids, mix.code, mix.over, probs=mix.probs, ints=ints, srcs=srcs, want=want, stats=stats, errors=_ERRORS,
+        redo=lambda b, size: _ink_step([mechs[b]], [logits[b]], [ints[b]], [srcs[b]], [want[b]], size)[0],
+        describe=describe)

@@ -49,7 +49,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -61,22 +60,9 @@ from dpinfer.accounting.gaussian import GaussianShiftEvent
 from dpinfer.checks import check_delta, check_probability, positive_int
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
-from dpinfer.mechanisms.batch import (
-    SUPPORT_SLACK,
-    ascending,
-    fetch,
-    finish_exact,
-    fits_aligned,
-    host_tensor,
-    host_to_device,
-    in_aligned_chunks,
-    invert,
-    support_size,
-    support_width,
-    to_device,
-    top_columns,
-)
+from dpinfer.mechanisms.batch import SUPPORT_SLACK, fits_aligned, job_chunks
 from dpinfer.mechanisms.invisibleink import topk_plus
+from dpinfer.mechanisms.pad_batch import SHIFT_LIMIT, pad_step, pad_support
 from dpinfer.mechanisms.randomness import Randomness, as_random_source
 from dpinfer.mechanisms.sampler import sample_probs
 
@@ -91,9 +77,6 @@ ADJACENCIES = {
 }
 DEFAULT_SIGMA = 1.5
 """σ of the rigorous PAD: fixed, and C solved from the target (issue 12)."""
-SHIFT_LIMIT = 1e6
-"""Private logits that are −inf (or absurdly large) on the support are brought to ±this before centring; the clip
-makes the value irrelevant."""
 
 
 def _positive(value: object, name: str, hint: str = "") -> float:
@@ -257,14 +240,23 @@ class Pad(Mechanism):
 
     def private_columns(self, public_scores: torch.Tensor) -> torch.Tensor | None:
         """The ids of V⁺ (from the public row only): the private row is read there and nowhere else."""
-        if self.batch_key() is not None:
+        if self.batch_key() is not None and self.top_k is not None:
             pub = [public_scores.unsqueeze(0)]
-            sid, real, over = _pad_support([self], pub, False)
+            sid, real, over = pad_support([self], pub, False)
             if int(over[0]):
-                sid, real, _ = _pad_support([self], pub, int(over[0]))
+                sid, real, _ = pad_support([self], pub, int(over[0]))
             return sid[0][real[0]]
         mask, everything = self._support(public_scores)
         return None if everything else mask.nonzero().squeeze(-1)
+
+    @classmethod
+    def public_support(cls, mechanisms: Sequence[Mechanism], public: Sequence[torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """V⁺ of several batching jobs with a top-k at once (:func:`pad_support`, as :meth:`private_columns`)."""
+        mechs = [m for m in mechanisms if isinstance(m, Pad)]
+        if not mechs or mechs[0].top_k is None:
+            return None
+        return pad_support(mechs, public, False)
 
     def pre_noise_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids of V⁺, ``ℓ_pub`` on V⁺, ``ℓ_pub + clip(centre(s))`` on V⁺) for ``(2, V)`` logits: the release before
@@ -295,21 +287,29 @@ class Pad(Mechanism):
         return StepResult(tokens=idx[j].to(torch.long), stats=stats)
 
     def batch_key(self) -> tuple[Any, ...] | None:
-        """With a top-k, PAD decides on the gathered public columns, in batches (:func:`_pad_step`; the per-job
-        :meth:`step` is the same computation on a batch of one): jobs with the same top-k and min-p that all take the
-        argmax (τ = 0) or all sample decide together (their C, σ and τ may differ)."""
-        if self.top_k is None or not fits_aligned(2 * (self.top_k + SUPPORT_SLACK)):
+        """PAD decides in batches (:func:`pad_step`; the per-job :meth:`step` is the same computation on a batch of
+        one), on the gathered public columns with a top-k, on the whole vocabulary without: jobs with the same top-k
+        and min-p that all take the argmax (τ = 0) or all sample decide together (their C, σ and τ may differ)."""
+        if self.top_k is not None and not fits_aligned(2 * (self.top_k + SUPPORT_SLACK)):
             return None
         return (Pad, self.top_k, self.min_p, self.temperature == 0.0)
 
     @classmethod
     def step_batch(cls, mechanisms: Sequence[Mechanism], logits: Sequence[torch.Tensor], infos: Sequence[StepInfo],
                    generators: Sequence[Randomness]) -> list[StepResult | Exception]:
-        """Every job's centre, clip and noise on its V⁺ at once (:func:`_pad_step`): each job's noise (one standard
+        """Every job's centre, clip and noise on its V⁺ at once (:func:`pad_step`): each job's noise (one standard
         normal per gathered column) and, at τ > 0, its 53-bit integer from its own source; one device-to-host
         transfer for every token and statistic."""
         mechs = [m for m in mechanisms if isinstance(m, Pad)]
-        return _pad_step(mechs, logits, [as_random_source(g) for g in generators], False)
+        srcs = [as_random_source(g) for g in generators]
+        want = [i.debug_stats for i in infos]
+        if mechs and mechs[0].top_k is not None:
+            return pad_step(mechs, logits, srcs, want, False)
+        out: list[StepResult | Exception] = []
+        for part in job_chunks(len(mechs), 8 * logits[0].shape[-1] if mechs else 1):
+            out += pad_step([mechs[b] for b in part], [logits[b] for b in part], [srcs[b] for b in part],
+                             [want[b] for b in part], True)
+        return out
 
     def loss_event(self) -> GaussianShiftEvent:
         """What one token releases, for the accountant: a Gaussian mechanism with sensitivity Δ and noise σ."""
@@ -333,138 +333,6 @@ class Pad(Mechanism):
                         "rho": self.rho(t), "T_max": t},
             max_new_tokens=t,
         )
-
-
-# ------------------------------------------------------------------------------------------------ batched decisions
-_ERRORS = {1: "the public row's logits contain NaN or +inf; nothing is released",
-           2: "the public row has no finite logit; nothing can be released"}
-
-
-def _pad_support(mechs: Sequence[Pad], public: Sequence[torch.Tensor], full: bool | int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """V⁺ of each job from its public row only (``public[b]``: ``(1, V)``, any float dtype): the finite public
-    logits ``≥ kth_largest − 2C`` (and ``≥ max + ln min_p``) on the gathered columns (``full``: an int, exactly
-    that many: a job redone alone with the size of its Top-k⁺; True: the whole vocabulary); ``(ids (n, W)
-    ascending, real (n, W), over (n,): 0, or the size of Top-k⁺ when it reaches beyond the gathered columns)``."""
-    m0 = mechs[0]
-    vocab = public[0].shape[-1]
-    top_k = m0.top_k if m0.top_k is not None else vocab
-    margin = host_tensor([2.0 * m.clip_norm for m in mechs], torch.float64, public[0].device).unsqueeze(-1)
-    width = None if isinstance(full, bool) else full
-    vals, ids, keep, over = top_columns(public, lambda v: v, top_k, margin, full is True, width)
-    keep = keep & torch.isfinite(vals)
-    over = over & keep[:, -1]  # a −inf last column: nothing beyond it is in V⁺
-    kth = vals[:, min(top_k, vocab) - 1]
-    over = torch.where(over, support_size(public, (kth - margin[:, 0]).where(torch.isfinite(kth), math.inf)), 0)
-    if m0.min_p is not None:  # relative to the PUBLIC maximum (the first gathered column)
-        keep = keep & (vals >= vals[:, :1] + math.log(m0.min_p))
-    sid, real = ascending(ids, keep, vocab)
-    return sid, real, over
-
-
-@dataclass
-class _PadRelease:
-    noisy: torch.Tensor  # (n, W) ℓ_pub + clip(centre(s)) + σ·N(0, 1) on V⁺ (−inf on the padding)
-    ids: torch.Tensor  # (n, W) token ids (ascending; the padding clamped to a valid id)
-    size: torch.Tensor  # (n,) |V⁺|
-    clipped: torch.Tensor  # (n,) 1.0 when the shift was scaled down (DATA-DEPENDENT)
-    code: torch.Tensor  # (n,) 0, or the _ERRORS key of the job's refusal
-    over: torch.Tensor  # (n,) 0, or |Top-k⁺| when it reaches beyond the gathered columns: redo the job on that many
-
-
-def _pad_release(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], noise: torch.Tensor, full: bool | int
-                 ) -> _PadRelease:
-    """The noisy release of every job on its V⁺, without a host synchronisation (``noise``: ``(n, W)`` standard
-    normals, each job's from its own source)."""
-    for z in logits:
-        if z.ndim != 2 or z.shape[0] != 2:
-            raise InvalidInputError(f"PAD needs logits of shape (2, V), got {tuple(z.shape)}")
-    device = logits[0].device
-    public = [z[:1] for z in logits]
-    sid, real, over = _pad_support(mechs, public, full)
-    z = torch.stack([x.index_select(-1, sid[b]) for b, x in enumerate(logits)]).to(torch.float64)
-    top = torch.stack([p[0].amax() for p in public]).to(torch.float64)  # the public row is checked whole
-    bad = torch.isnan(top) | (top == math.inf)
-    no_public = ~real.any(dim=-1)
-    clip = host_tensor([m.clip_norm for m in mechs], torch.float64, device).unsqueeze(-1)
-    sigma = host_tensor([m.sigma for m in mechs], torch.float64, device).unsqueeze(-1)
-    pub = torch.where(real, z[:, 0], torch.zeros_like(z[:, 0]))  # the padding: finite, masked out below
-    ctx = torch.where(real, z[:, 1], pub)
-
-    def release(pub: torch.Tensor, ctx: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, sigma: torch.Tensor,
-                noise: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return _pad_math(pub, ctx, real, clip, sigma, noise)
-
-    if full is not False:  # a job alone on its whole support, on both paths: the same layout, no padding needed
-        noisy, clipped = release(pub, ctx, real, clip, sigma, noise)
-    else:
-        noisy, clipped = in_aligned_chunks(release, pub, ctx, real, clip, sigma, noise, per_row=4 * pub.shape[-1])
-    code = torch.where(bad, 1, torch.where(no_public, 2, 0))
-    return _PadRelease(noisy, sid, real.sum(dim=-1), clipped, code, over)
-
-
-def _pad_math(pub: torch.Tensor, ctx: torch.Tensor, real: torch.Tensor, clip: torch.Tensor, sigma: torch.Tensor,
-              noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ℓ_pub + clip(centre(ℓ_ctx − ℓ_pub), C) + σ·noise`` on the real columns (n, W), −inf on the padding, and
-    whether the shift was scaled down (n,): element-wise operations and reductions along the last dimension."""
-    s = torch.nan_to_num(ctx - pub, nan=0.0, posinf=SHIFT_LIMIT, neginf=-SHIFT_LIMIT)  # NaN: no shift
-    s = s.clamp(-SHIFT_LIMIT, SHIFT_LIMIT).masked_fill(~real, 0.0)
-    count = real.sum(dim=-1, keepdim=True).clamp(min=1).to(torch.float64)
-    s = (s - s.sum(dim=-1, keepdim=True) / count).masked_fill(~real, 0.0)
-    norm = torch.sqrt((s * s).sum(dim=-1, keepdim=True))
-    s = torch.where(norm > clip, s * (clip / norm), s)
-    after = torch.sqrt((s * s).sum(dim=-1))
-    clipped = (after >= clip[:, 0] * (1 - 1e-12)).to(torch.float64)
-    noisy = (pub + s + sigma * noise).masked_fill(~real, -math.inf)
-    return noisy, clipped
-
-
-def _pad_draws(mechs: Sequence[Pad], srcs: Sequence[Any], width: int, device: Any) -> tuple[torch.Tensor, list[int]]:
-    """Per job, from its own source: ``width`` standard normals (one per gathered column, a public count), then at
-    τ > 0 one 53-bit integer (0 at τ = 0: unused)."""
-    noise, ints = [], []
-    for m, src in zip(mechs, srcs, strict=True):
-        noise.append(src.normal((width,)).to("cpu", torch.float64))
-        ints.append(int(src.integers53(1)[0]) if m.temperature > 0.0 else 0)
-    return host_to_device(torch.stack(noise), device), ints
-
-
-def _pad_step(mechs: Sequence[Pad], logits: Sequence[torch.Tensor], srcs: Sequence[Any], full: bool | int
-              ) -> list[StepResult | Exception]:
-    """One token per job: the argmax of its noisy release on V⁺ (ties to the lowest id), or at τ > 0 a draw from
-    ``softmax(release/τ)`` with its own 53-bit integer, in one transfer; a job whose V⁺ reaches beyond the gathered
-    columns is redone alone on exactly that many columns (the size of its Top-k⁺, public, fetched in the same
-    transfer) with fresh draws from its source (a public decision, the same on both paths), an uncertain draw
-    finished exactly from the job's source."""
-    device = logits[0].device
-    vocab = logits[0].shape[-1]
-    width = min(full, vocab) if not isinstance(full, bool) else support_width(mechs[0].top_k, vocab, full)
-    noise, ints = _pad_draws(mechs, srcs, width, device)
-    rel = _pad_release(mechs, logits, noise, full)
-    sampling = mechs[0].temperature > 0.0
-    if sampling:
-        temp = host_tensor([m.temperature for m in mechs], torch.float64, device).unsqueeze(-1)
-        probs = torch.softmax(rel.noisy / temp, dim=-1)
-        j, ok = invert(probs, to_device([torch.tensor(ints, dtype=torch.int64).numpy()], device))
-    else:
-        j = torch.argmax(rel.noisy, dim=-1)
-        ok = torch.ones_like(j, dtype=torch.bool)
-    tok = rel.ids.gather(-1, j.unsqueeze(-1)).squeeze(-1)
-    rows = fetch(tok, ok, rel.code, rel.over, rel.size, rel.clipped)
-    out: list[StepResult | Exception] = []
-    for b, row in enumerate(rows):
-        if row[2]:
-            out.append(InvalidInputError(_ERRORS[int(row[2])]))
-            continue
-        if row[3]:
-            out.append(_pad_step([mechs[b]], [logits[b]], [srcs[b]], int(row[3]))[0])
-            continue
-        token = int(row[0])
-        if not row[1]:
-            token = int(rel.ids[b, finish_exact(probs[b], ints[b], srcs[b])])
-        out.append(StepResult(tokens=torch.tensor(token, dtype=torch.long),
-                              stats={"support": row[4], "clipped": row[5]}))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ as published

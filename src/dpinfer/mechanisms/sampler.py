@@ -159,7 +159,9 @@ class Sampler(Mechanism):
                 out.append(err)
                 continue
             tokens = torch.tensor(mine, dtype=torch.long)
-            out.append(StepResult(tokens=tokens[0] if m.mode == "joint" else tokens))
+            joint = m.mode == "joint"
+            out.append(StepResult(tokens=tokens[0] if joint else tokens,
+                                  host_tokens=[int(x) for x in (mine[:1] if joint else mine)]))
         return out
 
     def step(self, logits: torch.Tensor, info: StepInfo, generator: Randomness) -> StepResult:

@@ -185,8 +185,12 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(query.reshape(b, self.kv_heads, self.groups, self.head_dim), key,
                                                  value, attn_mask=attn_mask, scale=self.scaling)
             out = out.reshape(b, self.heads, 1, self.head_dim)
+        elif self.groups > 1 and attn_mask is None:  # no mask tensor: SDPA reads the key/value heads as they are
+            out = F.scaled_dot_product_attention(query, key, value, scale=self.scaling, is_causal=causal,
+                                                 enable_gqa=True)
         else:
-            if self.groups > 1:
+            if self.groups > 1:  # a mask: each query head its key/value head's copy (with a mask, SDPA's GQA falls
+                # back to the math kernel on CUDA; transformers does the same)
                 key = key.repeat_interleave(self.groups, dim=1)
                 value = value.repeat_interleave(self.groups, dim=1)
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=self.scaling,

@@ -166,7 +166,7 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
                             prep.original + opening)
     job = Job(contexts=contexts, mechanism=mech,
               max_new_tokens=t_max, min_new_tokens=min(cfg.min_new_tokens, t_max), seed=cfg.seed,
-              processors=processors)
+              processors=processors, debug_stats=cfg.debug)
     return SanitizePlan(jobs=(job,), guarantee=guarantee, charges=Charges(guarantee, scope="document"), lm=model,
                         method=cfg.method, spans=used_spans, groups=group_map, prompt_tokens=len(prep.original),
                         settings=settings, debug=cfg.debug, opening=opening)

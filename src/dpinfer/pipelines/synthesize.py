@@ -217,16 +217,17 @@ class SynthesisPlan:
         """:func:`dpinfer.references.partition_sha256` of this plan: PRIVATE, never in a release."""
         return partition_sha256(self.references, self.batches)
 
-    def job(self, lm: LM, b: int) -> Job:
+    def job(self, lm: LM, b: int, debug_stats: bool = False) -> Job:
         """Batch ``b``'s engine job: its contexts, its own copy of the calibrated mechanism (jobs share no state), a
-        public padding width and a sampling seed from the plan's seed and ``b`` alone."""
+        public padding width and a sampling seed from the plan's seed and ``b`` alone (``debug_stats``: record the
+        mechanism's DATA-DEPENDENT per-step statistics, ``--debug-stats``)."""
         refs = [self.references[i] for i in self.batches[b]]
         contexts = batch_contexts(lm, self.template, refs, self.max_reference_tokens)
         seed = self.seed
         return Job(contexts=contexts[:1] if self.public else contexts,
                          mechanism=copy.deepcopy(self.mechanism), max_new_tokens=self.max_new_tokens,
                          pad_width=public_pad_width(lm, self.template, refs[0].labels, self.max_reference_tokens),
-                         seed=None if seed is None else int(seed) * 1_000_003 + b)
+                         seed=None if seed is None else int(seed) * 1_000_003 + b, debug_stats=debug_stats)
 
 
 def plan_synthesis(references: Sequence[Reference | str], config: SynthConfig | None = None,
@@ -253,14 +254,16 @@ def plan_synthesis(references: Sequence[Reference | str], config: SynthConfig | 
 
 def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, runtime: Runtime | None = None,
                     skip_batches: Iterable[int] = (),
-                    progress: Callable[[int, int], None] | None = None) -> Iterator[SyntheticText]:
+                    progress: Callable[[int, int], None] | None = None, debug_stats: bool = False
+                    ) -> Iterator[SyntheticText]:
     """The texts of ``plan``'s batches, each as soon as its batch finishes (not in batch order), but for the batch
     indices in ``skip_batches`` (already released: a resumed job plans only the missing batches).
 
     Every batch still to do is one engine job (:meth:`SynthesisPlan.job`), all through one ``Engine.run_jobs`` call
     of the runtime's engine. A batch's sampling seed comes from the plan's seed and its index, so a batch draws the
     same randomness whichever other batches run with it (the engine's batched rounding aside). ``progress(done,
-    total)`` counts the skipped batches as done."""
+    total)`` counts the skipped batches as done. ``debug_stats``: the mechanism's per-step statistics are fetched and
+    summarised in each text's ``data_dependent`` (a mechanism deciding on the device fetches them only then)."""
     skip = set()
     for b in skip_batches:
         if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(plan.batches):
@@ -272,7 +275,7 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, runtime:
         return
     rt = resolve_runtime(runtime, lm=lm)
     model = rt.lm
-    jobs = [plan.job(model, b) for b in todo]
+    jobs = [plan.job(model, b, debug_stats) for b in todo]
     finished = len(skip)
     if progress is not None:
         progress(finished, len(plan.batches))  # the total is known before the first batch runs

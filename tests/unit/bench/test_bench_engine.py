@@ -29,7 +29,9 @@ def test_jobs_options_are_checked_before_any_model():
 
 
 def test_jobs_bench_times_one_by_one_and_run_jobs_in_one_run(tiny_lm, tiny_hf_lm, monkeypatch):
-    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+    from dpinfer.bench import speed
+
+    monkeypatch.setattr(speed, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
         ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
          "Mr Smith, a lawyer practising in London, represented the applicants."]))
     res = bench.run_jobs_bench(tiny_lm, n_jobs=3, ks=(1, 2), new_tokens=5, prompt_tokens=40, hf_lm=tiny_hf_lm)
@@ -111,10 +113,13 @@ def test_mechanism_options_are_checked_before_any_model():
 
 @pytest.mark.parametrize("mechanism", ["dp-fusion", "invisibleink"])
 def test_mechanism_bench_times_each_phase_beside_plain_sampling(tiny_lm, monkeypatch, mechanism):
-    monkeypatch.setattr(bench, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
+    from dpinfer.bench import engine_decisions, speed
+
+    monkeypatch.setattr(speed, "example_document", lambda name=bench.DEFAULT_DOC: "\n\n".join(
         ["The applicant was born in 1970 and lives in Izmir.", "On 20 May 1998 the Court decided.",
          "Mr Smith, a lawyer practising in London, represented the applicants."]))
-    res = bench.run_mechanism_bench(tiny_lm, n_jobs=3, mechanism=mechanism, new_tokens=4, prompt_tokens=30)
+    res = engine_decisions.run_mechanism_bench(tiny_lm, n_jobs=3, mechanism=mechanism, new_tokens=4,
+                                               prompt_tokens=30)
     rows = {r["config"]: r for r in res["rows"]}
     assert set(rows) == {f"{mechanism} per-job", f"{mechanism} batched", "plain sampling per-job",
                          "plain sampling batched"}

@@ -126,7 +126,9 @@ def test_run_perf_times_hf_generate_beside_dp_fusion(tiny_lm, tiny_hf_lm, shared
     assert rows["dp-fusion m=4"]["path"] == "engine (sanitize, Engine.step)"
     assert rows["dp-fusion m=4"]["ratio_vs_former"] > 0
     assert rows["dp-fusion m=4 (former path)"]["path"] == "former one-job path (dynamic-cache runner)"
-    assert set(res["settings"]["first_call_seconds"]) == {"original", "dp-fusion m=1", "dp-fusion m=4"}
+    configs = ("original", "dp-fusion m=1", "dp-fusion m=4")  # first calls apart on both forwards
+    assert set(res["settings"]["first_call_seconds"]) == {*configs, *(f"{c} [hf forward]" for c in configs)}
+    assert rows["dp-fusion m=4"]["cpu_ratio_vs_hf_forward"] > 0 and "| vs hf forward (CPU) |" in format_perf(res)
     assert "| hf generate eager |" in format_perf(res) and res["settings"]["device"] == "cpu"
 
 

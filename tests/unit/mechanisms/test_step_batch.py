@@ -180,22 +180,27 @@ def test_greedy_and_top_p_stay_on_the_per_job_path() -> None:
     assert Sampler(temperature=0.0).batch_key() is None
     assert Sampler(temperature=1.0, top_p=0.9).batch_key() is None
     assert DPFusion(bounds=[0.1], group_names=["A"]).batch_key() is None  # no top-k: the full-vocabulary solver
-    assert get_mechanism("invisibleink", clip_norm=1.0, batch_size=2, top_k=None).batch_key() is None
+    # without a top-k InvisibleInk and PAD decide in batches on the whole vocabulary (their support: every finite
+    # public entry, min-p computed on the device)
+    assert get_mechanism("invisibleink", clip_norm=1.0, batch_size=2, top_k=None).batch_key() is not None
+    assert Pad(clip_norm=1.0, top_k=None, min_p=0.1).batch_key() is not None
 
 
 # ------------------------------------------------------------------------------------------------------ InvisibleInk
-def ink(clip: float = 0.8, b: int = 2, temperature: float = 1.0, top_k: int = 20) -> InvisibleInk:
+def ink(clip: float = 0.8, b: int = 2, temperature: float = 1.0, top_k: int | None = 20) -> InvisibleInk:
     mech = InvisibleInk(clip_norm=clip, batch_size=b, temperature=temperature, top_k=top_k)
     mech.start(b + 1, V)
     return mech
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"top_k": 3, "clip": 4.0}, {"temperature": 1.2, "b": 4}])
+@pytest.mark.parametrize("kwargs", [{}, {"top_k": 3, "clip": 4.0}, {"temperature": 1.2, "b": 4},
+                                    {"top_k": None}, {"top_k": None, "b": 3, "temperature": 0.7}])
 def test_invisibleink_release_does_not_depend_on_its_neighbours(kwargs) -> None:
     k = kwargs.get("b", 2) + 1
     mine = logits(0, k=k)
     ref = alone(ink(**kwargs), mine, seed=5)
-    assert 0 <= int(ref.tokens) < V and ref.stats is not None and ref.stats["support"] >= kwargs.get("top_k", 20)
+    assert 0 <= int(ref.tokens) < V and ref.stats is not None
+    assert ref.stats["support"] >= (kwargs.get("top_k", 20) or V)
     for n, pos in ((1, 0), (2, 1), (6, 3)):
         zs = [logits(100 + i, k=k, scale=1.0 + i) for i in range(n)]
         mechs = [ink(**{**kwargs, "clip": 0.1 * (i + 1), "temperature": 0.5 + 0.2 * i}) for i in range(n)]
@@ -223,6 +228,13 @@ def test_invisibleink_batched_distribution_is_the_former_one() -> None:
     want = torch.softmax(dclip_aggregate(z[:, idx], 0.5) / 1.1, dim=-1)
     assert torch.allclose(probs[idx], want, rtol=1e-12, atol=0.0) and float(probs[~mask].sum()) == 0.0
     assert torch.equal(mech.private_columns(z[0]), idx)
+    whole = ink(clip=0.5, b=3, temperature=1.1, top_k=None)  # no top-k: every finite public entry
+    z[0, 7] = -math.inf
+    probs, support = whole.distribution(z)
+    idx = torch.isfinite(z[0]).nonzero().squeeze(-1)
+    want = torch.softmax(dclip_aggregate(z[:, idx], 0.5) / 1.1, dim=-1)
+    assert torch.equal(support, torch.isfinite(z[0])) and float(probs[7]) == 0.0
+    assert torch.allclose(probs[idx], want, rtol=1e-12, atol=0.0)
 
 
 def test_invisibleink_wide_support_takes_the_whole_vocabulary_and_nan_is_refused_alone() -> None:
@@ -243,7 +255,7 @@ def test_invisibleink_wide_support_takes_the_whole_vocabulary_and_nan_is_refused
 
 
 # --------------------------------------------------------------------------------------------------------------- PAD
-def pad(clip: float = 1.0, sigma: float = 1.5, top_k: int = 20, temperature: float = 0.0,
+def pad(clip: float = 1.0, sigma: float = 1.5, top_k: int | None = 20, temperature: float = 0.0,
         min_p: float | None = None) -> Pad:
     mech = Pad(clip_norm=clip, sigma=sigma, top_k=top_k, temperature=temperature, min_p=min_p)
     mech.start(2, V)
@@ -251,7 +263,8 @@ def pad(clip: float = 1.0, sigma: float = 1.5, top_k: int = 20, temperature: flo
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"temperature": 0.7}, {"top_k": 3, "clip": 3.0, "min_p": 0.05},
-                                    {"sigma": 0.2, "temperature": 1.3}])
+                                    {"sigma": 0.2, "temperature": 1.3}, {"top_k": None},
+                                    {"top_k": None, "min_p": 0.05, "temperature": 0.9}])
 def test_pad_release_does_not_depend_on_its_neighbours(kwargs) -> None:
     mine = logits(0, k=2)
     ref = alone(pad(**kwargs), mine, seed=5)
@@ -360,8 +373,38 @@ def test_dp_decoding_wrong_width_is_refused_alone_and_float32_logits() -> None:
             assert same(r, alone(make(mode="independent"), x.to(torch.float64), s))
 
 
+def test_whole_vocabulary_batches_do_not_depend_on_their_neighbours_on_rows_longer_than_a_thread_chunk() -> None:
+    """Without a top-k, InvisibleInk and PAD decide on whole vocabularies: rows longer than torch's intra-op grain
+    size (32,768), whose sums a single row would split across threads, still release the same tokens and statistics
+    alone as beside other jobs (exact element-wise operations, row-wise kernels, sums by cumsum)."""
+    big = 70_001
+
+    def z(seed: int, k: int) -> torch.Tensor:
+        return torch.randn(k, big, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2.0
+
+    for make, k in ((lambda i: InvisibleInk(clip_norm=0.3 + 0.2 * i, batch_size=2, top_k=None), 3),
+                    (lambda i: Pad(clip_norm=0.5 + i, sigma=0.7, top_k=None, temperature=0.8), 2),
+                    (lambda i: Pad(clip_norm=2.0 + i, top_k=None, min_p=0.001), 2)):
+        mechs = [make(i) for i in range(3)]
+        zs = [z(i, k).to(torch.float32) for i in range(3)]
+        got = batch(mechs, zs, [5, 6, 7])
+        for m, x, s, r in zip(mechs, zs, [5, 6, 7], got, strict=True):
+            assert same(r, alone(m, x.to(torch.float64), s))
+
+
+def test_statistics_are_fetched_only_when_asked() -> None:
+    """``StepInfo.debug_stats`` False: the same tokens, no statistics (left on the device); a batch may mix both."""
+    for mechs, k in (([fusion(), fusion(bounds=(0.3, 0.1))], 3), ([ink(), ink(clip=2.0)], 3), ([pad(), pad()], 2)):
+        zs = [logits(40 + i, k=k) for i in range(2)]
+        infos = [info(k), StepInfo(step=0, max_new_tokens=10, num_contexts=k, debug_stats=False)]
+        got = type(mechs[0]).step_batch(mechs, zs, infos, [torch.Generator().manual_seed(s) for s in (1, 2)])
+        assert same(got[0], alone(mechs[0], zs[0], 1)) and got[0].stats
+        ref = alone(mechs[1], zs[1], 2)
+        assert torch.equal(got[1].tokens, ref.tokens) and ref.stats and got[1].stats is None
+
+
 # ------------------------------------------------------------------------------------------------ through the engine
-def _jobs(lm) -> list[Job]:
+def _jobs(lm, debug_stats: bool = True) -> list[Job]:
     pub = lm.encode("The applicant, Mr ____, was born in ____.")
     a = lm.encode("The applicant, Mr Smith, was born in 1970.")
     b = lm.encode("The applicant, Mr Jones, was born in Ankara.")
@@ -371,7 +414,7 @@ def _jobs(lm) -> list[Job]:
         return get_mechanism("dp-fusion", bounds=bounds, group_names=["A", "B"], temperature=0.8, top_k=10,
                              min_p=0.05)
 
-    return [
+    jobs = [
         Job([pub, a, b], f([0.05, 0.3]), max_new_tokens=6, min_new_tokens=3, seed=1, pad_width=width,
                   processors=[NoRepeatNGram(2)]),
         Job([pub, b, a], f([0.5, 0.1]), max_new_tokens=5, seed=2, pad_width=width),
@@ -392,7 +435,13 @@ def _jobs(lm) -> list[Job]:
         Job([a], DPDecoding(0.8, vocab_size=lm.vocab_size), max_new_tokens=4, seed=13, pad_width=width),
         Job([a, b], DPDecoding(0.5, vocab_size=lm.vocab_size, mode="independent", num_sequences=2),
                   max_new_tokens=4, seed=14, pad_width=width),
+        Job([pub, a, b], InvisibleInk(clip_norm=0.7, batch_size=2, top_k=None), max_new_tokens=4, seed=15,
+                  pad_width=width),
+        Job([pub, b], Pad(clip_norm=1.0, top_k=None, min_p=0.02), max_new_tokens=4, seed=16, pad_width=width),
     ]
+    for j, job in enumerate(jobs):
+        job.debug_stats = debug_stats and j % 2 == 0  # a batch of jobs that ask and jobs that do not
+    return jobs
 
 
 def test_engine_batched_decisions_release_the_per_job_tokens(tiny_lm) -> None:
@@ -405,7 +454,10 @@ def test_engine_batched_decisions_release_the_per_job_tokens(tiny_lm) -> None:
         assert out[True][i].sequences == out[False][i].sequences, i
         assert out[True][i].steps == out[False][i].steps, i
         assert out[True][i].finish_reasons == out[False][i].finish_reasons
-    assert all(out[True][0].steps[t]["lambda"] for t in range(len(out[True][0].steps)))
+    assert len(out[True][0].steps) == len(out[True][0].sequences[0]) and all(s["lambda"] for s in out[True][0].steps)
+    assert out[True][1].steps == [] and out[True][5].steps == [] and out[True][14].steps  # asked: 0, 14; not: 1, 5
+    quiet = dict(engine.run_jobs(_jobs(tiny_lm, debug_stats=False)))  # no statistics fetched: the same tokens
+    assert all(quiet[i].sequences == out[False][i].sequences for i in quiet)
 
 
 def test_a_subclass_that_overrides_step_decides_alone_through_the_engine(tiny_lm) -> None:
@@ -427,3 +479,28 @@ def test_a_subclass_that_overrides_step_decides_alone_through_the_engine(tiny_lm
     out = dict(Engine(tiny_lm).run_jobs(jobs))
     assert Counting.calls == 4
     assert out[0].sequences == out[1].sequences  # the same computation either way, for the same seed
+
+
+def test_the_split_head_chooses_every_jobs_columns_with_one_transfer(tiny_lm, monkeypatch) -> None:
+    """The slot runner's split head: the column choices of all split jobs (DP-Fusion, InvisibleInk, PAD with a top-k)
+    in ONE host transfer per forward (``head.split_logits_many``), the same tokens as without a split head."""
+    from dpinfer.engine import head, runner
+
+    jobs = [j for j in _jobs(tiny_lm) if getattr(j.mechanism, "top_k", None) is not None
+            and j.mechanism.restricts_private_columns and len(j.contexts) > 1]
+    assert len(jobs) >= 6
+    fetches, forwards, alone_calls, chosen = [], [], [], []
+    fetch, forward, split_logits = head.fetch, runner.SlotRunner.forward, head.split_logits
+    on_columns = head._on_columns
+    monkeypatch.setattr(head, "fetch", lambda *a: fetches.append(1) or fetch(*a))
+    monkeypatch.setattr(head, "split_logits", lambda *a: alone_calls.append(1) or split_logits(*a))
+    monkeypatch.setattr(head, "_on_columns", lambda *a: chosen.append(1) or on_columns(*a))
+    monkeypatch.setattr(runner.SlotRunner, "forward", lambda self, going: forwards.append(1) or forward(self, going))
+    split = dict(Engine(tiny_lm).run_jobs(jobs))
+    assert forwards and 0 < len(fetches) <= len(forwards)
+    # a job's columns are chosen alone (split_logits, then _on_columns) only where its support reaches beyond the
+    # gathered columns (on this tiny model's flat rows, often): the other choices came from the one transfer
+    assert len(chosen) > len(alone_calls) > 0
+    monkeypatch.undo()
+    whole = dict(Engine(tiny_lm, split_head=False).run_jobs(jobs))
+    assert all(split[i].sequences == whole[i].sequences for i in range(len(jobs)))

@@ -151,7 +151,8 @@ def test_ner_scrub_is_dp_fusion_at_lambda_zero_on_common_random_numbers(tiny_lm)
         fusion = Engine(tiny_lm).generate(
             [prep.public, *prep.private], DPFusion(bounds=[1e-300] * len(prep.group_names),
                                                    group_names=prep.group_names, temperature=0.7, top_k=top_k),
-            max_new_tokens=24, seed=seed, processors=[NoRepeatNGram(3)])
+            max_new_tokens=24, seed=seed, processors=[NoRepeatNGram(3)], debug_stats=True)
+        assert fusion.steps  # the statistics asked for
         # where a private row moves the mixture at all, λ ≈ 0 (the batched search may land on λ = 0 exactly, so that
         # every step's divergence is 0: then no step constrains λ and the token equality below is the whole check)
         assert max((max(s["lambda"]) for s in fusion.steps if s["divergence"] != [0.0] * len(s["lambda"])),
