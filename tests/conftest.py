@@ -104,6 +104,62 @@ def no_network(monkeypatch: pytest.MonkeyPatch):
     yield
 
 
+class ModelLoaded(BaseException):  # not an Exception: no command's error handler can swallow it
+    """Raised by the :func:`no_model` stub when code tries to load a model."""
+
+
+class NoModel(list):  # type: ignore[type-arg]
+    """The calls that tried to load a model (each raised :class:`ModelLoaded`): ``dpinfer.models.load_model`` and
+    ``default_lm`` refuse while it is on (:meth:`forbid`, or inside ``with``), and work again after :meth:`allow`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import dpinfer.models
+
+        super().__init__()
+        self._mp, self._models = monkeypatch, dpinfer.models
+        self._real = (dpinfer.models.load_model, dpinfer.models.default_lm)
+        self._error: type[BaseException] = ModelLoaded
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        self.append("load_model")
+        raise self._error("MODEL-WAS-LOADED: this path must refuse before the model loads")
+
+    def catchable(self) -> NoModel:
+        """Raise a :class:`~dpinfer.errors.DPInferError` instead, which a command reports in one line (for a test
+        where reaching the model is allowed and the list says whether it was)."""
+        from dpinfer.errors import DPInferError
+
+        self._error = type("ModelRefused", (DPInferError,), {})
+        return self
+
+    def forbid(self) -> NoModel:
+        self._mp.setattr(self._models, "load_model", self._refuse)
+        self._mp.setattr(self._models, "default_lm", self._refuse)
+        return self
+
+    def allow(self) -> None:
+        self._mp.setattr(self._models, "load_model", self._real[0])
+        self._mp.setattr(self._models, "default_lm", self._real[1])
+
+    def __enter__(self) -> NoModel:
+        return self.forbid()
+
+    def __exit__(self, *exc: object) -> None:
+        self.allow()
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> NoModel:
+    """The model must not load in this test: loading it fails the test (the list holds the attempts)."""
+    return NoModel(monkeypatch).forbid()
+
+
+@pytest.fixture
+def model_gate(monkeypatch: pytest.MonkeyPatch) -> NoModel:
+    """Like :func:`no_model`, but off until ``with model_gate:`` (for a test that loads the model between refusals)."""
+    return NoModel(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     from dpinfer.paths import data_dir

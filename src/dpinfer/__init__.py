@@ -8,8 +8,7 @@ Heavy modules are imported lazily, so ``import dpinfer`` is cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dpinfer._lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -24,8 +23,8 @@ _LAZY = {
     "Guarantee": "dpinfer.accounting",
     "Ledger": "dpinfer.accounting.ledger",
     "sanitize": "dpinfer.pipelines.sanitize",
-    "sanitize_many": "dpinfer.pipelines.sanitize",
-    "SanitizeResult": "dpinfer.pipelines.sanitize",
+    "sanitize_many": "dpinfer.pipelines.sanitize_many",
+    "SanitizeResult": "dpinfer.pipelines.sanitize_result",
     "SanitizeConfig": "dpinfer.configs.sanitize",
     "synthesize": "dpinfer.pipelines.synthesize",
     "SynthesisResult": "dpinfer.pipelines.synthesize",
@@ -33,7 +32,7 @@ _LAZY = {
     "Reference": "dpinfer.references",
     "PromptTemplate": "dpinfer.configs.synth",
     "PrivateRAG": "dpinfer.pipelines.rag",
-    "RagAnswer": "dpinfer.pipelines.rag",
+    "RagAnswer": "dpinfer.rag.answer",
     "protect_prompt": "dpinfer.pipelines.protect_prompt",
     "protect_prompts": "dpinfer.pipelines.protect_prompt",
     "ProtectedPrompt": "dpinfer.pipelines.protect_prompt",
@@ -43,14 +42,4 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpinfer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("dpinfer", _LAZY, globals())

@@ -17,7 +17,7 @@ from dpinfer.defaults import GENERATE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.sampler import Sampler
-from dpinfer.models import LM, default_lm, load_model, resolve_lm  # noqa: F401 - default_lm, load_model: re-exported
+from dpinfer.models import LM, resolve_lm
 from dpinfer.task import Plan
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import csv
 import hashlib
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,29 @@ def load_references(path: str | Path, *, text_field: str, label_fields: Sequence
     a missing file) that names the file, the line and the field asked for, with counts: never the file's content
     (a headerless CSV's first record would otherwise be read as its field names).
     """
+    _check_fields(text_field, label_fields, limit)
+    name, suffix, raw = _read_corpus(path)
+    fields = (text_field, *label_fields)
+    rows = _jsonl_rows(raw, name) if suffix == ".jsonl" else _csv_rows(raw, name, fields)
+    refs: list[Reference] = []
+    for row, where in rows:
+        refs.append(_reference(row, where, text_field, label_fields))
+        if limit is not None and len(refs) >= limit:
+            break
+    return refs
+
+
+def _check_fields(text_field: str, label_fields: Sequence[str], limit: int | None) -> None:
     if not isinstance(text_field, str) or not text_field:
         raise ConfigurationError("text_field must be a non-empty field name")
     if isinstance(label_fields, str) or not all(isinstance(f, str) and f for f in label_fields):
         raise ConfigurationError("label_fields must be a list of non-empty field names")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigurationError(f"limit must be an integer ≥ 1, got {limit!r}")
+
+
+def _read_corpus(path: str | Path) -> tuple[str, str, str]:
+    """The file's name, its suffix (``.jsonl`` or ``.csv``) and its text (UTF-8, no NUL byte)."""
     p = Path(path)
     if not p.exists() and not p.is_dir():
         raise DataNotFoundError(f"no such file: {p}")
@@ -63,73 +80,75 @@ def load_references(path: str | Path, *, text_field: str, label_fields: Sequence
         raise InvalidInputError(f"{p.name} is too large to read into memory; pass a smaller file") from None
     if "\x00" in raw:
         raise InvalidInputError(f"{p.name} looks binary (it contains NUL bytes)")
-    fields = (text_field, *label_fields)
-    refs: list[Reference] = []
+    return p.name, suffix, raw
 
-    def add(row: Mapping[Any, Any], where: str, kind: str) -> bool:
-        for name in fields:
-            if name not in row:
-                raise _field_error(name, where, len(row), kind)
-        text = row[text_field]
-        if not isinstance(text, str):
-            raise InvalidInputError(f"{where}: field {text_field!r} is not a string "
-                                    f"({'missing value' if text is None else type(text).__name__})")
-        labels: dict[str, str] = {}
-        for name in label_fields:
-            value = row[name]
-            if value is None or isinstance(value, (dict, list)):
-                raise InvalidInputError(f"{where}: label field {name!r} is "
-                                        f"{'missing' if value is None else 'not a plain value'}")
-            labels[name] = str(value)
-        refs.append(Reference(text=text, labels=labels))
-        return limit is not None and len(refs) >= limit
 
-    if suffix == ".jsonl":
-        seen = False
-        for i, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            seen = True
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):  # JSONDecodeError, over-long integers, deep nesting
-                raise InvalidInputError(f"{p.name}, line {i}: not valid JSON") from None
-            if not isinstance(obj, dict):
-                raise InvalidInputError(f"{p.name}, line {i}: each line must be a JSON object")
-            if add(obj, f"{p.name}, line {i}", "the record"):
-                break
-        if not seen:
-            raise InvalidInputError(f"{p.name} holds no records")
-        return refs
+def _reference(row: Mapping[Any, Any], where: str, text_field: str, label_fields: Sequence[str]) -> Reference:
+    """One record's :class:`Reference` (its fields checked; a message names the field, never its value)."""
+    for name in (text_field, *label_fields):
+        if name not in row:
+            raise _field_error(name, where, len(row), "the record")
+    text = row[text_field]
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{where}: field {text_field!r} is not a string "
+                                f"({'missing value' if text is None else type(text).__name__})")
+    labels: dict[str, str] = {}
+    for name in label_fields:
+        value = row[name]
+        if value is None or isinstance(value, (dict, list)):
+            raise InvalidInputError(f"{where}: label field {name!r} is "
+                                    f"{'missing' if value is None else 'not a plain value'}")
+        labels[name] = str(value)
+    return Reference(text=text, labels=labels)
+
+
+def _jsonl_rows(raw: str, name: str) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each JSON object of a ``.jsonl`` text and where it stands (blank lines skipped)."""
+    seen = False
+    for i, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        seen = True
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError, over-long integers, deep nesting
+            raise InvalidInputError(f"{name}, line {i}: not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise InvalidInputError(f"{name}, line {i}: each line must be a JSON object")
+        yield obj, f"{name}, line {i}"
+    if not seen:
+        raise InvalidInputError(f"{name} holds no records")
+
+
+def _csv_rows(raw: str, name: str, fields: Sequence[str]) -> Iterator[tuple[dict[str, str], str]]:
+    """Each record of a CSV text (its header row naming ``fields``) and where it stands (empty lines skipped)."""
     csv.field_size_limit(1 << 28)
     reader = csv.reader(raw.removeprefix("\ufeff").splitlines())
+    seen = False
     try:
         header = next(reader, None)
         if header is None or not any(h.strip() for h in header):
-            raise InvalidInputError(f"{p.name} is empty (a CSV file needs a header row naming its fields)")
-        missing = [name for name in fields if name not in header]
+            raise InvalidInputError(f"{name} is empty (a CSV file needs a header row naming its fields)")
+        missing = [f for f in fields if f not in header]
         if missing:
             raise InvalidInputError(
-                f"{p.name}: no field {missing[0]!r} in the first line (the header row, {len(header)} columns); a CSV "
+                f"{name}: no field {missing[0]!r} in the first line (the header row, {len(header)} columns); a CSV "
                 "file must start with a header row naming its fields (check --text-field / --label-fields)"
             )
         if len(set(header)) != len(header):
-            raise InvalidInputError(f"{p.name}: the header row names a column twice; give each column its own name")
-        seen = False
+            raise InvalidInputError(f"{name}: the header row names a column twice; give each column its own name")
         for row in reader:
             if not row:
                 continue
             seen = True
-            where = f"{p.name}, line {reader.line_num}"
+            where = f"{name}, line {reader.line_num}"
             if len(row) != len(header):
                 raise InvalidInputError(f"{where}: {len(row)} columns, the header row has {len(header)}")
-            if add(dict(zip(header, row, strict=True)), where, "the record"):
-                break
+            yield dict(zip(header, row, strict=True)), where
     except csv.Error:
-        raise InvalidInputError(f"{p.name}, line {reader.line_num}: not valid CSV (check the quoting)") from None
+        raise InvalidInputError(f"{name}, line {reader.line_num}: not valid CSV (check the quoting)") from None
     if not seen:
-        raise InvalidInputError(f"{p.name} holds no records (only a header row)")
-    return refs
+        raise InvalidInputError(f"{name} holds no records (only a header row)")
 
 
 def partition(references: Sequence[Reference], batch_size: int, seed: int | None) -> tuple[list[list[int]], int]:

@@ -15,42 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-# ------------------------------------------------------------------------------------------------------ scalars
-# The scalar checks live in dpinfer.checks (the bottom layer, shared with the accountant and the mechanisms); they are
-# re-exported here under the names this module always had.
-from dpinfer.checks import (  # noqa: F401
-    check_alpha,
-    check_delta,
+from dpinfer.checks import (
     check_seed,
     check_temperature,
     check_top_p,
-    dp_fusion_floor_message,
     int_at_least,
     one_of,
-    positive_number,
     rdp_conversion_cost,
 )
-from dpinfer.checks import is_number as _is_number  # noqa: F401
-from dpinfer.configs.sanitize import SanitizeConfig, option_namer
+from dpinfer.configs.base import spelled
+from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import GENERATE, SANITIZE
 from dpinfer.errors import InvalidInputError
-
-# File reading and atomic writing live in dpinfer.io; re-exported here under the names this module always had.
-from dpinfer.io import (  # noqa: F401
-    MAX_TEXT_BYTES,
-    atomic_open,
-    atomic_write_text,
-    check_output_path,
-    decode_text,
-    input_file,
-    rescue_write_text,
-    sniff_text_file,
-)
-
-
-def _namer(cli: bool) -> Any:
-    """Parameter names as the API spells them (``max_new_tokens``) or as the CLI does (``--max-new-tokens``)."""
-    return option_namer(cli)
 
 
 def _optional_k(value: object, name: str) -> None:
@@ -78,7 +54,7 @@ def check_groups(groups: object) -> None:
         check_group_labels(SanitizeConfig(groups=groups).groups or {})  # the shape, then the labels
 
 
-def check_sanitize_config(config: SanitizeConfig, *, cli: bool = False, check_tagger: bool = True) -> SanitizeConfig:
+def check_sanitize_config(config: SanitizeConfig, *, check_tagger: bool = True) -> SanitizeConfig:
     """The checks of a :class:`~dpinfer.configs.sanitize.SanitizeConfig` that need the method table or the tagger's
     labels (the config checked its scalars itself): a known method, greedy decoding for a baseline only, the labels
     of ``groups`` and the names of ``group_epsilon``, and (``check_tagger``) a known tagger name."""
@@ -86,7 +62,7 @@ def check_sanitize_config(config: SanitizeConfig, *, cli: bool = False, check_ta
     from dpinfer.taggers.base import TAB_LABELS
     from dpinfer.taggers.resolve import check_group_labels
 
-    n = option_namer(cli)
+    n = config.name
     check_method("sanitize", config.method, n("method"))
     if config.temperature == 0 and not TABLE.get(config.method).baseline:
         check_temperature(config.temperature, n("temperature"), allow_zero=False)
@@ -103,19 +79,19 @@ def check_sanitize_config(config: SanitizeConfig, *, cli: bool = False, check_ta
     return config
 
 
-def check_sanitize_params(*, tagger: object = None, cli: bool = False, **options: Any) -> SanitizeConfig:
+def check_sanitize_params(*, tagger: object = None, spelling: str = "api", **options: Any) -> SanitizeConfig:
     """Every parameter of :func:`dpinfer.sanitize` that can be checked without the document or the model, as the
-    checked :class:`~dpinfer.configs.sanitize.SanitizeConfig` (``cli=True``: messages name the command-line options,
-    e.g. ``--max-new-tokens``; ``tagger``: a tagger name to check, None to leave it).
+    checked :class:`~dpinfer.configs.sanitize.SanitizeConfig` (``spelling="cli"``: messages name the command-line
+    options, e.g. ``--max-new-tokens``; ``tagger``: a tagger name to check, None to leave it).
 
     >>> _ = check_sanitize_params(epsilon=10)
     >>> check_sanitize_params(epsilon=-1)
     Traceback (most recent call last):
     dpinfer.errors.ConfigurationError: epsilon must be > 0 (a finite number), got -1
     """
-    check_method("sanitize", options.get("method", SANITIZE.method), option_namer(cli)("method"))
-    config = SanitizeConfig(**options, **({"tagger": tagger} if tagger is not None else {}), cli=cli)
-    return check_sanitize_config(config, cli=cli, check_tagger=tagger is not None)
+    check_method("sanitize", options.get("method", SANITIZE.method), spelled("method", spelling))
+    config = SanitizeConfig(**options, **({"tagger": tagger} if tagger is not None else {}), spelling=spelling)
+    return check_sanitize_config(config, check_tagger=tagger is not None)
 
 
 def conversion_cost(alpha: float, delta: float) -> float:
@@ -128,31 +104,24 @@ def conversion_cost(alpha: float, delta: float) -> float:
     return rdp_conversion_cost(alpha, delta)
 
 
-def check_sanitize_budget(config: SanitizeConfig | None = None, *, cli: bool = False, **options: Any) -> None:
-    """Refuse a DP-Fusion target no calibration reaches, from the settings alone (no document, no model, no torch).
-
-    Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to
-    :func:`conversion_cost`, so a target at or below it is unreachable and any target above it is reachable.
+def check_sanitize_budget(config: SanitizeConfig | None = None, **options: Any) -> None:
+    """The method's own checks of the settings (:meth:`Method.check <dpinfer.methods.table.Method.check>`: for
+    DP-Fusion, a target no calibration reaches is refused), from the settings alone: no document, no model, no torch.
     """
-    from dpinfer.errors import InfeasibleBudgetError
     from dpinfer.methods.sanitize import TABLE
 
-    cfg = SanitizeConfig.build(config, **options)
-    if TABLE.get(cfg.method).mechanism != "dp-fusion":
-        return
-    targets = {"": cfg.epsilon, **{str(k): float(v) for k, v in (cfg.group_epsilon or {}).items()}}
-    floor = conversion_cost(cfg.alpha, cfg.delta)
-    for name, eps in targets.items():
-        if eps <= floor:
-            raise InfeasibleBudgetError(dp_fusion_floor_message(eps, cfg.delta, cfg.alpha, group=name,
-                                                                alpha_name="--alpha" if cli else "alpha"))
+    cfg = SanitizeConfig.merged(config, **options)
+    TABLE.check(cfg.method, cfg, cfg.name("method"))
 
 
 def check_generate_params(*, max_new_tokens: object = GENERATE.max_new_tokens,
                           temperature: object = GENERATE.temperature, top_k: object = GENERATE.top_k,
-                          top_p: object = GENERATE.top_p, seed: object = None, cli: bool = False) -> None:
-    """Every parameter of plain :func:`dpinfer.generate`."""
-    n = _namer(cli)
+                          top_p: object = GENERATE.top_p, seed: object = None, spelling: str = "api") -> None:
+    """Every parameter of plain :func:`dpinfer.generate` (``spelling="cli"``: messages name the options)."""
+
+    def n(setting: str) -> str:
+        return spelled(setting, spelling)
+
     int_at_least(max_new_tokens, n("max_new_tokens"), 1)
     check_temperature(temperature, n("temperature"), allow_zero=True)
     if top_k is not None:

@@ -51,7 +51,7 @@ def test_every_scalar_is_checked(kwargs: dict, needle: str) -> None:
 
 def test_cli_spelling_and_shape_checks() -> None:
     with pytest.raises(ConfigurationError, match="--max-new-tokens must be"):
-        SanitizeConfig(max_new_tokens=0, cli=True)
+        SanitizeConfig(max_new_tokens=0, spelling="cli")
     with pytest.raises(InvalidInputError, match="must list its labels"):
         SanitizeConfig(groups={"ID": "PERSON"})
 
@@ -68,10 +68,11 @@ def test_frozen_copied_and_picklable() -> None:
 
 
 def test_build_refuses_unknown_options_and_the_pipelines_take_the_fields() -> None:
-    with pytest.raises(ConfigurationError, match="sanitize does not take spams"):
-        SanitizeConfig.build(spams=[])
-    assert SanitizeConfig.build(SanitizeConfig(epsilon=12), delta=1e-6) == SanitizeConfig(epsilon=12, delta=1e-6)
-    from dpinfer.pipelines.sanitize import plan_sanitize, sanitize, sanitize_many
+    with pytest.raises(ConfigurationError, match=r"unknown setting.*spams"):
+        SanitizeConfig.merged(spams=[])
+    assert SanitizeConfig.merged(SanitizeConfig(epsilon=12), delta=1e-6) == SanitizeConfig(epsilon=12, delta=1e-6)
+    from dpinfer.pipelines.sanitize import plan_sanitize, sanitize
+    from dpinfer.pipelines.sanitize_many import sanitize_many
 
     for fn in (sanitize, plan_sanitize, sanitize_many):  # the keyword list is the config's, written once
         params = inspect.signature(fn).parameters

@@ -41,7 +41,7 @@ def test_generate_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> N
 
 def test_sanitize_defaults_are_the_same_in_the_api_the_cli_and_the_checks() -> None:
     from dpinfer.configs.sanitize import SanitizeConfig
-    from dpinfer.pipelines.sanitize import BASELINE_MAX_NEW_TOKENS
+    from dpinfer.pipelines.sanitize_contexts import BASELINE_MAX_NEW_TOKENS
     from dpinfer.validation import check_sanitize_budget, check_sanitize_params
 
     api = {f.name: f.default for f in dataclasses.fields(SanitizeConfig)}  # sanitize(**options) takes its fields

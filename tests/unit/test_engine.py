@@ -8,7 +8,8 @@ import itertools
 import pytest
 import torch
 
-from dpinfer.engine import Engine, _common_prefix_length
+from dpinfer.engine import Engine
+from dpinfer.engine.prefill import common_prefix_length
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 from dpinfer.mechanisms.sampler import Sampler
@@ -94,7 +95,7 @@ class _Forced(Recorder):
 def test_prefix_sharing_is_exact(tiny_lm):
     base = tiny_lm.encode(PROMPTS[0])
     rows = [base + tiny_lm.encode(" in Izmir"), base + tiny_lm.encode(" and the Government"), base]
-    assert _common_prefix_length(rows) == len(base)
+    assert common_prefix_length(rows) == len(base)
     shared, unshared = Recorder(), Recorder()
     o1 = Engine(tiny_lm, prefix_sharing=True).generate(rows, shared, max_new_tokens=8, min_new_tokens=8)
     o2 = Engine(tiny_lm, prefix_sharing=False).generate(rows, unshared, max_new_tokens=8, min_new_tokens=8)
@@ -341,17 +342,17 @@ def test_bad_pad_width(tiny_lm):
 
 def test_run_jobs_matches_one_run_per_job(tiny_lm):
     """``run_jobs`` gives each job the output ``generate`` gives it alone (same seed), and checks every job first."""
-    from dpinfer.engine import EngineJob
+    from dpinfer.engine import Job
 
-    jobs = [EngineJob([[1, 2, 3, 4]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=6, seed=s)
+    jobs = [Job([[1, 2, 3, 4]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=6, seed=s)
             for s in (0, 1, 2)]
-    jobs.append(EngineJob([[5, 6, 7], [5, 6, 8, 9]], Sampler(temperature=1.0, mode="independent"),
+    jobs.append(Job([[5, 6, 7], [5, 6, 8, 9]], Sampler(temperature=1.0, mode="independent"),
                           max_new_tokens=5, seed=3))
     got = dict(Engine(tiny_lm).run_jobs(jobs))
     assert sorted(got) == [0, 1, 2, 3]
     for i, job in enumerate(jobs):
         alone = Engine(tiny_lm).generate(job.contexts, job.mechanism, max_new_tokens=job.max_new_tokens, seed=job.seed)
         assert got[i].sequences == alone.sequences
-    bad = [jobs[0], EngineJob([[1]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=0)]
+    bad = [jobs[0], Job([[1]], Sampler(temperature=1.0, mode="joint"), max_new_tokens=0)]
     with pytest.raises(ConfigurationError, match=r"^job 1: max_new_tokens"):
         next(Engine(tiny_lm).run_jobs(bad))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpinfer.engine import DecodeStep, Engine, EngineJob
+from dpinfer.engine import DecodeStep, Engine, Job
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
 
 PROMPTS = ("The quick brown fox", "Mr Smith, a lawyer practising in London, represented the applicants.",
@@ -49,8 +49,8 @@ def widths(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def _jobs(lm, pad_width):
     eos = min(lm.eos_token_ids)
     rows = [lm.encode(p) for p in PROMPTS]
-    return [EngineJob(contexts=rows, mechanism=StopsEarly([3, 9, 1, 6], eos), max_new_tokens=12, pad_width=pad_width),
-            EngineJob(contexts=rows[:2], mechanism=StopsEarly([5, 2], eos), max_new_tokens=12, pad_width=pad_width)]
+    return [Job(contexts=rows, mechanism=StopsEarly([3, 9, 1, 6], eos), max_new_tokens=12, pad_width=pad_width),
+            Job(contexts=rows[:2], mechanism=StopsEarly([5, 2], eos), max_new_tokens=12, pad_width=pad_width)]
 
 
 @pytest.mark.parametrize("pad_width", [None, 40], ids=["own-cache", "pool"])

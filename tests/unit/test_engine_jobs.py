@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpinfer import models
-from dpinfer.engine import Engine, EngineJob, SlotCache, bucket_capacity, public_width
+from dpinfer.engine import Engine, Job, SlotCache, bucket_capacity, public_width
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import REGISTRY, get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
@@ -87,25 +87,25 @@ def ink() -> Mechanism:
     return get_mechanism("invisibleink", clip_norm=2.0, batch_size=2, top_k=5)
 
 
-def mixed_jobs(lm) -> list[EngineJob]:
+def mixed_jobs(lm) -> list[Job]:
     pub = lm.encode(PUBLIC)
     priv = [lm.encode(p) for p in PRIVATE]
     long = lm.encode(LONG)
     assert len(long) > 64 > len(pub)
     return [
-        EngineJob([pub, priv[0], priv[1]], Greedy(fusion()), max_new_tokens=10, seed=1),   # public row, full head
-        EngineJob([pub, priv[2], priv[3]], Greedy(ink()), max_new_tokens=7, seed=2),       # public row, split head
-        EngineJob([priv[1], priv[3]], Greedy(get_mechanism("dp-prompt", clip_min=-2.0, clip_max=2.0,
+        Job([pub, priv[0], priv[1]], Greedy(fusion()), max_new_tokens=10, seed=1),   # public row, full head
+        Job([pub, priv[2], priv[3]], Greedy(ink()), max_new_tokens=7, seed=2),       # public row, split head
+        Job([priv[1], priv[3]], Greedy(get_mechanism("dp-prompt", clip_min=-2.0, clip_max=2.0,
                                                            num_rewrites=2)), max_new_tokens=9, pad_width=40, seed=3),
-        EngineJob(priv[:3], Sampler(temperature=0, mode="independent"), max_new_tokens=8, pad_width=40),
-        EngineJob([priv[2]], Sampler(temperature=0, mode="joint"), max_new_tokens=12, pad_width=16),
-        EngineJob([priv[0], priv[2]], Sampler(temperature=0, mode="independent"), max_new_tokens=6),  # solo
-        EngineJob([pub, long, priv[2]], Greedy(fusion()), max_new_tokens=5, seed=4),  # a row over the capacity
+        Job(priv[:3], Sampler(temperature=0, mode="independent"), max_new_tokens=8, pad_width=40),
+        Job([priv[2]], Sampler(temperature=0, mode="joint"), max_new_tokens=12, pad_width=16),
+        Job([priv[0], priv[2]], Sampler(temperature=0, mode="independent"), max_new_tokens=6),  # solo
+        Job([pub, long, priv[2]], Greedy(fusion()), max_new_tokens=5, seed=4),  # a row over the capacity
     ]
 
 
-def fresh(job: EngineJob, mechanism: Mechanism) -> EngineJob:
-    return EngineJob(job.contexts, mechanism, job.max_new_tokens, job.min_new_tokens, job.seed, job.generator,
+def fresh(job: Job, mechanism: Mechanism) -> Job:
+    return Job(job.contexts, mechanism, job.max_new_tokens, job.min_new_tokens, job.seed, job.generator,
                      job.stop_on_eos, job.processors, job.pad_width)
 
 
@@ -158,8 +158,8 @@ def test_a_seed_reproduces_a_run_and_sampling_agrees_with_generate(tiny_lm):
     pub = tiny_lm.encode(PUBLIC)
 
     def jobs():
-        out = [EngineJob([pub, ids[0], ids[1]], fusion(), max_new_tokens=12, seed=s) for s in range(3)]
-        out += [EngineJob(ids[:2], Sampler(temperature=1.0, mode="independent"), max_new_tokens=12, pad_width=40,
+        out = [Job([pub, ids[0], ids[1]], fusion(), max_new_tokens=12, seed=s) for s in range(3)]
+        out += [Job(ids[:2], Sampler(temperature=1.0, mode="independent"), max_new_tokens=12, pad_width=40,
                           seed=10 + s) for s in range(3)]
         return out
 
@@ -168,7 +168,7 @@ def test_a_seed_reproduces_a_run_and_sampling_agrees_with_generate(tiny_lm):
     b = dict(engine.run_jobs(jobs(), max_rows=5, compile=False))
     assert [a[i].sequences for i in range(6)] == [b[i].sequences for i in range(6)]
     c = dict(engine.run_jobs([fresh(j, j.mechanism) for j in jobs()[:3]] + [
-        EngineJob(j.contexts, j.mechanism, j.max_new_tokens, seed=j.seed + 100, pad_width=40) for j in jobs()[3:]],
+        Job(j.contexts, j.mechanism, j.max_new_tokens, seed=j.seed + 100, pad_width=40) for j in jobs()[3:]],
         max_rows=5, compile=False))
     assert [a[i].sequences for i in range(3, 6)] != [c[i].sequences for i in range(3, 6)]
     # the same seeds one job at a time: logits differ from the batched ones by float rounding only, so a sampled
@@ -206,7 +206,7 @@ def test_every_registered_mechanism_runs_through_run_jobs(tiny_lm):
     jobs = []
     for s, name in enumerate(sorted(REGISTRY.names())):
         make, k = ENGINE_FACTORIES[name]
-        jobs.append(EngineJob(rows[:k] if k > 1 else [rows[1]], make(v), max_new_tokens=6, seed=s, pad_width=40))
+        jobs.append(Job(rows[:k] if k > 1 else [rows[1]], make(v), max_new_tokens=6, seed=s, pad_width=40))
     outs = dict(Engine(tiny_lm).run_jobs(jobs, max_rows=6, compile=False))
     assert sorted(outs) == list(range(len(jobs)))
     for i, job in enumerate(jobs):
@@ -224,7 +224,7 @@ def test_every_registered_mechanism_runs_through_run_jobs(tiny_lm):
 
 
 def test_bad_options_are_refused_before_any_run(tiny_lm):
-    job = EngineJob([[1, 2, 3]], Sampler(temperature=0), max_new_tokens=2)
+    job = Job([[1, 2, 3]], Sampler(temperature=0), max_new_tokens=2)
     with pytest.raises(ConfigurationError, match="max_rows"):
         next(Engine(tiny_lm).run_jobs([job], max_rows=0))
     with pytest.raises(ConfigurationError, match="compile"):
@@ -284,7 +284,7 @@ def test_two_interleaved_run_jobs_on_one_engine_do_not_share_a_cache(tiny_lm):
 def test_jobs_submitted_between_steps_join_the_running_batch(tiny_lm):
     """``submit``/``step``, as a server drives them: a job submitted while another runs joins the batch; each step
     gives one event per running job and the jobs that finished; outputs are those each job gets alone."""
-    from dpinfer.engine import Job, JobStatus
+    from dpinfer.engine import JobStatus
 
     pub = tiny_lm.encode(PUBLIC)
     priv = [tiny_lm.encode(p) for p in PRIVATE]

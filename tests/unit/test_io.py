@@ -67,8 +67,8 @@ def test_decode_text_refuses_without_the_content() -> None:
             decode_text(data, "doc")
 
 
-def test_the_old_import_paths_still_work() -> None:
+def test_file_helpers_have_one_home() -> None:
     from dpinfer import io, validation
 
-    assert validation.atomic_write_text is io.atomic_write_text
+    assert not hasattr(validation, "atomic_write_text")  # no second import path (issue 33: no re-export)
     assert os.path.basename(io.__file__) == "io.py"

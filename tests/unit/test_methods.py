@@ -74,7 +74,8 @@ def test_a_registered_mechanism_is_offered_by_validation_help_and_the_pipeline(t
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"{toy}: a toy registered by the dispatch test" in help_text
 
-    from dpinfer.pipelines.sanitize import method_plan, sanitize
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_plan import method_plan
 
     plan = method_plan(toy)
     assert (plan.mechanism, plan.contexts, plan.protects) == (toy, "original", "document")

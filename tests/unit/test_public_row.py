@@ -140,7 +140,9 @@ def test_synth_pads_to_a_public_width_that_fits_cut_references(tiny_lm):
     cut to that many tokens fit it, so the K rows decode in one batch."""
     import inspect
 
-    from dpinfer.pipelines.synthesize import TEMPLATES, Reference, batch_contexts, public_pad_width
+    from dpinfer.configs.synth import TEMPLATES
+    from dpinfer.methods.synthesize import batch_contexts, public_pad_width
+    from dpinfer.references import Reference
 
     assert list(inspect.signature(public_pad_width).parameters) == ["lm", "template", "labels", "max_reference_tokens"]
     template = TEMPLATES["generic"]

@@ -17,6 +17,7 @@ from scipy import stats
 
 from dpinfer.accounting import Guarantee
 from dpinfer.cli import main
+from dpinfer.configs.synth import PromptTemplate
 from dpinfer.engine import Engine
 from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms import get_mechanism, sampler
@@ -30,7 +31,8 @@ from dpinfer.mechanisms.randomness import (
 )
 from dpinfer.mechanisms.sampler import Sampler, sample_probs
 from dpinfer.pipelines.sanitize import sanitize
-from dpinfer.pipelines.synthesize import PromptTemplate, Reference, synthesize
+from dpinfer.pipelines.synthesize import synthesize
+from dpinfer.references import Reference
 from dpinfer.taggers import Span
 
 DOC = "Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."

@@ -30,8 +30,10 @@ from dpinfer.accounting.accountant import (
     grow_bracket,
 )
 from dpinfer.accounting.calibration import calibrate, zcdp_rho_for_target
+from dpinfer.accounting.costs import Cost
 from dpinfer.accounting.guarantee import DataDependentSpend, GroupGuarantee, Guarantee
-from dpinfer.accounting.ledger import Charge, Cost, Ledger, UnitStatus
+from dpinfer.accounting.ledger import Charge, Ledger
+from dpinfer.accounting.ledger_store import UnitStatus
 from dpinfer.accounting.losses import (
     DEFAULT_ORDERS,
     PrivacyLoss,

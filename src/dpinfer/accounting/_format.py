@@ -3,6 +3,4 @@ in :mod:`dpinfer.checks` so that the checks below the accountant print figures t
 
 from __future__ import annotations
 
-from dpinfer.checks import format_up
-
-__all__ = ["format_up"]
+__all__ = []

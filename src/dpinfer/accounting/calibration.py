@@ -7,9 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dpinfer.accounting._format import format_up
 from dpinfer.accounting.losses import DELTA_HINT, PrivacyLoss, SingleOrderRdp, Zcdp
-from dpinfer.checks import check_delta, positive_number
+from dpinfer.checks import check_delta, format_up, positive_number
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 
 

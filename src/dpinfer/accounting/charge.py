@@ -37,8 +37,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from dpinfer.accounting.costs import Cost
 from dpinfer.accounting.guarantee import Guarantee
-from dpinfer.accounting.ledger import Charge, Cost, Ledger, check_unit
+from dpinfer.accounting.ledger import Charge, Ledger
+from dpinfer.accounting.ledger_store import check_unit
 from dpinfer.accounting.losses import PrivacyLoss, PureDp
 from dpinfer.errors import LedgerError
 

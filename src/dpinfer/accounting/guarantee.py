@@ -11,9 +11,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from dpinfer._json import plain
-from dpinfer.accounting._format import format_up
 from dpinfer.accounting.losses import PrivacyLoss, SingleOrderRdp
-from dpinfer.checks import check_probability, non_negative_number
+from dpinfer.checks import check_probability, format_up, non_negative_number
 from dpinfer.errors import ConfigurationError
 
 ACCOUNTINGS = ("dpinfer", "as_published")

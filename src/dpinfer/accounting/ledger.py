@@ -76,25 +76,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from dpinfer._json import plain
-from dpinfer.accounting.costs import ALL_GROUPS, ApproxDp, Cost, Loss, composed_epsilon
+from dpinfer.accounting.costs import Cost, Loss, composed_epsilon
 from dpinfer.accounting.guarantee import Guarantee
-from dpinfer.accounting.ledger_store import (
-    _RECORD,
-    APPLICATION_ID,
-    SCHEMA_VERSION,
-    ChargeRecord,
-    LedgerStore,
-    UnitStatus,
-    _record,
-    check_unit,
-)
+from dpinfer.accounting.ledger_store import _RECORD, ChargeRecord, LedgerStore, UnitStatus, _record, check_unit
 from dpinfer.checks import check_delta, format_up, non_negative_number
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import BudgetExceededError, ConfigurationError, LedgerError
 
-__all__ = ["ALL_GROUPS", "APPLICATION_ID", "SCHEMA_VERSION", "ApproxDp", "BudgetExceededError", "Charge",
-           "ChargeRecord", "Cost", "Ledger", "LedgerError", "UnitStatus", "check_unit", "composed_epsilon",
-           "holder_alive", "holder_id", "settle_dead"]
+__all__ = [
+    "Charge",
+    "Ledger",
+    "holder_alive",
+    "holder_id",
+    "settle_dead",
+]
 
 
 class Charge:

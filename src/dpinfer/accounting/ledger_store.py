@@ -39,7 +39,7 @@ from dpinfer.checks import check_delta, format_up, non_negative_number
 from dpinfer.defaults import LEDGER
 from dpinfer.errors import LedgerError
 
-__all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "ChargeRecord", "LedgerStore", "UnitStatus",
+__all__ = [ "ChargeRecord", "LedgerStore", "UnitStatus",
            "check_unit", "is_database_url"]
 
 

@@ -21,8 +21,8 @@ from dpinfer.accounting import (
     grow_bracket,
     zcdp_rho_for_target,
 )
+from dpinfer.accounting.costs import ApproxDp, Cost
 from dpinfer.accounting.dp_fusion import conversion_cost
-from dpinfer.accounting.ledger import ApproxDp, Cost
 
 __all__ = ["NO_PRIVACY", "pure_steps_estimate", "single_order_estimate", "zcdp_estimate"]
 

@@ -6,10 +6,10 @@ Both in the same run, on the same model and documents (the first N TAB-ECHR docu
 many):
 
 * **one by one**: :func:`~dpinfer.pipelines.sanitize.sanitize` per document, in a loop;
-* **corpus**: :func:`~dpinfer.pipelines.sanitize.sanitize_many` (plan every document, one ``Engine.run_jobs`` call,
+* **corpus**: :func:`~dpinfer.pipelines.sanitize_many.sanitize_many` (plan every document, one ``Engine.run_jobs`` call,
   finish each as it completes), what ``dpinfer sanitize --corpus`` runs.
 
-Each document gets the same seed on both paths (:func:`~dpinfer.pipelines.sanitize.record_seed`), so the bench also
+Each document gets the same seed on both paths (:func:`~dpinfer.pipelines.sanitize_many.record_seed`), so the bench also
 reports whether the two paths released the same tokens (with the reference ``run_jobs``, which runs the jobs one after
 another, they must; a batching engine may differ where batched kernels round differently). A short warm-up run comes
 first; with ``--repeats R`` the two paths run R times each, the order alternating between rounds (one by one first in
@@ -35,7 +35,9 @@ def run_corpus(lm: Any, docs: Sequence[Any], *, epsilon: float, max_new_tokens: 
     default one per entity type). ``engine``: the :class:`~dpinfer.engine.Engine` that ``sanitize_many`` runs on
     (default a new one per call; pass one to reuse its slot pool, and so its compiled decode step, across rounds).
     ``one_by_one=False`` times the corpus path alone (its speed ratio and ``same_tokens`` are then ``None``)."""
-    from dpinfer.pipelines.sanitize import Record, record_seed, resolve_groups, sanitize, sanitize_many
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_many import Record, record_seed, sanitize_many
+    from dpinfer.taggers.resolve import resolve_groups
 
     opts: dict[str, Any] = {"epsilon": epsilon, "max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens}
     if groups is not None:

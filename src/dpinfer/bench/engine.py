@@ -122,14 +122,14 @@ def run_jobs_bench(lm: Any, *, n_jobs: int, ks: tuple[int, ...] = (1,), new_toke
     hf_lm = hf_lm if hf_lm is not None else hf_twin(lm)
     import torch
 
-    from dpinfer.engine import Engine, EngineJob
+    from dpinfer.engine import Engine, Job
     from dpinfer.mechanisms.sampler import Sampler
 
     prompts = job_prompts(lm, n_jobs, prompt_tokens)
     total = n_jobs * new_tokens
 
     def jobs(k: int) -> list[Any]:
-        return [EngineJob([p] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
+        return [Job([p] * k, Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
                           min_new_tokens=new_tokens, pad_width=len(p)) for p in prompts]
 
     engine = Engine(lm)

@@ -28,7 +28,7 @@ def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, me
     temperature and top-k, independent mode); ``debug_stats``: the jobs record their statistics."""
     from dpinfer.accounting.calibration import Budget, Spec
     from dpinfer.defaults import SANITIZE, SYNTH
-    from dpinfer.engine import EngineJob
+    from dpinfer.engine import Job
     from dpinfer.mechanisms.dp_fusion import DPFusion
     from dpinfer.mechanisms.invisibleink import InvisibleInk
     from dpinfer.mechanisms.sampler import Sampler
@@ -50,7 +50,7 @@ def mechanism_jobs(lm: Any, n_jobs: int, prompt_tokens: int, new_tokens: int, me
             mech = (Sampler(temperature=SANITIZE.temperature, top_k=SANITIZE.top_k) if plain else
                     DPFusion(bounds=[0.05] * m, group_names=[f"G{i}" for i in range(1, m + 1)], alpha=SANITIZE.alpha,
                              temperature=SANITIZE.temperature, top_k=SANITIZE.top_k, min_p=SANITIZE.min_p))
-        out.append(EngineJob(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
+        out.append(Job(rows, mech, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_width=len(p),
                              seed=seed + j, debug_stats=debug_stats))
     return out
 

@@ -91,6 +91,7 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
     from dpinfer.eval.intervals import wilson as wilson_interval
     from dpinfer.mechanisms.dp_prompt import DPPrompt
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.protect.stage1 import stage1_mechanism
     from dpinfer.runtime import Runtime
     from dpinfer.task import run_jobs
 
@@ -113,9 +114,9 @@ def run_quality(lm: Any, records: list[dict[str, Any]], *, temperatures: list[fl
                             suppress=suppress or PROTECT.suppress, n_exemplars=n_exemplars or PROTECT.n_exemplars,
                             stage3_int8=stage3_int8, stage3_quorum=stage3_quorum)
         jem = ndp.replace(keywords="jem")
-        gtr_g = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=n_rewrites, max_new_tokens=max_new_tokens,
+        gtr_g = stage1_mechanism(clip=(lo, hi), n_rewrites=n_rewrites, max_new_tokens=max_new_tokens,
                                     delta=delta, temperature=tau).guarantee(max_new_tokens)
-        one_g = pp.stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
+        one_g = stage1_mechanism(clip=(lo, hi), n_rewrites=1, max_new_tokens=max_new_tokens, delta=delta,
                                     temperature=tau).guarantee(max_new_tokens)
         eq_mech = DPPrompt.calibrated(Budget(gtr_g.epsilon, delta),
                                       Spec(max_new_tokens, clip_min=lo, clip_max=hi, num_rewrites=1))
@@ -260,6 +261,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.eval.embeddings import shared_embedder
     from dpinfer.pipelines import protect_prompt as pp
+    from dpinfer.protect.stage1 import paraphrase_ids
     from dpinfer.runtime import Runtime
 
     t0 = time.perf_counter()
@@ -298,7 +300,7 @@ def run_perf(lm: Any, question: str, *, n_rewrites: int, max_new_tokens: int, re
             "best_one_cpu": cpu_one, "best_gtr_cpu": cpu_gtr, "cpu_ratio": cpu_gtr / cpu_one,
             "stages": best_gtr["stages"], "loading_once": loading, "temperature": temperature,
             "n_rewrites": n_rewrites, "n_exemplars": n_ex, "max_new_tokens": max_new_tokens, "repeats": repeats,
-            "prompt_tokens": len(pp.paraphrase_ids(lm, question)), **machine_load()}
+            "prompt_tokens": len(paraphrase_ids(lm, question)), **machine_load()}
 
 
 def perf_markdown(perf: dict[str, Any]) -> str:
@@ -400,7 +402,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> GtrBenchConfig:
     """The config of parsed ``dpinfer bench gtr`` options, checked before any data or model loads."""
-    from dpinfer.validation import check_output_path
+    from dpinfer.io import check_output_path
 
     perf = getattr(args, "perf", False)
     temperatures = (parse_temperatures(args.temperatures) if "temperatures" in args

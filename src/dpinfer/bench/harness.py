@@ -24,7 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
@@ -32,6 +32,18 @@ from dpinfer.errors import ConfigurationError
 
 Progress = Callable[[str], None]
 """``progress(stage)``: names the stage a benchmark has reached (a spinner on the command line)."""
+
+
+@dataclass
+class ProgressLine:
+    """A bench's progress line: ``msg (N s)``, seconds since the bench started (nothing without ``update``)."""
+
+    update: Callable[[str], None] | None
+    start: float = field(default_factory=time.perf_counter)
+
+    def __call__(self, msg: str) -> None:
+        if self.update:
+            self.update(f"{msg} ({time.perf_counter() - self.start:.0f} s)")
 
 
 def quiet(stage: str) -> None:
@@ -109,7 +121,7 @@ def entry(name: str) -> BenchEntry:
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (a reader never sees half a file; an interrupted run leaves the previous
     file); its folder is created. Returns the path."""
-    from dpinfer.validation import atomic_write_text
+    from dpinfer.io import atomic_write_text
 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

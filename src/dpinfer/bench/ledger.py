@@ -67,7 +67,8 @@ def _percentile(xs: list[float], q: float) -> float:
 def _client(location: str, first: int, spends: int, units: int, start_at: float, out: Any) -> None:
     from dpinfer.accounting import Zcdp
     from dpinfer.accounting.charge import spend_once
-    from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+    from dpinfer.accounting.costs import Cost, composed_epsilon
+    from dpinfer.accounting.ledger import Ledger
 
     ledger = Ledger(location)
     ledger.status("u0")  # connected and checked, the accountant imported, before the clock starts

@@ -143,23 +143,14 @@ def utility_rag(res: Mapping[str, Any], path: Path) -> Path | None:
         if ax is None:
             return None
         rows = res["rows"]
-        pad = sorted((r for r in rows if r["method"] == "pad"), key=lambda r: r["epsilon"])
         for method, colour, name in (("none", "tab:green", "none (ceiling)"), ("public", "grey", "public (floor)")):
             r = next((r for r in rows if r["method"] == method), None)
             if r is not None:
                 ax.axhspan(*r["hit"]["wilson95"], color=colour, alpha=0.15)
                 ax.axhline(r["hit"]["share"], color=colour, linestyle="--", label=name)
-        if pad:
-            ys = [r["hit"]["share"] for r in pad]
-            ax.errorbar([r["epsilon"] for r in pad], ys, marker="o", capsize=3, color="tab:blue", label="pad",
-                        yerr=_error_bars(ys, [r["hit"]["wilson95"][0] for r in pad],
-                                         [r["hit"]["wilson95"][1] for r in pad]))
-            ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("ε per answer (pad, δ = 1e-5)")
-        ax.set_ylabel("answers naming a drug/test of the reply")
-        ax.set_title(f"RAG on GenMedGPT: {res['questions']} held-in questions, 95% intervals", fontsize=9)
-        ax.legend(fontsize=8)
+        _epsilon_curve(ax, rows, "pad", "hit", "share", "wilson95", base=2)
+        _share_axes(ax, "ε per answer (pad, δ = 1e-5)", "answers naming a drug/test of the reply",
+                    f"RAG on GenMedGPT: {res['questions']} held-in questions, 95% intervals")
     return path
 
 
@@ -185,21 +176,34 @@ def utility_synth(res: Mapping[str, Any], path: Path) -> Path | None:
         rows = res["rows"]
         _floor_ceiling(ax, rows, "accuracy", {"real (ceiling)": ("tab:green", "real references (ceiling)"),
                                               "public": ("grey", "public (floor)")})
-        ii = sorted((r for r in rows if r["method"] == "invisibleink"), key=lambda r: r["epsilon"])
-        if ii:
-            ys = [r["accuracy"]["share"] for r in ii]
-            ax.errorbar([r["epsilon"] for r in ii], ys, marker="o", capsize=3, color="tab:blue", label="invisibleink",
-                        yerr=_error_bars(ys, [r["accuracy"]["wilson95"][0] for r in ii],
-                                         [r["accuracy"]["wilson95"][1] for r in ii]))
-            ax.set_xscale("log")
+        _epsilon_curve(ax, rows, "invisibleink", "accuracy", "share", "wilson95")
         ax.axhline(0.5, color="black", linestyle=":", linewidth=1, label="chance")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("ε per reference (invisibleink)")
-        ax.set_ylabel("accuracy on held-out real reviews")
-        ax.set_title(f"Yelp sentiment: trained on {res['per_class']} texts per star rating, {res['test']} test "
-                     "reviews", fontsize=9)
-        ax.legend(fontsize=8)
+        _share_axes(ax, "ε per reference (invisibleink)", "accuracy on held-out real reviews",
+                    f"Yelp sentiment: trained on {res['per_class']} texts per star rating, {res['test']} test "
+                     "reviews")
     return path
+
+
+def _share_axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    """A share on [0, 1] against ε: the labels, the title and the legend."""
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+
+
+def _epsilon_curve(ax: Any, rows: Sequence[Mapping[str, Any]], method: str, metric: str, stat: str,
+                   interval: str, base: float = 10) -> None:
+    """``method``'s ``metric`` (its ``stat``, bars from its ``interval``) against ε, on a log axis of ``base``
+    (nothing without rows of that method)."""
+    mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["epsilon"])
+    if not mine:
+        return
+    ys = [r[metric][stat] for r in mine]
+    ax.errorbar([r["epsilon"] for r in mine], ys, marker="o", capsize=3, color="tab:blue", label=method,
+                yerr=_error_bars(ys, [r[metric][interval][0] for r in mine], [r[metric][interval][1] for r in mine]))
+    ax.set_xscale("log", base=base)
 
 
 def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
@@ -231,9 +235,7 @@ def utility_sanitize(res: Mapping[str, Any], path: Path) -> Path | None:
             ax.set_xscale("log")
         if facts:
             ax.axhline(1 / res.get("choices", 4), color="black", linestyle=":", linewidth=1, label="chance")
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("ε per group (dp-fusion)")
-        ax.set_ylabel("fact questions answered from the release" if facts else "share of the document's values kept")
-        ax.set_title(f"TAB-ECHR: {res['docs']} documents, T_max {res['T_max']}", fontsize=9)
-        ax.legend(fontsize=8)
+        _share_axes(ax, "ε per group (dp-fusion)",
+                    "fact questions answered from the release" if facts else "share of the document's values kept",
+                    f"TAB-ECHR: {res['docs']} documents, T_max {res['T_max']}")
     return path

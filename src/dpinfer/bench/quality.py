@@ -44,12 +44,12 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
-from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
+from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
+from dpinfer.bench.quality_tasks import (
     BASELINES,
     ENGLISH_THRESHOLD,
     MAIN_JOB,
@@ -57,16 +57,12 @@ from dpinfer.bench.quality_tasks import (  # noqa: F401 (re-exported)
     SETTINGS,
     TASKS,
     TOPIC_THRESHOLD,
-    english_share,
-    rag_template,
     run_privacy_checks,
     run_protect,
     run_rag,
     run_sanitize,
     run_synth,
-    sanitize_options,
     summarise_row,
-    word_count,
 )
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
@@ -147,16 +143,6 @@ def config_from_args(args: argparse.Namespace) -> QualityBenchConfig:
 
 
 # ------------------------------------------------------------------------------------------------ run
-@dataclass
-class _Progress:
-    update: Callable[[str], None] | None
-    start: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, msg: str) -> None:
-        if self.update:
-            self.update(f"{msg} ({time.perf_counter() - self.start:.0f} s)")
-
-
 def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
     from dpinfer.eval.embeddings import load_embedder
@@ -168,7 +154,7 @@ def run(config: QualityBenchConfig, progress: Callable[[str], None] | None = Non
             write_json(Path(config.out) / "bench_quality.json", res)
             write_text(Path(config.out) / "bench_quality.md", res["markdown"] + "\n")
         return res
-    prog = _Progress(progress)
+    prog = ProgressLine(progress)
     lm = resolve_lm(config.model)
     emb = load_embedder()
     res: dict[str, Any] = {"model": lm.name, "settings": plain(config.to_kwargs())}

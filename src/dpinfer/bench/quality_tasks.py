@@ -63,7 +63,7 @@ def sanitize_options(setting: str) -> dict[str, Any]:
 
 
 def rag_template(setting: str) -> Any:
-    from dpinfer.pipelines.rag import RagTemplate
+    from dpinfer.rag.prompts import RagTemplate
 
     return RagTemplate.completion() if setting == "previous" else RagTemplate()
 
@@ -92,15 +92,15 @@ def run_sanitize(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
     progress summarised over its releases so far), so that a long run that is stopped keeps what it measured."""
     from dpinfer.eval.metrics import perplexity, repeated_ngram_share
     from dpinfer.paths import repo_root
-    from dpinfer.pipelines.sanitize import (
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_contexts import (
         DEFAULT_INSTRUCTION,
         build_prompt,
         default_max_new_tokens,
         prepare_contexts,
-        resolve_groups,
-        resolve_spans,
-        sanitize,
     )
+    from dpinfer.pipelines.sanitize_plan import resolve_spans
+    from dpinfer.taggers.resolve import resolve_groups
 
     path = Path(cfg.document)
     if not path.is_absolute() and not path.is_file() and repo_root() is not None:
@@ -333,7 +333,8 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None]) -> d
     from dpinfer.defaults import SYNTH
     from dpinfer.errors import DataNotFoundError
     from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import load_references, synthesize
+    from dpinfer.pipelines.synthesize import synthesize
+    from dpinfer.references import load_references
 
     try:
         path = data_file("yelp", "yelp_reviews.csv")

@@ -290,8 +290,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
     """The config of parsed ``dpinfer bench rag`` options, every option checked before any data or model is read."""
-    from dpinfer.pipelines.rag import METHODS, check_ask_params
-    from dpinfer.validation import check_output_path
+    from dpinfer.configs.ask import AskConfig
+    from dpinfer.io import check_output_path
+    from dpinfer.pipelines.rag import METHODS, answer_method
 
     lists: dict[str, Any] = {"data": args.dataset}
     if "methods" in args:
@@ -309,13 +310,13 @@ def config_from_args(args: argparse.Namespace) -> RagBenchConfig:
         lists["support_top_ks"] = tuple(None if k == 0 else k for k in ks)
     c = RagBenchConfig.from_args(args, **lists)
     for e in c.epsilons:
-        check_ask_params(mechanism="pad", epsilon=e, max_new_tokens=c.max_new_tokens, cli=True)
+        answer_method(AskConfig(mechanism="pad", epsilon=e, max_new_tokens=c.max_new_tokens, spelling="cli"))
     for name in ("docs", "attacks", "benign", "perf_questions"):
         if getattr(c, name) < 1:
             raise ConfigurationError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(c, name)}")
     if c.theta is not None:
-        check_ask_params(mechanism="distance-threshold", theta=c.theta, cli=True)
-    check_ask_params(mechanism="static", static_sigma=c.static_sigma, cli=True)
+        answer_method(AskConfig(mechanism="distance-threshold", theta=c.theta, spelling="cli"))
+    answer_method(AskConfig(mechanism="static", static_sigma=c.static_sigma, spelling="cli"))
     for suffix in (".perf.json",) if c.perf else (".json", ".md", ".png"):
         check_output_path(c.prefix.with_name(c.prefix.name + suffix), option="--out")
     return c

@@ -58,7 +58,8 @@ def run_quality(lm: Any, docs: list[Doc], pool_docs: list[Doc], *, epsilons: tup
                 methods: tuple[str, ...], max_new_tokens: int, seed: int, progress: Progress = quiet,
                 decoding: dict[str, Any] | None = None) -> dict[str, Any]:
     from dpinfer.eval.metrics import loss_attack, perplexity, repeated_ngram_share, verbatim_leak_rate
-    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, build_prompt
 
     def context(text: str) -> list[int]:
         return lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0])

@@ -33,6 +33,8 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
     configuration again (rows ``<name> [hf forward]``, with ``ratio_vs_hf_forward`` on the engine's row)."""
     from dpinfer.bench.engine import HF_FORWARD
     from dpinfer.pipelines import sanitize as pipeline
+    from dpinfer.pipelines import sanitize_contexts
+    from dpinfer.taggers.resolve import resolve_groups
 
     labels = sorted({s.label for s in doc.spans})
     configs: list[tuple[str, dict[str, list[str]] | None]] = [("original", None)]
@@ -103,8 +105,8 @@ def run_perf(lm: Any, doc: Doc, *, max_new_tokens: int, seed: int, repeats: int 
         names += [f"{c[0]} (run_jobs)" for c in configs]
     compile_seconds = None
     if hf_baselines:  # the prompt `original` decodes, through transformers' own generate loop
-        ids = pipeline.prepare_contexts(lm, doc.text, doc.spans, pipeline.resolve_groups(doc.spans, None),
-                                        pipeline.DEFAULT_INSTRUCTION).original
+        ids = sanitize_contexts.prepare_contexts(lm, doc.text, doc.spans, resolve_groups(doc.spans, None),
+                                        sanitize_contexts.DEFAULT_INSTRUCTION).original
         progress("hf generate static+compile (first call: compiles)")
         compile_seconds = speed.time_hf(hf_lm, ids, max_new_tokens, compiled=True)
         hf = [("hf generate eager", False), ("hf generate static+compile", True)]

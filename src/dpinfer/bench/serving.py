@@ -145,7 +145,7 @@ def _paragraphs(text: str) -> list[tuple[int, str]]:
 
 
 def _prompt_length(lm: Any, text: str) -> int:
-    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt
+    from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, build_prompt
 
     return len(lm.encode(build_prompt(lm, text, DEFAULT_INSTRUCTION)[0]))
 
@@ -188,13 +188,13 @@ def reference_texts(n: int) -> list[str]:
 def _measure_plain(lm: Any, ids: list[int], *, new_tokens: int, repeats: int, hf_baselines: bool,
                    progress: Progress) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Measure 1: per-round seconds of each path on the same prompt, and the first calls timed apart."""
-    from dpinfer.engine import Engine, EngineJob
+    from dpinfer.engine import Engine, Job
     from dpinfer.mechanisms.sampler import Sampler
 
     slots = Engine(lm)
 
-    def job() -> EngineJob:  # the prompt is a public benchmark prompt: its length is the job's public width
-        return EngineJob([ids], Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
+    def job() -> Job:  # the prompt is a public benchmark prompt: its length is the job's public width
+        return Job([ids], Sampler(temperature=0.0, mode="joint"), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, pad_width=len(ids))
 
     def through_slots() -> float:
@@ -260,17 +260,14 @@ def run(config: ServingBenchConfig, progress: Progress = quiet) -> dict[str, Any
     from dpinfer.bench import corpus as bench_corpus
     from dpinfer.bench import sanitize as bench_sanitize
     from dpinfer.bench import synth as bench_synth
+    from dpinfer.configs.synth import TEMPLATES
     from dpinfer.defaults import SANITIZE
     from dpinfer.engine import Engine
-    from dpinfer.pipelines.sanitize import (
-        DEFAULT_INSTRUCTION,
-        Record,
-        plan_sanitize,
-        prepare_contexts,
-        resolve_groups,
-        sanitize_many,
-    )
-    from dpinfer.pipelines.synthesize import TEMPLATES, Reference
+    from dpinfer.pipelines.sanitize import plan_sanitize
+    from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, prepare_contexts
+    from dpinfer.pipelines.sanitize_many import Record, sanitize_many
+    from dpinfer.references import Reference
+    from dpinfer.taggers.resolve import resolve_groups
 
     c = config
     load_before = bench.machine_load()

@@ -45,25 +45,21 @@ def document_prompt_ids(lm: Any, target_tokens: int = 500, document: str | None 
     return best
 
 
+_SHAPE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "vocab_size", "tie_word_embeddings", "max_position_embeddings", "rope_theta")
+
 SHAPES: dict[str, dict[str, Any]] = {
-    # name: model_type and config fields of a public architecture (random weights, nothing downloaded)
-    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
-                         max_position_embeddings=8192, rope_theta=100000.0),
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1000000.0),
-    "qwen2.5-tiny": dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1000000.0),
-    # ^ the CPU proxy of a 7B-class vocabulary: Qwen2.5's 151,936 tokens, two small layers (the per-step work after
-    #   the logits dominates, as on a GPU with a large model)
-    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
-                       max_position_embeddings=32768, rope_theta=1000000.0),
-    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                         max_position_embeddings=131072, rope_theta=500000.0),
+    # name: model_type and config fields of a public architecture (random weights, nothing downloaded), in the order
+    # of _SHAPE_FIELDS
+    name: dict(zip(_SHAPE_FIELDS, values, strict=True)) for name, values in {
+        "smollm2-135m": ("llama", 576, 1536, 30, 9, 3, 49152, True, 8192, 100000.0),
+        "qwen2.5-0.5b": ("qwen2", 896, 4864, 24, 14, 2, 151936, True, 32768, 1000000.0),
+        # the CPU proxy of a 7B-class vocabulary: Qwen2.5's 151,936 tokens, two small layers (the per-step work after
+        # the logits dominates, as on a GPU with a large model)
+        "qwen2.5-tiny": ("qwen2", 128, 256, 2, 4, 2, 151936, True, 32768, 1000000.0),
+        "qwen2.5-7b": ("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 32768, 1000000.0),
+        "llama-3.1-8b": ("llama", 4096, 14336, 32, 32, 8, 128256, False, 131072, 500000.0),
+    }.items()
 }
 """Model shapes for ``--shape`` (a random-weight model of that architecture)."""
 

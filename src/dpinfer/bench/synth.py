@@ -61,9 +61,10 @@ def run_quality(lm: Any, refs: list[Any], real: list[Any], *, methods: tuple[str
                 batch_sizes: tuple[int, ...], epsilon: float, delta: float, n_texts: int, max_new_tokens: int,
                 top_k: int | None, temperature: float, template: str, seed: int, mauve_repeats: int,
                 amin_sound: bool, progress: Progress = quiet) -> dict[str, Any]:
+    from dpinfer.configs.synth import TEMPLATES
     from dpinfer.eval.embeddings import load_embedder
     from dpinfer.methods import is_baseline
-    from dpinfer.pipelines.synthesize import TEMPLATES, synthesize
+    from dpinfer.pipelines.synthesize import synthesize
 
     emb = load_embedder()
     tpl = TEMPLATES[template]
@@ -120,10 +121,10 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
     With ``slot_engine``, both also run as ONE job through ``Engine.run_jobs`` (the slot engine), each on an engine of
     its own so that its compiled decode step is reused across repeats; the first call of each (it compiles on CUDA)
     is timed apart. Their figures are under ``"slot_engine"``, with the same keys."""
-    from dpinfer.configs.synth import SynthConfig
-    from dpinfer.engine import Engine, EngineJob
-    from dpinfer.methods.synthesize import build
-    from dpinfer.pipelines.synthesize import TEMPLATES, batch_contexts, partition, public_pad_width
+    from dpinfer.configs.synth import TEMPLATES, SynthConfig
+    from dpinfer.engine import Engine, Job
+    from dpinfer.methods.synthesize import batch_contexts, build, public_pad_width
+    from dpinfer.references import partition
 
     batches, _ = partition(refs, batch_size, seed)
     public, *private = batch_contexts(lm, TEMPLATES[template], [refs[i] for i in batches[0]], max_reference_tokens)
@@ -139,7 +140,7 @@ def run_perf(lm: Any, refs: list[Any], *, batch_size: int, max_new_tokens: int, 
         mech = build(SynthConfig(method=method, epsilon=epsilon, delta=1e-6, batch_size=batch_size,
                                  max_new_tokens=max_new_tokens, top_k=top_k, temperature=1.0))
         contexts = [public] if method == "public" else [public, *private]
-        return EngineJob(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r,
+        return Job(contexts, mech, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed + r,
                          pad_width=pad)
 
     def through_slots(method: str, r: int, timer: Timings, label: str) -> None:
@@ -290,7 +291,7 @@ def run(config: SynthBenchConfig, progress: Progress = quiet) -> dict[str, Any]:
     from dpinfer._json import plain
     from dpinfer.errors import DataNotFoundError
     from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import load_references
+    from dpinfer.references import load_references
 
     c = config
     path = Path(c.data) if c.data else data_file("yelp", "yelp_reviews.csv")

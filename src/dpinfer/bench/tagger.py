@@ -391,7 +391,7 @@ def config_from_args(args: argparse.Namespace) -> TaggerBenchConfig:
     if c.n is not None and c.n < 1:
         raise InvalidInputError("--n must be >= 1")
     if isinstance(c.json, str) and c.json != "-":
-        from dpinfer.validation import check_output_path
+        from dpinfer.io import check_output_path
 
         check_output_path(c.json, option="--json")
     return c

@@ -39,11 +39,11 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpinfer.bench.harness import md_table, parse_list, write_json, write_text
+from dpinfer.bench.harness import ProgressLine, md_table, parse_list, write_json, write_text
 from dpinfer.checks import int_at_least
 from dpinfer.configs import Config, add_options, option
 from dpinfer.defaults import RAG, SANITIZE
@@ -176,16 +176,6 @@ def config_from_args(args: argparse.Namespace) -> UtilityBenchConfig:
 
 
 # ------------------------------------------------------------------------------------------------ run
-@dataclass
-class _Progress:
-    update: Callable[[str], None] | None
-    start: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, msg: str) -> None:
-        if self.update:
-            self.update(f"{msg} ({time.perf_counter() - self.start:.0f} s)")
-
-
 def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from dpinfer._json import plain
     from dpinfer.bench.utility_rag import run_rag
@@ -196,7 +186,7 @@ def run(config: UtilityBenchConfig, progress: Callable[[str], None] | None = Non
 
     if config.merge:
         return _merge(config)
-    prog = _Progress(progress)
+    prog = ProgressLine(progress)
     if config.protect_from and config.tasks == ("protect",):  # tabulates a finished bench gtr run: no model
         from dpinfer.bench.utility_synth import protect_from_file
 

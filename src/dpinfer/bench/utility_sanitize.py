@@ -114,7 +114,8 @@ def run_sanitize(lm: Any, cfg: Any, progress: Callable[[str], None],
     from dpinfer.bench.gtr import MiniLMAnswerer
     from dpinfer.errors import DataNotFoundError
     from dpinfer.eval.metrics import perplexity
-    from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, build_prompt, sanitize
+    from dpinfer.pipelines.sanitize import sanitize
+    from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, build_prompt
     from dpinfer.taggers.regex_tagger import RegexTagger
 
     try:

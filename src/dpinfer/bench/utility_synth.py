@@ -54,7 +54,8 @@ def run_synth(lm: Any, emb: Any, cfg: Any, progress: Callable[[str], None],
     from dpinfer.defaults import SYNTH
     from dpinfer.errors import DataNotFoundError
     from dpinfer.paths import data_file
-    from dpinfer.pipelines.synthesize import load_references, synthesize
+    from dpinfer.pipelines.synthesize import synthesize
+    from dpinfer.references import load_references
 
     try:
         path = data_file("yelp", "yelp_reviews.csv")

@@ -18,30 +18,10 @@ import sys
 from collections.abc import Sequence
 
 from dpinfer import __version__
-from dpinfer.cli.bench import add_bench_command, check_bench_args, run_bench
-from dpinfer.cli.output import (
-    EXIT_ERROR,
-    Parser,
-    cli_k,
-    console,
-    print_json,
-    progress_runner,
-    read_text_arg,
-    write_failure,
-)
-from dpinfer.cli.sanitize import guarantee_sentence
+from dpinfer.cli.bench import add_bench_command
+from dpinfer.cli.output import EXIT_ERROR, Parser, read_text_arg
 from dpinfer.errors import DPInferError
 from dpinfer.models import defer_collection_until_loaded, resume_collection
-
-# the shared helpers, also under the names they had in the one-file CLI (command modules written against it)
-_console = console
-_print_json = print_json
-_cli_k = cli_k
-_write_failure = write_failure
-_progress_runner = progress_runner
-_check_bench_args = check_bench_args
-_run_bench_module = run_bench
-_guarantee_sentence = guarantee_sentence
 
 BUILTIN_COMMAND_MODULES: tuple[str, ...] = (
     "dpinfer.cli.generate",

@@ -34,14 +34,9 @@ BENCH_COUNTS = ("n", "new_tokens", "prompt_tokens", "repeats", "max_chars", "max
 
 def check_bench_args(args: argparse.Namespace) -> None:
     """The numeric options and the data file of a benchmark, checked before any model loads."""
-    from dpinfer.validation import (
-        check_delta,
-        check_seed,
-        check_temperature,
-        int_at_least,
-        positive_number,
-        sniff_text_file,
-    )
+    from dpinfer.checks import check_delta, positive_number
+    from dpinfer.io import sniff_text_file
+    from dpinfer.validation import check_seed, check_temperature, int_at_least
 
     for name in BENCH_COUNTS:
         value = getattr(args, name, None)

@@ -141,7 +141,7 @@ def record_progress(label: str, total: int, *, interval: float = PLAIN_PROGRESS_
 
 def sanitize_options(args: argparse.Namespace, *, group_epsilon: Any, groups: Any, top_k: Any,
                      no_repeat_ngram: Any) -> dict[str, Any]:
-    """The :func:`~dpinfer.pipelines.sanitize.sanitize_many` options of parsed ``dpinfer sanitize`` arguments."""
+    """The :func:`~dpinfer.pipelines.sanitize_many.sanitize_many` options of parsed ``dpinfer sanitize`` arguments."""
     options: dict[str, Any] = {
         "method": args.method, "epsilon": args.epsilon, "group_epsilon": group_epsilon, "delta": args.delta,
         "groups": groups, "max_new_tokens": args.max_new_tokens, "alpha": args.alpha,
@@ -225,8 +225,9 @@ def corpus_charges(args: argparse.Namespace, records: list[Any], options: dict[s
     import os
 
     from dpinfer.accounting.charge import RecordCharges, open_ledger
-    from dpinfer.accounting.ledger import ApproxDp, Cost  # dp_accounting: imported when a ledger is used
-    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups  # torch: imported when a ledger is used
+    from dpinfer.accounting.costs import ApproxDp, Cost
+    from dpinfer.pipelines.sanitize import estimate_cost
+    from dpinfer.taggers.resolve import resolve_groups
 
     ledger = open_ledger(ledger_path(args))
     if ledger is None:
@@ -256,8 +257,7 @@ def _releases(args: argparse.Namespace, todo: list[Any], options: dict[str, Any]
                                        tagger=tagger, seed=args.seed, options=options, address=args.ray_address,
                                        batch_size=args.ray_batch_size, actors=args.ray_actors, **charged)
         return
-    from dpinfer.pipelines.sanitize import sanitize_many  # torch: imported when the job runs
-    from dpinfer.pipelines.sanitize_many import needs_tagger
+    from dpinfer.pipelines.sanitize_many import needs_tagger, sanitize_many
 
     # one runtime for the run; the tagger (when a record has no spans) is built first, before the model loads: a
     # tagger that cannot be built stops the run here instead of failing every record

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from dpinfer.validation import check_generate_params, check_text
 
     check_generate_params(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed, cli=True)
+                          top_p=args.top_p, seed=args.seed, spelling="cli")
     prompt = read_text_arg(args.prompt, "prompt") if (args.file or args.prompt == "-") else args.prompt
     check_text(prompt, "the prompt")
     from dpinfer.generation import generate, stream

@@ -202,7 +202,7 @@ def _protect_each(args: argparse.Namespace, config: Any, todo: list[Any]) -> Any
     record; one line, never the prompt)."""
     from dpinfer.errors import DPInferError
     from dpinfer.pipelines.protect_prompt import protect_prompts
-    from dpinfer.pipelines.sanitize import record_seed
+    from dpinfer.pipelines.sanitize_many import record_seed
     from dpinfer.runtime import Runtime
 
     runtime = Runtime.from_model(args.model, device=args.device)  # one model, engine and encoder for every chunk

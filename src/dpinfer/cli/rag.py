@@ -106,7 +106,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run_add(args: argparse.Namespace) -> int:
     from dpinfer.errors import ConfigurationError
-    from dpinfer.pipelines.rag import PrivateRAG, read_documents
+    from dpinfer.pipelines.rag import PrivateRAG
+    from dpinfer.rag.documents import read_documents
 
     if not args.text_field:
         raise ConfigurationError("--text-field must name a field")
@@ -125,7 +126,7 @@ def ask_config_from_args(args: argparse.Namespace) -> Any:
     method's knobs, PAD's calibration) before anything loads."""
     from dpinfer.configs.ask import AskConfig
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.rag import answer_method, ask_config
+    from dpinfer.pipelines.rag import answer_method
 
     given = {k: v for k, v in vars(args).items() if k in AskConfig.field_names()}
     if args.mechanism == "pad-as-published" and given.get("epsilon") is not None:
@@ -137,7 +138,7 @@ def ask_config_from_args(args: argparse.Namespace) -> Any:
     if args.support_top_k is not None and args.support_top_k < 0:
         raise InvalidInputError(f"--support-top-k must be ≥ 0 (0 = full vocabulary), got {args.support_top_k}")
     given["support_top_k"] = None if args.support_top_k == 0 else args.support_top_k
-    config = ask_config({**given, "mechanism": args.mechanism}, cli=True)
+    config = AskConfig.merged(None, **{**given, "mechanism": args.mechanism}, spelling="cli")
     answer_method(config)  # the method's checks and PAD's calibration: an unreachable ε is refused here
     return config
 
@@ -256,8 +257,8 @@ def answers_budget(records: Any) -> str:
     nothing; any answer without a guarantee voids it. A torn answer (part of it was released) keeps its guarantee
     and counts."""
     from dpinfer.accounting import PrivacyAccountant
-    from dpinfer.accounting._format import format_up
     from dpinfer.accounting.calibration import zcdp_rho
+    from dpinfer.checks import format_up
     from dpinfer.pipelines.rag import compose_answer, released_answer_method
 
     acc, answers = PrivacyAccountant(), 0

@@ -162,12 +162,13 @@ def config_of(args: argparse.Namespace) -> SanitizeConfig:
         options["top_k"] = cli_k(args.top_k, "--top-k")
     if args.no_repeat_ngram is not None:
         options["no_repeat_ngram"] = cli_k(args.no_repeat_ngram, "--no-repeat-ngram")
-    return check_sanitize_params(tagger=args.tagger, cli=True, **options)
+    return check_sanitize_params(tagger=args.tagger, spelling="cli", **options)
 
 
 def run(args: argparse.Namespace) -> int:
     from dpinfer.cli.corpus_job import check_corpus_args
-    from dpinfer.validation import atomic_write_text, check_output_path, check_sanitize_budget
+    from dpinfer.io import atomic_write_text, check_output_path
+    from dpinfer.validation import check_sanitize_budget
 
     # every parameter and path is checked here, before the document is tagged and before the model loads
     check_corpus_args(args)
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("give the document FILE ('-' for standard input), or --corpus IN.jsonl --out OUT.jsonl")
     cfg = config_of(args)
     _check_max_input_tokens(args)
-    check_sanitize_budget(cfg, cli=True)
+    check_sanitize_budget(cfg)
     if args.corpus is not None:
         from dpinfer.cli.corpus_job import run_sanitize_corpus, sanitize_options
 
@@ -191,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
         read_text_arg(args.spans, "spans")  # a missing, empty, binary or oversized file is refused here
     from dpinfer.cli.output import count_progress
     from dpinfer.models import load_model
-    from dpinfer.pipelines.sanitize import estimate_cost, resolve_groups, resolve_span_source, sanitize
+    from dpinfer.pipelines.sanitize import estimate_cost, sanitize
+    from dpinfer.pipelines.sanitize_plan import resolve_span_source
+    from dpinfer.taggers.resolve import resolve_groups
 
     # the spans, checked against THIS document (or tagged), and the refusal of zero spans: before the model loads
     spans = resolve_span_source(text, spans=args.spans, tagger=None if args.spans_only else args.tagger,

@@ -126,8 +126,9 @@ def config_of(args: argparse.Namespace) -> SynthConfig:
                          max_new_tokens=args.max_new_tokens, top_k=cli_k(args.top_k, "--top-k"),
                          temperature=args.temperature, prompt_template=args.template, seed=args.seed,
                          max_texts=args.max_texts,
-                         max_reference_tokens=cli_k(args.max_reference_tokens, "--max-reference-tokens"), cli=True)
-    check(config, cli=True)
+                         max_reference_tokens=cli_k(args.max_reference_tokens, "--max-reference-tokens"),
+                         spelling="cli")
+    check(config)
     return config
 
 
@@ -227,8 +228,14 @@ def _run_job(args: argparse.Namespace, plan: SynthesisPlan, header: dict[str, An
                           settings=plan.settings_for(lm_name[0]), references_used=plan.references_used,
                           references_left_out=plan.references_left_out, seconds=seconds,
                           lm_calls_per_token=plan.lm_calls_per_token)
+    return _report(args, res, header, out, run, generated=len(new))
+
+
+def _report(args: argparse.Namespace, res: SynthesisResult, header: dict[str, Any], out: SynthesisOutput, run: Any, *,
+            generated: int) -> int:
+    """This run's summary (``--json``: one object) and, under ``--debug-stats``, its diagnostics."""
     if args.json:
-        summary = {**header["dpinfer"], "texts": len(out.done), "generated": len(new), "skipped": run.skipped,
+        summary = {**header["dpinfer"], "texts": len(out.done), "generated": generated, "skipped": run.skipped,
                    "generated_tokens": res.generated_tokens, "truncated_bytes": run.truncated_bytes, "torn": run.torn,
                    "out": args.out}
         print_json({**summary, "diagnostics": res.diagnostics()} if args.debug_stats else summary)

@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from dpinfer._lazy import lazy_names
 from dpinfer.configs.base import Config, add_options, option
 
 _LAZY = {
@@ -22,14 +20,4 @@ _LAZY = {
 __all__ = ["Config", "add_options", "option", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dpinfer.configs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names("dpinfer.configs", _LAZY, globals())

@@ -10,7 +10,7 @@ method a name stands for, is the method table's business (:mod:`dpinfer.methods.
 Traceback (most recent call last):
 ...
 dpinfer.errors.ConfigurationError: max_new_tokens must be an integer ≥ 1, got 0
->>> AskConfig(sigma=-1, option_names=True)
+>>> AskConfig(sigma=-1, spelling="cli")
 Traceback (most recent call last):
 ...
 dpinfer.errors.ConfigurationError: --sigma must be > 0 (a finite number), got -1
@@ -18,8 +18,7 @@ dpinfer.errors.ConfigurationError: --sigma must be > 0 (a finite number), got -1
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dpinfer.accounting.accountant import Adjacency
 from dpinfer.checks import (
@@ -59,18 +58,19 @@ class AskConfig(Config):
         theta: ``distance-threshold``'s largest distance. static_sigma: ``static``'s noise.
         min_new_tokens: benchmarks only: EOS masked (for every row alike) before this many tokens.
         noise_scale: ``pad-as-published``'s noise knob (the authors call it ε): not a guarantee.
-        option_names: name a bad value by its command-line option (``--max-new-tokens``), not its keyword.
+        spelling: ``"cli"`` names a bad value by its command-line option (``--max-new-tokens``), not its keyword.
     """
 
-    mechanism: str = option(RAG.method, help="the answering method (see the list above)", cli=False)
-    epsilon: float | None = option(None, type=float, help=(
+    mechanism: str = option(RAG.method, help="the answering method (see the list above)", cli=False, request=True)
+    epsilon: float | None = option(None, type=float, request=True, help=(
         f"target ε per answer for pad (default {RAG.epsilon:g}); with pad-as-published a deprecated alias of "
         "--noise-scale"))
-    delta: float = option(RAG.delta, help=f"δ (default {RAG.delta:g})")
-    max_new_tokens: int = option(RAG.max_new_tokens, help=f"T_max of the answer (default {RAG.max_new_tokens})")
+    delta: float = option(RAG.delta, request=True, help=f"δ (default {RAG.delta:g})")
+    max_new_tokens: int = option(RAG.max_new_tokens, request=True,
+                                 help=f"T_max of the answer (default {RAG.max_new_tokens})")
     seed: int | None = option(None, type=int, help=(
         "for tests and benchmarks only: the guarantee then holds only while the seed is secret"))
-    temperature: float = option(RAG.temperature, help="0 = argmax / greedy (default); τ > 0 samples")
+    temperature: float = option(RAG.temperature, request=True, help="0 = argmax / greedy (default); τ > 0 samples")
     sigma: float = option(RAG.sigma, help=f"PAD's noise σ (default {RAG.sigma:g}; C is solved from ε)")
     support_top_k: int | None = option(RAG.support_top_k, type=int, cli=False, help=(
         f"k of PAD's public Top-k+ support (default {RAG.support_top_k}; 0 = full vocabulary)"))
@@ -87,13 +87,10 @@ class AskConfig(Config):
     noise_scale: float | None = option(None, type=float, help=(
         "pad-as-published: the authors' noise knob, which they call ε (default 0.2); it scales the noise and is NOT "
         "a guarantee"))
-    option_names: bool = field(default=False, compare=False, repr=False)
-
-    def _name(self, name: str) -> str:
-        return "--" + name.replace("_", "-") if self.option_names else name
 
     def __post_init__(self) -> None:
-        n, put = self._name, lambda k, v: object.__setattr__(self, k, v)
+        super().__post_init__()
+        n, put = self.name, lambda k, v: object.__setattr__(self, k, v)
         if self.epsilon is not None:
             put("epsilon", positive_number(self.epsilon, n("epsilon")))
         if self.noise_scale is not None:
@@ -116,8 +113,3 @@ class AskConfig(Config):
     def target_epsilon(self) -> float:
         """PAD's target ε: ``epsilon``, else the default."""
         return RAG.epsilon if self.epsilon is None else self.epsilon
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        """The settings' names (what :meth:`dpinfer.PrivateRAG.ask` takes as keywords)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "option_names")

@@ -15,7 +15,6 @@ dpinfer.errors.ConfigurationError: give exactly one of epsilon or temperature, n
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
 from dpinfer.checks import check_delta, int_at_least, one_of, positive_number
@@ -57,22 +56,24 @@ SUPPRESS_METHODS = ("ban", "instruct")
 class ProtectConfig(Config):
     """Every setting of a prompt-protection release (see :func:`dpinfer.protect_prompt` for each one's meaning).
 
-    ``spelling`` is how messages name a setting: ``"api"`` (``n_rewrites``) or ``"cli"`` (``--n-rewrites``).
+    ``spelling`` is how messages name a setting: ``"api"`` (``n_rewrites``) or ``"cli"`` (``--n-rewrites``); the
+    settings declared ``request=True`` are those a service request body may give.
     """
 
-    method: str = option(PROTECT.method, cli=False, help="the prompt method (the method table's names)")
-    epsilon: float | None = option(None, type=float, cli=False,
+    method: str = option(PROTECT.method, cli=False, request=True, help="the prompt method (the method table's names)")
+    epsilon: float | None = option(None, type=float, cli=False, request=True,
                                    help="target ε of all rewrites together (τ is calibrated to it)")
     temperature: float | None = option(None, type=float, cli=False,
                                        help=f"stage-1 temperature τ (default {PROTECT.temperature:g})")
-    delta: float = option(PROTECT.delta, help=f"δ (default {PROTECT.delta:g})")
-    n_rewrites: int | None = option(None, type=int,
+    delta: float = option(PROTECT.delta, request=True, help=f"δ (default {PROTECT.delta:g})")
+    n_rewrites: int | None = option(None, type=int, request=True,
                                     help=f"stage-1 rewrites (default {PROTECT.n_rewrites}; dp-prompt: 1)")
-    n_keywords: int = option(PROTECT.n_keywords, help=f"K keywords to avoid (default {PROTECT.n_keywords})")
-    keywords: str = option(PROTECT.keywords, choices=KEYWORD_METHODS,
+    n_keywords: int = option(PROTECT.n_keywords, request=True,
+                             help=f"K keywords to avoid (default {PROTECT.n_keywords})")
+    keywords: str = option(PROTECT.keywords, choices=KEYWORD_METHODS, request=True,
                            help="ndp (default): the top K as they are; jem: Joint Exponential Mechanism over a "
                                 "fixed public word universe")
-    max_new_tokens: int = option(PROTECT.max_new_tokens,
+    max_new_tokens: int = option(PROTECT.max_new_tokens, request=True,
                                  help=f"T_max of each rewrite and of the final prompt, fixed in advance (default "
                                       f"{PROTECT.max_new_tokens})")
     jem_epsilon: float = option(PROTECT.jem_epsilon,
@@ -80,11 +81,12 @@ class ProtectConfig(Config):
     suppress: str = option(PROTECT.suppress, choices=SUPPRESS_METHODS,
                            help="how the final rewrite avoids the keywords: ban (default): asked to and banned while "
                                 "decoding; instruct: asked to only (the paper's template)")
-    n_exemplars: int = option(PROTECT.n_exemplars,
+    n_exemplars: int = option(PROTECT.n_exemplars, request=True,
                               help=f"final prompts written, one from each of the lowest-perplexity rewrites; the one "
                                    f"closest to the rewrites' consensus is released (default {PROTECT.n_exemplars}; "
                                    "1: the paper's one exemplar)")
-    stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all",
+    stage3_quorum: int | None = option(PROTECT.stage3_quorum, type=quorum_arg, metavar="N|all", request=True,
+                                       words={"all": None},
                                        help=f"stage 3 stops decoding a prompt's final prompts once N of them are "
                                             f"complete, the others cut where they are (default "
                                             f"{PROTECT.stage3_quorum}; all: decode every final to its end)")
@@ -96,11 +98,10 @@ class ProtectConfig(Config):
                                    help=f"a public cap on the prompt: a longer one is cut to its first N tokens before "
                                         f"stage 1, silently (its length is private; default "
                                         f"{PROTECT.max_input_tokens})")
-    spelling: str = option("api", cli=False, help="how messages name a setting: api or cli")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         n = self.name
-        one_of(self.spelling, "spelling", ("api", "cli"))
         if not isinstance(self.method, str) or not self.method:
             raise ConfigurationError(f"method must be a method name, got {self.method!r}")
         one_of(self.keywords, "keywords method", KEYWORD_METHODS)
@@ -123,14 +124,6 @@ class ProtectConfig(Config):
         int_at_least(self.max_new_tokens, n("max_new_tokens"), 1,
                      " (T_max: fixed in advance, never the prompt's length)")
         positive_number(self.jem_epsilon, n("jem_epsilon"))
-
-    def name(self, setting: str) -> str:
-        """How a message names ``setting`` (``n_rewrites`` or ``--n-rewrites``, after :attr:`spelling`)."""
-        return "--" + setting.replace("_", "-") if self.spelling == "cli" else setting
-
-    def api(self) -> ProtectConfig:
-        """This config with messages spelled for the API."""
-        return self if self.spelling == "api" else dataclasses.replace(self, spelling="api")
 
 
 __all__ = ["KEYWORD_METHODS", "SUPPRESS_METHODS", "ProtectConfig"]

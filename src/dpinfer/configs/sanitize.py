@@ -17,7 +17,7 @@ The pipeline, the command line, the corpus job and the server build a config onc
 Traceback (most recent call last):
 ...
 dpinfer.errors.ConfigurationError: delta must lie strictly between 0 and 1, got 2 (e.g. 1e-5)
->>> SanitizeConfig(max_new_tokens=0, cli=True)
+>>> SanitizeConfig(max_new_tokens=0, spelling="cli")
 Traceback (most recent call last):
 ...
 dpinfer.errors.ConfigurationError: --max-new-tokens must be an integer ≥ 1, got 0
@@ -25,9 +25,8 @@ dpinfer.errors.ConfigurationError: --max-new-tokens must be an integer ≥ 1, go
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import InitVar, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dpinfer.checks import (
@@ -53,11 +52,6 @@ ADJACENCIES = ("replace-by-null", "replace-one")
 _DEFAULT = "default"  # the older API's spelling of "the default" for top_k, no_repeat_ngram and min_p
 
 
-def option_namer(cli: bool) -> Callable[[str], str]:
-    """Parameter names as the API spells them (``max_new_tokens``) or as the CLI does (``--max-new-tokens``)."""
-    return (lambda name: "--" + name.replace("_", "-")) if cli else (lambda name: name)
-
-
 def _optional_int(value: object, name: str) -> int | None:
     return None if value is None else int_at_least(value, name, 1, " (or None)")
 
@@ -74,7 +68,7 @@ def _copied_map(value: object, what: str) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class SanitizeConfig(Config):
     """Every setting of :func:`dpinfer.sanitize` except the document, its spans and the runtime (model, engine); the
-    fields are its keyword arguments of the same names. ``cli=True`` (not a field) makes messages name CLI options;
+    fields are its keyword arguments of the same names. ``spelling="cli"`` makes messages name CLI options;
     the fields declared with a help text are the options of ``dpinfer sanitize`` (:mod:`dpinfer.cli.sanitize`).
 
     Attributes:
@@ -132,27 +126,28 @@ class SanitizeConfig(Config):
     and ``group_epsilon`` for the groups that matter most; the worst group's ε is the headline.
     """
 
-    method: str = option(SANITIZE.method, cli=False)
-    epsilon: float = option(SANITIZE.epsilon, type=float,
+    method: str = option(SANITIZE.method, cli=False, request=True)
+    epsilon: float = option(SANITIZE.epsilon, type=float, request=True,
                             help="target ε per group (default {default}: a per-group bound e^{default} on the odds; "
                                  "see below and docs/threat-model.md)")
-    group_epsilon: Mapping[str, float] | None = option(None, cli=False)
-    delta: float = option(SANITIZE.delta, help="δ (default {default})")
+    group_epsilon: Mapping[str, float] | None = option(None, cli=False, request=True)
+    delta: float = option(SANITIZE.delta, request=True, help="δ (default {default})")
     tagger: Any = SANITIZE.tagger  # a name or a Tagger (--tagger is the command's own option)
-    groups: Mapping[str, Sequence[str]] | None = option(None, cli=False)
+    groups: Mapping[str, Sequence[str]] | None = option(None, cli=False, request=True)
     instruction: str | None = option(None, cli=False)
     max_new_tokens: int | None = option(
-        None, type=int, help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
-                             f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
-                             "length is private under theirs)")
-    alpha: float = option(SANITIZE.alpha, help="Rényi order of DP-Fusion's bound (default {default})")
-    temperature: float = option(SANITIZE.temperature, help="sampling temperature (default {default})")
-    top_k: int | None = option(SANITIZE.top_k, type=int,
+        None, type=int, request=True,
+        help="T_max. Default for dp-fusion: about the document's length (public under its adjacency); "
+             f"for dp-decoding and dp-prompt: a fixed {SANITIZE.whole_document_max_new_tokens} (the "
+             "length is private under theirs)")
+    alpha: float = option(SANITIZE.alpha, request=True, help="Rényi order of DP-Fusion's bound (default {default})")
+    temperature: float = option(SANITIZE.temperature, request=True, help="sampling temperature (default {default})")
+    top_k: int | None = option(SANITIZE.top_k, type=int, request=True,
                                help="public top-k support (default {default}; 0 = full vocabulary)")
     seed: int | None = option(None, cli=False)
     accounting: str = option(SANITIZE.accounting, choices=ACCOUNTINGS,
                              help="as_published: the DP-Fusion authors' 4β-per-step accounting, for comparison")
-    adjacency: str = option(SANITIZE.adjacency, choices=ADJACENCIES,
+    adjacency: str = option(SANITIZE.adjacency, choices=ADJACENCIES, request=True,
                             help="DP-Fusion's neighbouring documents: replace-by-null (default; a group's spans "
                                  "replaced by placeholders) or replace-one (a group's values swapped for any others; "
                                  "bound enforced at order 2α, more noise for the same ε)")
@@ -168,14 +163,15 @@ class SanitizeConfig(Config):
              "after the instruction and T_max")
     min_p: float | None = option(SANITIZE.min_p, cli=False)
     opening_tokens: int | None = option(SANITIZE.opening_tokens, cli=False)
-    allow_untagged: bool = option(False, help="rewrite even if no span is given or found (refused by default: "
-                                              "nothing would be protected)")
+    allow_untagged: bool = option(False, request=True,
+                                  help="rewrite even if no span is given or found (refused by default: "
+                                       "nothing would be protected)")
     tag_uncovered: bool = option(False, cli=False)
     debug: bool = option(False, cli=False)
-    cli: InitVar[bool] = False
 
-    def __post_init__(self, cli: bool) -> None:
-        n = option_namer(cli)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
         put = self._put
         if not isinstance(self.method, str) or not self.method:
             raise ConfigurationError(f"{n('method')} must be a method name, got {self.method!r}")
@@ -217,17 +213,6 @@ class SanitizeConfig(Config):
     def _put(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 
-    @classmethod
-    def build(cls, config: SanitizeConfig | None = None, **options: Any) -> SanitizeConfig:
-        """``config`` with ``options`` applied (None: the defaults with ``options``); an unknown option is refused
-        with the list of fields."""
-        unknown = sorted(set(options) - set(FIELDS))
-        if unknown:
-            raise ConfigurationError(f"sanitize does not take {', '.join(unknown)}; options: {', '.join(FIELDS)}")
-        if config is None:
-            return cls(**options)
-        return config.replace(**options) if options else config
-
 
 def _check_groups(groups: object) -> dict[str, tuple[str, ...]] | None:
     """``groups`` as a mapping of non-empty names to label tuples (the labels themselves are checked against
@@ -246,5 +231,5 @@ def _check_groups(groups: object) -> dict[str, tuple[str, ...]] | None:
     return out
 
 
-FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SanitizeConfig))
+FIELDS: tuple[str, ...] = SanitizeConfig.field_names()
 """The names of :class:`SanitizeConfig`'s fields (the keyword arguments of :func:`dpinfer.sanitize` it holds)."""

@@ -19,7 +19,7 @@ import hashlib
 import json
 import string
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpinfer.checks import check_delta, check_seed, check_temperature, int_at_least, positive_number
@@ -126,43 +126,39 @@ def template_sha256(template: PromptTemplate) -> str:
     return template.sha256()
 
 
-def _namer(cli: bool) -> Any:
-    """Parameter names as the API spells them (``max_new_tokens``) or as the CLI does (``--max-new-tokens``)."""
-    return (lambda name: "--" + name.replace("_", "-")) if cli else (lambda name: name)
-
-
 @dataclass(frozen=True)
 class SynthConfig(Config):
     """Every setting of :func:`dpinfer.synthesize` but the references, the model and the callbacks (the same keywords,
-    the same defaults: :data:`dpinfer.defaults.SYNTH`). Built once, checked once (``cli=True``: messages name the
+    the same defaults: :data:`dpinfer.defaults.SYNTH`). Built once, checked once (``spelling="cli"``: messages name the
     command-line options); :meth:`settings` is its public part as written next to a release. The fields declared with
     :func:`~dpinfer.configs.base.option` carry the ``--help`` of their ``dpinfer synth`` option."""
 
-    method: str = option(SYNTH.method, cli=False)
+    method: str = option(SYNTH.method, cli=False, request=True)
     """A method of :data:`dpinfer.methods.synthesize.TABLE` (``--method``)."""
-    epsilon: float | None = option(None, type=float, help="target ε per reference (required but for public)")
+    epsilon: float | None = option(None, type=float, request=True,
+                                   help="target ε per reference (required but for public)")
     """Target ε per reference (for ``adapmixed``: the budget of its data-dependent accounting); None only for a
     baseline that reads no reference."""
-    delta: float = option(SYNTH.delta, help="δ (default {default})")
-    batch_size: int = option(SYNTH.batch_size,
+    delta: float = option(SYNTH.delta, request=True, help="δ (default {default})")
+    batch_size: int = option(SYNTH.batch_size, request=True,
                              help="B references per text (compute ≈ B + 1 LM calls per token; default {default})")
-    max_new_tokens: int = option(SYNTH.max_new_tokens, help="T_max per text (default {default})")
+    max_new_tokens: int = option(SYNTH.max_new_tokens, request=True, help="T_max per text (default {default})")
     top_k: int | None = option(SYNTH.top_k, type=int, help="k of Top-k+ (default {default}; 0 = full vocabulary)")
     temperature: float = option(SYNTH.temperature, help="τ (default {default})")
     prompt_template: PromptTemplate | str | None = None
     """A :class:`PromptTemplate` or a name of :data:`TEMPLATES` (``--template`` / ``--template-file``)."""
     seed: int | None = field(default=None, repr=False)
     """Tests and benchmarks only; never in :meth:`settings` (nor anywhere next to a release)."""
-    max_texts: int | None = option(None, type=int, help="stop after this many texts")
+    max_texts: int | None = option(None, type=int, request=True, help="stop after this many texts")
     max_reference_tokens: int | None = option(SYNTH.max_reference_tokens, type=int,
                                               help="cut each reference to this many tokens (default {default}; "
                                                    "0 = no cut)")
     options: Mapping[str, Any] = option(cli=False, default_factory=dict)
     """Extra mechanism parameters (e.g. ``{"svt_noise": 0.3}`` for ``amin``)."""
-    cli: InitVar[bool] = False
 
-    def __post_init__(self, cli: bool) -> None:
-        n = _namer(cli)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = self.name
         if not isinstance(self.method, str) or not self.method:
             raise ConfigurationError(f"{n('method')} must be the name of a method, got {self.method!r}")
         if self.epsilon is not None:

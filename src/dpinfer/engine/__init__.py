@@ -14,14 +14,9 @@ from dpinfer.engine.job import EngineOutput, Job, JobStatus, StepEvent
 from dpinfer.engine.prefill import MIN_SHARED_PREFIX, PER_ROW_PREFILL, PrefixKV, PrefixStore, common_prefix_length
 from dpinfer.engine.scheduler import CAPACITY_STEP, DEFAULT_MAX_ROWS, Pool, Scheduler, bucket_capacity, public_width
 
-EngineJob = Job
-"""The former name of :class:`Job`."""
-
-_common_prefix_length = common_prefix_length
-
 __all__ = [
     "CAPACITY_STEP", "COMPILE_CPU_DEFAULT", "DEFAULT_MAX_ROWS", "MIN_SHARED_PREFIX", "PER_ROW_PREFILL",
-    "SPLIT_HEAD_MODEL_TYPES", "DecodeStep", "Engine", "EngineJob", "EngineOutput", "EngineStream", "Job", "JobStatus",
+    "SPLIT_HEAD_MODEL_TYPES", "DecodeStep", "Engine", "EngineOutput", "EngineStream", "Job", "JobStatus",
     "Pool", "PrefixKV", "PrefixStore", "Scheduler", "SlotCache", "StepEvent", "StepOutput", "bucket_capacity",
-    "public_width", "resolve_compile",
+    "common_prefix_length", "public_width", "resolve_compile",
 ]

@@ -70,8 +70,9 @@ from dpinfer.jobs.resumable import Charge, JobRun, parse_line, release_order, ru
 class Record:
     """One record of an id-keyed corpus (:func:`read_corpus`; :func:`dpinfer.sanitize_many`'s input): its ``id`` (a
     string or an integer, unique in the corpus), its ``text`` and its ``spans`` (a list of spans or a spans object in
-    a format :func:`~dpinfer.pipelines.sanitize.resolve_spans` accepts, e.g. TAB's ``entity_mentions``; ``None``: the
-    tagger tags it). A string is not accepted as ``spans`` by sanitisation (it would be read as a file path)."""
+    a format :func:`~dpinfer.pipelines.sanitize_plan.resolve_spans` accepts, e.g. TAB's ``entity_mentions``;
+    ``None``: the tagger tags it). A string is not accepted as ``spans`` by sanitisation (it would be read as a file
+    path)."""
 
     id: str | int
     text: str

@@ -54,11 +54,9 @@ ADJACENCY = "any two private contexts (the whole document may change; local DP)"
 
 __all__ = [
     "ADJACENCY",
-    "LAMBDA_MAX",
     "DPDecoding",
     "dp_decoding_loss",
     "epsilon_per_token",
-    "lambda_for_epsilon",
     "mixture_log_probs",
 ]
 

@@ -20,7 +20,7 @@ import torch
 
 from dpinfer.checks import check_alpha
 from dpinfer.errors import ConfigurationError, InvalidInputError
-from dpinfer.mechanisms.mollify_eval import evaluator_for
+from dpinfer.mechanisms.mollify_eval import Evaluator, evaluator_for
 
 __all__ = ["check_tol", "mollify", "mollify_with_divergence"]
 
@@ -110,34 +110,11 @@ def mollify_with_divergence(
     ([0.3856, 0.0], [0.1, 0.0])
     """
     alpha, tol = check_alpha(alpha, "the Rényi order α", "", label=""), check_tol(tol)
-    if logp_pub.ndim != 1 or logp_priv.ndim != 2 or logp_priv.shape[1] != logp_pub.shape[0]:
-        raise InvalidInputError(
-            f"mollify needs logp_pub of shape (V,) and logp_priv of shape (m, V), got {tuple(logp_pub.shape)} and "
-            f"{tuple(logp_priv.shape)}"
-        )
-    device = logp_priv.device
-    m = logp_priv.shape[0]
-    b = torch.as_tensor(bounds, dtype=torch.float64, device=device).reshape(-1)
-    if b.shape[0] != m:
-        raise InvalidInputError(f"one bound per private row is needed: {m} rows, {b.shape[0]} bounds")
-    if not bool(((b >= 0) & torch.isfinite(b)).all()):
-        raise ConfigurationError(f"bounds must be finite numbers ≥ 0, got {b.tolist()}")
-    lp = logp_pub.to(torch.float64)
-    lq = logp_priv.to(torch.float64)
-
+    lp, lq, b = _checked_inputs(logp_pub, logp_priv, bounds)
     b = b * (1.0 - _SAFETY)  # the bound must hold after rounding (see _SAFETY)
-    lam = torch.zeros(m, dtype=torch.float64, device=device)
-    div = torch.zeros(m, dtype=torch.float64, device=device)
-    pub_pos = lp > _NEG_INF
-    if not bool(pub_pos.any()):
-        raise InvalidInputError("the public distribution has no support (every log-probability is -inf)")
-    if bool(pub_pos.all()):
-        leak = torch.zeros(m, dtype=torch.bool, device=device)
-    else:  # restrict to the public support; private mass outside it forces λ = 0
-        leak = ((lq > _NEG_INF) & ~pub_pos).any(dim=-1)
-        idx = pub_pos.nonzero().squeeze(-1)
-        lp, lq = lp.index_select(0, idx), lq.index_select(1, idx)
-
+    lam = torch.zeros_like(b)
+    div = torch.zeros_like(b)
+    lp, lq, leak = _public_support(lp, lq)
     solver = evaluator_for(lp, lq, b, alpha)
 
     one, div_one = solver.feasible_at_one()
@@ -145,10 +122,48 @@ def mollify_with_divergence(
     lam = torch.where(one, torch.ones_like(lam), lam)
     div = torch.where(one, div_one, div)
     active = ~one & ~leak & (b > 0)
-    if not bool(active.any()):
-        return lam, div
+    if bool(active.any()):
+        _solve(solver, lam, div, b, active.nonzero().squeeze(-1), tol)
+    return lam, div
 
-    rows = active.nonzero().squeeze(-1)
+
+def _checked_inputs(
+    logp_pub: torch.Tensor, logp_priv: torch.Tensor, bounds: Sequence[float] | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The public and private log-probabilities (float64) and the bounds (m,), their shapes and values checked."""
+    if logp_pub.ndim != 1 or logp_priv.ndim != 2 or logp_priv.shape[1] != logp_pub.shape[0]:
+        raise InvalidInputError(
+            f"mollify needs logp_pub of shape (V,) and logp_priv of shape (m, V), got {tuple(logp_pub.shape)} and "
+            f"{tuple(logp_priv.shape)}"
+        )
+    m = logp_priv.shape[0]
+    b = torch.as_tensor(bounds, dtype=torch.float64, device=logp_priv.device).reshape(-1)
+    if b.shape[0] != m:
+        raise InvalidInputError(f"one bound per private row is needed: {m} rows, {b.shape[0]} bounds")
+    if not bool(((b >= 0) & torch.isfinite(b)).all()):
+        raise ConfigurationError(f"bounds must be finite numbers ≥ 0, got {b.tolist()}")
+    return logp_pub.to(torch.float64), logp_priv.to(torch.float64), b
+
+
+def _public_support(lp: torch.Tensor, lq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``lp`` and ``lq`` restricted to the public support, and the rows (m,) with private mass outside it (their
+    λ is 0)."""
+    pub_pos = lp > _NEG_INF
+    if not bool(pub_pos.any()):
+        raise InvalidInputError("the public distribution has no support (every log-probability is -inf)")
+    if bool(pub_pos.all()):
+        return lp, lq, torch.zeros(lq.shape[0], dtype=torch.bool, device=lq.device)
+    leak = ((lq > _NEG_INF) & ~pub_pos).any(dim=-1)
+    idx = pub_pos.nonzero().squeeze(-1)
+    return lp.index_select(0, idx), lq.index_select(1, idx), leak
+
+
+def _solve(
+    solver: Evaluator, lam: torch.Tensor, div: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, tol: float
+) -> None:
+    """The safeguarded Newton iteration of :func:`mollify_with_divergence` for ``rows``: writes their λ and
+    divergence into ``lam`` and ``div``."""
+    device = lam.device
     lo = torch.zeros(rows.shape[0], dtype=torch.float64, device=device)
     div_lo = torch.zeros_like(lo)
     hi, x = solver.initial(rows)
@@ -163,7 +178,7 @@ def mollify_with_divergence(
             lam, div, tol, rows, lo, hi, div_lo, x, feasible, last_step
         )
         if rows.numel() == 0:
-            return lam, div
+            return
         g_x, slope = solver.newton(cache, keep)
         # S is convex in λ, so from a feasible x its tangent's crossing of e^{(α−1)b} bounds λ* from above:
         # λ* ≤ x + (e^{(α−1)b} − S(x))/S'(x) = x + x·expm1(−G)/(dG/d log λ)
@@ -174,7 +189,7 @@ def mollify_with_divergence(
             lam, div, tol, rows, lo, hi, div_lo, x, g_x, slope, last_step
         )
         if rows.numel() == 0:
-            return lam, div
+            return
         # Newton step in t = log λ, then tol/4 towards the feasible side, so that the next point is feasible once
         # Newton has converged and the tangent bound above closes the bracket
         x_raw = torch.exp(torch.log(x) - g_x / slope)
@@ -185,12 +200,17 @@ def mollify_with_divergence(
         x = torch.where(bisect, 0.5 * (lo + hi), x_new)
         last_step = torch.where(bisect, hi - lo, step)
     lam[rows], div[rows] = lo, div_lo  # pragma: no cover - bisection converges in well under _MAX_ITER steps
-    return lam, div
 
 
 def _settle(
-    lam: torch.Tensor, div: torch.Tensor, tol: float, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-    div_lo: torch.Tensor, *others: torch.Tensor,
+    lam: torch.Tensor,
+    div: torch.Tensor,
+    tol: float,
+    rows: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    div_lo: torch.Tensor,
+    *others: torch.Tensor,
 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """Retire the groups whose bracket is narrower than ``tol/2``: their feasible end ``lo`` and its divergence go
     into ``lam`` and ``div`` (in place). Returns the mask of the groups still active (None when all are) and

@@ -25,7 +25,7 @@ from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.registry import load_target
 from dpinfer.methods.table import GUARANTEES, TASKS, Method, MethodTable
 
-__all__ = ["BASELINES", "DEFAULT_METHODS", "GUARANTEES", "TASKS", "Baseline", "Method", "MethodTable", "baseline",
+__all__ = ["BASELINES", "DEFAULT_METHODS", "GUARANTEES", "TASKS", "Method", "MethodTable", "baseline",
            "is_baseline", "load_target", "mechanism_names", "mechanism_of", "method_names", "methods_help",
            "summaries", "table"]
 
@@ -40,8 +40,6 @@ DEFAULT_METHODS: dict[str, str] = {"sanitize": SANITIZE.method, "synthesize": SY
                                    "prompt": PROTECT.method}
 """The default method of each task (listed first; :mod:`dpinfer.defaults`)."""
 
-Baseline = Method
-"""A baseline is a :class:`Method` with ``baseline=True`` (its ``mechanism`` run on one ``context``)."""
 
 _LOCK = threading.Lock()
 _TABLES: dict[str, MethodTable] = {}

@@ -6,8 +6,10 @@ Every method decodes the same prompt on the same engine (ALGORITHMS §5); an ent
 document; ``"public"``, the document with every span replaced), what its guarantee covers (``protects``: ``"spans"``,
 the content of each group's spans; ``"document"``, the whole document, whose length is then private too;
 ``"nothing"``), the kind of guarantee, and its builder ``"module:callable"``. A builder is called as
-``build(config, args)`` with the :class:`~dpinfer.configs.sanitize.SanitizeConfig` and the :class:`BuildArgs` of one
-planned document, and returns the calibrated mechanism.
+``build(config, runtime)`` through :meth:`MethodTable.build <dpinfer.methods.table.MethodTable.build>` with the
+:class:`~dpinfer.configs.sanitize.SanitizeConfig` and, as its runtime, the :class:`BuildArgs` of one planned document
+(the model and what the plan knows of the document's groups), and returns the calibrated mechanism. DP-Fusion's
+``checker`` refuses a target no calibration reaches (:func:`check_fusion`).
 
 The table is light: listing it (``--help``, the CLI's checks) imports no mechanism, no accountant and no torch; a
 builder imports its mechanism when it runs. Adding a method is a module with a builder plus one entry
@@ -52,6 +54,24 @@ class BuildArgs:
     """The model's public clip bounds for DP-Prompt (computed on first call, from public text only)."""
     mechanism: str = ""
     """The registry name of the entry's mechanism (set by :func:`mechanism` before its builder runs)."""
+
+
+def check_fusion(config: SanitizeConfig, method: Method) -> None:
+    """Refuse a DP-Fusion target no calibration reaches, from the settings alone (no document, no model, no torch).
+
+    Every T_max shares the same floor: as the per-step bound goes to 0 the guarantee goes down to the cost of
+    converting the Rényi bound at α to (ε, δ) (:func:`dpinfer.checks.rdp_conversion_cost`), so a target at or below it
+    is unreachable and any target above it is reachable.
+    """
+    from dpinfer.checks import dp_fusion_floor_message, rdp_conversion_cost
+    from dpinfer.errors import InfeasibleBudgetError
+
+    targets = {"": config.epsilon, **{str(k): float(v) for k, v in (config.group_epsilon or {}).items()}}
+    floor = rdp_conversion_cost(config.alpha, config.delta)
+    for name, eps in targets.items():
+        if eps <= floor:
+            raise InfeasibleBudgetError(dp_fusion_floor_message(eps, config.delta, config.alpha, group=name,
+                                                                alpha_name=config.name("alpha")))
 
 
 def build_sampler(config: SanitizeConfig, args: BuildArgs) -> Mechanism:
@@ -109,6 +129,7 @@ def build_registered(config: SanitizeConfig, args: BuildArgs) -> Mechanism:
 
 TABLE = MethodTable("sanitize", [
     Method("dp-fusion", "sanitize", build=f"{_HERE}:build_fusion", contexts="fusion", protects="spans",
+           checker=f"{_HERE}:check_fusion",
            summary="DP-Fusion: per-group mollified mixture of public and private contexts"),
     Method("dp-decoding", "sanitize", build=f"{_HERE}:build_decoding", contexts="original", protects="document",
            summary="DP-Decoding (Majmudar et al. 2022): mix with the uniform distribution"),
@@ -142,7 +163,7 @@ def mechanism(entry: Method, config: SanitizeConfig, args: BuildArgs) -> Mechani
     """``entry``'s calibrated mechanism (the plain sampler for a fusion method with nothing tagged)."""
     if entry.contexts == "fusion" and not args.groups:
         return build_sampler(config, args)
-    return entry.loaded_build()(config, dataclasses.replace(args, mechanism=entry.mechanism))
+    return TABLE.build(entry.name, config, dataclasses.replace(args, mechanism=entry.mechanism))
 
 
 def decodes_one_row(entry: Method, groups: Mapping[str, Any]) -> bool:

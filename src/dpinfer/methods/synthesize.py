@@ -68,17 +68,20 @@ def build_public(config: SynthConfig, runtime: Any = None) -> Mechanism:
     return REGISTRY.build("sampler", temperature=config.temperature, top_k=config.top_k, mode="joint")
 
 
+_CHECK = "dpinfer.methods.synthesize:check_settings"
+
 TABLE = MethodTable("synthesize", [
     Method("invisibleink", "synthesize", build="dpinfer.methods.synthesize:build_invisibleink", contexts="batch",
-           protects="references", guarantee="ex-ante", summary="InvisibleInk: DClip + Top-k+ exponential mechanism"),
+           protects="references", guarantee="ex-ante", checker=_CHECK,
+           summary="InvisibleInk: DClip + Top-k+ exponential mechanism"),
     Method("adapmixed", "synthesize", build="dpinfer.methods.synthesize:build_adapmixed", contexts="batch",
-           protects="references", guarantee="data-dependent",
+           protects="references", guarantee="data-dependent", checker=_CHECK,
            summary="AdaPMixED (Flemings et al. 2024): data-dependent, no ex-ante guarantee"),
     Method("amin", "synthesize", build="dpinfer.methods.synthesize:build_amin", contexts="batch",
-           protects="references", guarantee="ex-ante",
+           protects="references", guarantee="ex-ante", checker=_CHECK,
            summary="Amin et al. 2024: clipped average with a sparse-vector test"),
     Method("public", "synthesize", build="dpinfer.methods.synthesize:build_public", mechanism="sampler",
-           contexts="public", protects="references", guarantee="zero", baseline=True,
+           contexts="public", protects="references", guarantee="zero", baseline=True, checker=_CHECK,
            summary="the public prompt only (reads no reference; ε = 0)"),
 ], default=SYNTH.method)
 """The synthesize task's methods: the default first, the mechanisms, then the baseline."""
@@ -89,18 +92,22 @@ def reads_references(method: str) -> bool:
     return TABLE.get(method).contexts != "public"
 
 
-def check(config: SynthConfig, *, cli: bool = False) -> Method:
-    """The checks of ``config`` that depend on its method (``cli=True``: messages name the options): a method of
-    :data:`TABLE`, ε given unless the method reads no reference, τ > 0 for a method that reads them."""
-    n = (lambda name: "--" + name.replace("_", "-")) if cli else (lambda name: name)
-    entry = TABLE.get(one_of(config.method, n("method"), TABLE.names()))
+def check(config: SynthConfig) -> Method:
+    """The entry of ``config.method`` with its checks made (:meth:`Method.check`, :func:`check_settings`); messages
+    spelled as the config's :attr:`~dpinfer.configs.base.Config.spelling`."""
+    return TABLE.check(one_of(config.method, config.name("method"), TABLE.names()), config)
+
+
+def check_settings(config: SynthConfig, entry: Method) -> None:
+    """The checks of ``config`` that depend on its method (every entry's checker): ε given unless the method reads no
+    reference, τ > 0 for a method that reads them."""
+    n = config.name
     reads = entry.contexts != "public"
     if config.epsilon is None and reads:
         free = [m for m in TABLE.names() if TABLE.get(m).contexts == "public"]
         raise ConfigurationError(f"{n('epsilon')} is required (the target ε per reference), except with "
                                  f"{n('method')} {', '.join(free)}")
     check_temperature(config.temperature, n("temperature"), allow_zero=not reads)
-    return entry
 
 
 def check_corpus_size(config: SynthConfig, references: int) -> None:

@@ -4,7 +4,8 @@ typed config; entries light like :mod:`dpinfer.mechanisms.registry`'s ``"module:
 A :class:`Method` names how a task can run: the mechanism it decodes with, the contexts it reads, what its guarantee
 protects, the kind of guarantee, a one-line summary, and its builder, ``build(config, runtime)``, as a
 ``"module:callable"`` string imported the first time the method is built. Listing a table's names, summaries or
-``--help`` imports no mechanism and no torch.
+``--help`` imports no mechanism and no torch. Its ``checker`` (``"module:callable"`` too) makes the checks of a config
+that depend on the method (:meth:`Method.check`), before any model loads.
 
 >>> t = MethodTable("sanitize", [Method("toy", "sanitize", build="builtins:repr", mechanism="sampler",
 ...                                     contexts="original", protects="nothing", guarantee="none",
@@ -49,6 +50,9 @@ class Method:
         summary: one line for ``--help``.
         guarantee: the kind of guarantee (:data:`GUARANTEES`).
         baseline: a baseline of the task (run for comparison; listed after the mechanisms).
+        checker: ``"module:callable"`` (or the callable) called as ``checker(config, method)`` by :meth:`check`: the
+            checks of a config that depend on this method (a setting that does not apply, a budget no calibration
+            reaches), from the parameters alone. None: the config's own checks are all.
     """
 
     name: str
@@ -60,6 +64,7 @@ class Method:
     summary: str = ""
     guarantee: GuaranteeKind = "ex-ante"
     baseline: bool = False
+    checker: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -82,6 +87,11 @@ class Method:
         if self.build is None:
             raise ConfigurationError(f"the {self.task} method {self.name!r} has no builder")
         return load_target(self.build) if isinstance(self.build, str) else self.build
+
+    def check(self, config: Any) -> None:
+        """The checks of ``config`` that depend on this method (its :attr:`checker`), before any model loads."""
+        if self.checker is not None:
+            (load_target(self.checker) if isinstance(self.checker, str) else self.checker)(config, self)
 
 
 class MethodTable:
@@ -146,6 +156,13 @@ class MethodTable:
     def build(self, name: str, config: Any, runtime: Any) -> Any:
         """``get(name).build(config, runtime)``: what the method runs (imports its module on first use)."""
         return self.get(name).loaded_build()(config, runtime)
+
+    def check(self, name: object, config: Any, option: str = "method") -> Method:
+        """The entry ``name`` (an unknown one refused, ``option`` naming the setting) with its checks of ``config``
+        made (:meth:`Method.check`)."""
+        entry = self.get(name, option)
+        entry.check(config)
+        return entry
 
     def baselines(self) -> list[str]:
         return [n for n in self.names() if self._entries[n].baseline]

@@ -3,10 +3,10 @@
 The driver reads the corpus and the output (:mod:`dpinfer.jobs.corpus`: the same refusals and resume rules as
 the local backend), and sends the records still to do through ``ray.data.from_items(...).map_batches`` over
 :class:`SanitizeActor`, a stateful actor class: each actor loads the model ONCE and runs
-:func:`~dpinfer.pipelines.sanitize.sanitize_many` (one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>` call)
-per batch; ``num_gpus=1`` per actor when the model runs on CUDA, else ``num_cpus``; several batches in flight per actor
-(``ActorPoolStrategy(max_tasks_in_flight_per_actor=...)``) so an actor never waits for its next batch. Each record comes
-back to the driver as its output line as soon as its batch finishes, and the driver appends it (the same line the
+:func:`~dpinfer.pipelines.sanitize_many.sanitize_many` (one :meth:`Engine.run_jobs <dpinfer.engine.Engine.run_jobs>`
+call) per batch; ``num_gpus=1`` per actor when the model runs on CUDA, else ``num_cpus``; several batches in flight per
+actor (``ActorPoolStrategy(max_tasks_in_flight_per_actor=...)``) so an actor never waits for its next batch. Each record
+comes back to the driver as its output line as soon as its batch finishes, and the driver appends it (the same line the
 local backend would write: with a test seed, the same text, since a record's seed depends on its id only).
 
 With a ledger (``--ledger``: a PostgreSQL URL, or a SQLite file on a one-machine Ray), each record's unit is charged
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from dpinfer.errors import ConfigurationError, install_hint
 
 if TYPE_CHECKING:
-    from dpinfer.pipelines.sanitize import Record
+    from dpinfer.pipelines.sanitize_many import Record
 
 INSTALL_HINT = f"install it {install_hint('ray')}"
 

@@ -37,39 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.charge import Charges, charge, hold, run_charged
 from dpinfer.accounting.spend import pure_steps_estimate
-from dpinfer.configs.protect import KEYWORD_METHODS, SUPPRESS_METHODS, ProtectConfig
+from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT
 from dpinfer.errors import ConfigurationError, DPInferError
 from dpinfer.methods.prompt import TABLE
-from dpinfer.protect.gtr import (
-    MIN_CONTENT_WORDS,
-    choose_exemplar,
-    choose_exemplars,
-    perplexities,
-    release_keywords,
-)
-from dpinfer.protect.stage1 import (
-    capped_paraphrase_ids,
-    check_request_fits,
-    paraphrase_ids,
-    request_bound,
-    stage1_mechanism,
-    truncate_tokens,
-)
-from dpinfer.protect.stage3 import (
-    FINAL_TEMPLATE,
-    StopAfterFirstLine,
-    closest_to_consensus,
-    final_prompt_head,
-    final_prompt_ids,
-    keyword_ban,
-    keyword_variants,
-    stage3_choices,
-    stage3_prompt,
-    stage3_prompts,
-    stage3_select,
-    strip_echoes,
-)
+from dpinfer.protect.stage1 import capped_paraphrase_ids, check_request_fits, request_bound, stage1_mechanism
 from dpinfer.release import DIAGNOSTICS_WARNING
 from dpinfer.task import Plan, run_jobs
 
@@ -133,33 +105,9 @@ class ProtectedPrompt:
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
-def protect_config(config: ProtectConfig | None = None, **settings: Any) -> ProtectConfig:
-    """``config`` with ``settings`` applied (checked), or a config of ``settings``; an unknown keyword is a
-    :class:`TypeError`, as for any function (there is no ``top_k`` / ``top_p``: stage 1 samples the full vocabulary)."""
-    if config is not None and not isinstance(config, ProtectConfig):
-        raise ConfigurationError(f"config must be a ProtectConfig, got {type(config).__name__}")
-    if not settings:
-        return config or ProtectConfig()
-    unknown = sorted(set(settings) - set(ProtectConfig.field_names()))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))} (settings of prompt "
-                        f"protection: {', '.join(ProtectConfig.field_names())})")
-    return config.replace(**settings) if config is not None else ProtectConfig(**settings)
-
-
 def method_for(config: ProtectConfig, runtime: Any = None) -> Any:
     """The method ``config`` names, built from the prompt table (an unknown one is refused before the model loads)."""
-    return TABLE.get(config.method).loaded_build()(config, runtime)
-
-
-def check_protect_params(*, seed: object = None, cli: bool = False, **settings: Any) -> int:
-    """Every setting of :func:`protect_prompt` checked before any model loads (:class:`ProtectConfig` and the method
-    table); returns the number of stage-1 rewrites. ``cli`` spells the names as options (``--n-rewrites``)."""
-    from dpinfer.checks import check_seed
-
-    config = ProtectConfig(**settings, spelling="cli" if cli else "api")
-    check_seed(seed, config.name("seed"))
-    return int(method_for(config).rewrites)
+    return TABLE.build(config.method, config, runtime)
 
 
 def _check_prompt(prompt: object) -> str:
@@ -363,7 +311,7 @@ def protect_prompt(prompt: str, config: ProtectConfig | None = None, *, lm: LM |
 
     with charge(ledger, unit, scope="prompt-source", what="protect_prompt") as spend:
         _check_prompt(prompt)
-        config = protect_config(config, **settings)
+        config = ProtectConfig.merged(config, **settings)
         check_seed(seed, "seed")
         method = method_for(config, runtime)
         if config.epsilon is not None:  # the cost from the settings alone, before the model
@@ -393,7 +341,7 @@ def protect_prompts(prompts: Sequence[str], config: ProtectConfig | None = None,
     from dpinfer.checks import check_seed
     from dpinfer.runtime import resolve_runtime
 
-    config = protect_config(config, **settings)
+    config = ProtectConfig.merged(config, **settings)
     method = method_for(config, runtime)
     seeds = [None] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
@@ -440,11 +388,6 @@ def guarantee_lines(res: ProtectedPrompt) -> list[str]:
 
 
 __all__ = [
-    "ADJACENCY", "FINAL_TEMPLATE", "KEYWORD_METHODS", "METHODS", "MIN_CONTENT_WORDS", "SUPPRESS_METHODS", "TASK",
-    "ProtectConfig", "ProtectInputs", "ProtectPlan", "ProtectedPrompt", "StopAfterFirstLine", "capped_paraphrase_ids",
-    "check_protect_params", "check_request_fits", "choose_exemplar", "choose_exemplars", "closest_to_consensus",
-    "final_prompt_head", "final_prompt_ids", "finish_protect", "guarantee_lines", "keyword_ban", "keyword_variants",
-    "paraphrase_ids", "perplexities", "plan_protect", "protect_config", "protect_prompt", "protect_prompts",
-    "release_keywords", "request_bound", "stage1_mechanism", "stage3_choices", "stage3_prompt", "stage3_prompts",
-    "stage3_select", "strip_echoes", "truncate_tokens",
+    "ADJACENCY", "METHODS", "TASK", "ProtectInputs", "ProtectPlan", "ProtectedPrompt", "finish_protect",
+    "guarantee_lines", "method_for", "plan_protect", "protect_prompt", "protect_prompts",
 ]

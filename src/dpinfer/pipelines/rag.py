@@ -37,14 +37,14 @@ from dpinfer.accounting.ledger import Ledger
 from dpinfer.checks import positive_int
 from dpinfer.configs.ask import AskConfig
 from dpinfer.defaults import RAG
-from dpinfer.engine import Engine, EngineJob
+from dpinfer.engine import Engine, Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.methods.rag import TABLE
-from dpinfer.pipelines.sanitize import record_error, record_seed
+from dpinfer.pipelines.sanitize_many import record_error, record_seed
 from dpinfer.rag.answer import AskPlan, RagAnswer
-from dpinfer.rag.answering import SUMMARY_TOKENS, AnswerMethod
-from dpinfer.rag.documents import TEXT_SUFFIXES, read_documents, read_records
-from dpinfer.rag.prompts import DOC_SLACK, MIN_DOC_TOKENS, RagRows, RagTemplate
+from dpinfer.rag.answering import AnswerMethod
+from dpinfer.rag.documents import read_documents, read_records
+from dpinfer.rag.prompts import DOC_SLACK, RagRows, RagTemplate
 from dpinfer.rag.rerank import rerank
 from dpinfer.rag.store import AddReport, DocumentStore, Hit
 from dpinfer.runtime import Runtime, resolve_runtime
@@ -54,9 +54,8 @@ if TYPE_CHECKING:
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
 
-__all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "DOC_SLACK", "METHODS", "MIN_DOC_TOKENS", "STORE_LEDGER",
-           "SUMMARY_TOKENS", "TEXT_SUFFIXES", "AskConfig", "AskPlan", "PrivateRAG", "RagAnswer", "RagTemplate",
-           "answer_method", "ask_config", "ask_guarantee", "check_ask_params", "compose_answer", "read_documents",
+__all__ = ["DEFAULT_EPSILON", "DEFAULT_THETA", "METHODS", "STORE_LEDGER", "PrivateRAG",
+           "answer_method", "ask_guarantee", "compose_answer",
            "released_answer_method", "store_reservation"]
 
 METHODS = tuple(TABLE.names())
@@ -70,17 +69,6 @@ STORE_LEDGER = "store"
 SESSION_ADJACENCY = "the retrieved context of each of the {n} answers, all at once"
 
 
-def ask_config(settings: Mapping[str, Any], base: AskConfig | None = None, *, cli: bool = False) -> AskConfig:
-    """``base`` (default: the defaults) with ``settings`` (:class:`~dpinfer.configs.ask.AskConfig`'s fields; another
-    keyword is refused in one line), checked."""
-    unknown = sorted(set(settings) - set(AskConfig.field_names()))
-    if unknown:
-        raise ConfigurationError(f"unknown setting(s) for an answer: {', '.join(unknown)}")
-    if base is None:
-        return AskConfig(**settings, option_names=cli)
-    return base.replace(**settings) if settings else base
-
-
 def answer_method(config: AskConfig, runtime: Any = None) -> AnswerMethod:
     """The runner of ``config.mechanism``, built through the method table (every method check made: the name, the
     knobs that apply to it, and PAD's calibration, which refuses an unreachable ε), from public parameters only."""
@@ -89,21 +77,10 @@ def answer_method(config: AskConfig, runtime: Any = None) -> AnswerMethod:
     return method
 
 
-def check_ask_params(*, cli: bool = False, **params: Any) -> None:
-    """Every parameter of :meth:`PrivateRAG.ask` that can be checked before the store or the model is touched.
-
-    >>> check_ask_params(epsilon=8)
-    >>> check_ask_params(mechanism="pda")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    dpinfer.errors.ConfigurationError: unknown method 'pda' for rag; choose one of pad, pad-as-published, static, ...
-    """
-    answer_method(ask_config(params, cli=cli))
-
-
 def ask_guarantee(mechanism: str, **params: Any) -> Guarantee:
     """The guarantee of one answer by ``mechanism`` from its parameters alone, as :meth:`PrivateRAG.plan_ask` computes
     it: what a ledger charges before the model loads."""
-    return answer_method(ask_config({"mechanism": mechanism, **params})).guarantee()
+    return answer_method(AskConfig.merged(None, mechanism=mechanism, **params)).guarantee()
 
 
 def compose_answer(accountant: PrivacyAccountant, method: AnswerMethod) -> None:
@@ -123,7 +100,7 @@ def released_answer_method(release: Mapping[str, Any]) -> AnswerMethod | None:
     fields = {k: v for k, v in settings.items() if k in AskConfig.field_names() and v is not None}
     fields["mechanism"] = release.get("mechanism", settings.get("mechanism"))
     try:
-        method = answer_method(ask_config(fields))
+        method = answer_method(AskConfig.merged(None, **fields))
         rebuilt, released = method.guarantee().to_dict(), Guarantee.from_dict(guarantee).to_dict()
         # what the loss is made of (a seeded test run says more in its statement: the same guarantee)
         same = all(rebuilt.get(k) == released.get(k) for k in ("epsilon", "delta", "mechanism", "parameters",
@@ -313,7 +290,7 @@ class PrivateRAG:
         del checked  # the config is checked when it is built
         t0 = time.perf_counter()
         check_text(question, "the question")
-        config = ask_config(settings, config)
+        config = AskConfig.merged(config, **settings)
         method = answer_method(config, self.runtime)  # calibrated before anything private is read or the model loads
         guarantee = method.guarantee()
         if config.seed is not None:
@@ -337,7 +314,7 @@ class PrivateRAG:
                         "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
                         "top_k": self.top_k, "top_n": self.top_n, "max_doc_tokens": doc_tokens,
                         "model": self.lm.name, **method.settings()}  # never the seed
-        job = EngineJob(contexts=contexts, mechanism=method.mechanism, max_new_tokens=config.max_new_tokens,
+        job = Job(contexts=contexts, mechanism=method.mechanism, max_new_tokens=config.max_new_tokens,
                         seed=config.seed, pad_width=width,
                         min_new_tokens=min(config.min_new_tokens, config.max_new_tokens))
         return AskPlan(jobs=(job,), guarantee=guarantee, charges=Charges(guarantee, scope="store"), method=method,
@@ -369,7 +346,7 @@ class PrivateRAG:
         book = self._spend(options.pop("ledger", STORE_LEDGER), options.pop("unit", None))
         spends: dict[int, Reservation] = {}
         base = options.pop("config", None)
-        config = ask_config(options, base)
+        config = AskConfig.merged(base, **options)
         method = answer_method(config, self.runtime)  # every check, once
         if ids is not None and len(ids) != len(questions):
             raise InvalidInputError(f"ask_many: {len(ids)} ids for {len(questions)} questions")

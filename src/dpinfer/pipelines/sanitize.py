@@ -31,43 +31,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.charge import charge, hold, run_charged
-from dpinfer.accounting.sanitize_text import (  # noqa: F401  (re-exported: the former home of these names)
-    BASELINE_NOT_PROTECTED,
-    FUSION_ADJACENCY,
-    NOT_PROTECTED,
-    guarantee_caveats,
-    guarantee_details,
-    guarantee_sentence,
-    guarantee_statement,
-    not_protected,
-)
 from dpinfer.configs.sanitize import SanitizeConfig
-from dpinfer.pipelines.sanitize_contexts import (  # noqa: F401  (re-exported)
-    BASELINE_MAX_NEW_TOKENS,
-    DEFAULT_INSTRUCTION,
-    INPUT_MARGIN,
-    PLACEHOLDER,
-    PreparedContexts,
-    build_prompt,
-    cut_document,
-    default_max_new_tokens,
-    placeholder_id,
-    prepare_contexts,
-    whole_document_cap,
-)
-from dpinfer.pipelines.sanitize_many import Record, RecordOutcome, record_error, record_seed, sanitize_many  # noqa: F401
-from dpinfer.pipelines.sanitize_plan import (  # noqa: F401  (re-exported)
-    SanitizePlan,
+from dpinfer.pipelines.sanitize_plan import (
     estimate_cost,
     finish_sanitize,
-    method_plan,
     plan_sanitize,
-    resolve_span_source,
-    resolve_spans,
 )
 from dpinfer.pipelines.sanitize_result import DEBUG_WARNING, SanitizeResult
 from dpinfer.runtime import Runtime, resolve_runtime
-from dpinfer.taggers.resolve import resolve_group_epsilon, resolve_groups  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from dpinfer.engine import Engine
@@ -99,7 +70,7 @@ def sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: Runtim
 
     Choosing ε: see :class:`~dpinfer.configs.sanitize.SanitizeConfig` and docs/sanitize.md.
     """
-    cfg = SanitizeConfig.build(config, **options)
+    cfg = SanitizeConfig.merged(config, **options)
     rt = resolve_runtime(runtime, lm=lm, engine=engine)
     with charge(ledger, unit, scope="document", default_unit=lambda book: book.unit_for_text(text)) as spend:
         # plan: the estimate is held before the model loads (from the settings and the groups alone)

@@ -25,7 +25,7 @@ import numpy as np
 
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, ContextTooLongError
-from dpinfer.pipelines.protect_prompt import truncate_tokens
+from dpinfer.protect.stage1 import truncate_tokens
 from dpinfer.taggers.base import Span
 
 if TYPE_CHECKING:

@@ -89,7 +89,7 @@ def sanitize_many(
     before any of its tokens (a ledger prices its charge there:
     :class:`~dpinfer.accounting.charge.RecordCharges`); what it raises is the record's error.
     """
-    cfg = SanitizeConfig.build(config, **options)
+    cfg = SanitizeConfig.merged(config, **options)
     check_sanitize_config(cfg, check_tagger=isinstance(cfg.tagger, str))
     rt = resolve_runtime(runtime, lm=lm, engine=engine)
     tg: Any = cfg.tagger if isinstance(cfg.tagger, Tagger) else None

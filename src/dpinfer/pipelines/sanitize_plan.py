@@ -34,7 +34,7 @@ from dpinfer.task import Plan
 from dpinfer.validation import check_sanitize_config, check_text
 
 if TYPE_CHECKING:
-    from dpinfer.accounting.ledger import Cost
+    from dpinfer.accounting.costs import Cost
     from dpinfer.engine import EngineOutput
     from dpinfer.models import LM
 
@@ -59,7 +59,7 @@ def estimate_cost(config: SanitizeConfig, group_map: Mapping[str, Sequence[str]]
     DP-Fusion its per-group target at order α; None for the whole-document methods, whose exact cost is settled once
     the release is planned."""
     from dpinfer.accounting import PureDp
-    from dpinfer.accounting.ledger import Cost
+    from dpinfer.accounting.costs import Cost
 
     entry = methods.method(config.method)
     if entry.guarantee == "none" or (entry.protects == "spans" and not group_map):
@@ -103,7 +103,7 @@ def plan_sanitize(text: str, config: SanitizeConfig | None = None, *, runtime: R
     from dpinfer.clip_bounds import clip_bounds
     from dpinfer.mechanisms.transforms import MinP, NoRepeatNGram
 
-    cfg = SanitizeConfig.build(config, **options)
+    cfg = SanitizeConfig.merged(config, **options)
     check_text(text, "the document")
     if not checked:  # before the model loads
         check_sanitize_config(cfg, check_tagger=spans is None or cfg.tag_uncovered)

@@ -30,13 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpinfer.accounting.charge import Charges, charge, run_charged
-from dpinfer.configs.synth import TEMPLATES, PromptTemplate, SynthConfig, template_sha256
-from dpinfer.engine import EngineJob
+from dpinfer.configs.synth import SynthConfig
+from dpinfer.engine import Job
 from dpinfer.errors import ConfigurationError, InvalidInputError
 from dpinfer.io import atomic_open
 from dpinfer.methods.synthesize import (
-    REFERENCE_SLACK,
-    TABLE,
     batch_contexts,
     build,
     check,
@@ -45,7 +43,7 @@ from dpinfer.methods.synthesize import (
     public_pad_width,
     reads_references,
 )
-from dpinfer.references import Reference, as_references, load_references, partition, partition_sha256
+from dpinfer.references import Reference, as_references, partition, partition_sha256
 from dpinfer.release import check_release, with_warning
 from dpinfer.runtime import resolve_runtime
 from dpinfer.task import Plan
@@ -56,9 +54,7 @@ if TYPE_CHECKING:
     from dpinfer.models import LM
     from dpinfer.runtime import Runtime
 
-__all__ = ["REFERENCE_SLACK", "TABLE", "TEMPLATES", "PromptTemplate", "Reference", "SynthConfig", "SynthesisPlan",
-           "SynthesisResult", "SyntheticText", "batch_contexts", "load_references", "partition", "plan_synthesis",
-           "public_pad_width", "synth_config", "synthesize", "synthesize_iter", "template_sha256"]
+__all__ = ["SynthesisPlan", "SynthesisResult", "SyntheticText", "plan_synthesis", "synthesize", "synthesize_iter"]
 
 
 @dataclass
@@ -221,36 +217,24 @@ class SynthesisPlan:
         """:func:`dpinfer.references.partition_sha256` of this plan: PRIVATE, never in a release."""
         return partition_sha256(self.references, self.batches)
 
-    def job(self, lm: LM, b: int, debug_stats: bool = False) -> EngineJob:
+    def job(self, lm: LM, b: int, debug_stats: bool = False) -> Job:
         """Batch ``b``'s engine job: its contexts, its own copy of the calibrated mechanism (jobs share no state), a
         public padding width and a sampling seed from the plan's seed and ``b`` alone (``debug_stats``: record the
         mechanism's DATA-DEPENDENT per-step statistics, ``--debug-stats``)."""
         refs = [self.references[i] for i in self.batches[b]]
         contexts = batch_contexts(lm, self.template, refs, self.max_reference_tokens)
         seed = self.seed
-        return EngineJob(contexts=contexts[:1] if self.public else contexts,
+        return Job(contexts=contexts[:1] if self.public else contexts,
                          mechanism=copy.deepcopy(self.mechanism), max_new_tokens=self.max_new_tokens,
                          pad_width=public_pad_width(lm, self.template, refs[0].labels, self.max_reference_tokens),
                          seed=None if seed is None else int(seed) * 1_000_003 + b, debug_stats=debug_stats)
-
-
-def synth_config(config: SynthConfig | None = None, **settings: Any) -> SynthConfig:
-    """``config`` (default: :class:`SynthConfig`'s defaults) with ``settings`` (its field names) applied, checked."""
-    if config is not None and not isinstance(config, SynthConfig):
-        raise ConfigurationError(f"config must be a SynthConfig, got {type(config).__name__}")
-    if config is None:
-        return SynthConfig.from_kwargs(settings)
-    unknown = sorted(set(settings) - set(SynthConfig.field_names()))
-    if unknown:
-        raise ConfigurationError(f"unknown setting(s) for SynthConfig: {', '.join(unknown)}")
-    return config.replace(**settings) if settings else config
 
 
 def plan_synthesis(references: Sequence[Reference | str], config: SynthConfig | None = None,
                    **settings: Any) -> SynthesisPlan:
     """Every check, the partition, the calibrated mechanism and the guarantee of :func:`synthesize`, without a model.
     ``settings``: :class:`SynthConfig`'s fields (over ``config`` when given)."""
-    cfg = synth_config(config, **settings)
+    cfg = SynthConfig.merged(config, **settings)
     check(cfg)
     refs = as_references(references)
     check_corpus_size(cfg, len(refs))
@@ -304,7 +288,7 @@ def synthesize_iter(plan: SynthesisPlan, *, lm: LM | str | None = None, runtime:
             progress(finished, len(plan.batches))
 
 
-def _text(plan: SynthesisPlan, model: LM, b: int, job: EngineJob, out: EngineOutput) -> SyntheticText:
+def _text(plan: SynthesisPlan, model: LM, b: int, job: Job, out: EngineOutput) -> SyntheticText:
     """Batch ``b``'s text from its job's output (the mechanism's data-dependent figures apart, diagnostics only)."""
     ids = out.sequences[0]
     dd = job.mechanism.diagnostics(out.steps)

@@ -21,7 +21,7 @@ from dpinfer.accounting import Guarantee, PureDp
 from dpinfer.accounting.accountant import Adjacency, LossEvent, NoGuaranteeEvent, NoLossEvent
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.configs.ask import AskConfig
-from dpinfer.engine import EngineJob
+from dpinfer.engine import Job
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.pad import Pad
@@ -64,7 +64,7 @@ class AnswerMethod:
     def __post_init__(self) -> None:
         given = {k for k in ("epsilon", "noise_scale") if getattr(self.config, k) is not None}
         for knob in sorted(given - self.knobs):
-            flag = self.config._name(knob)
+            flag = self.config.name(knob)
             if knob == "epsilon":
                 raise ConfigurationError(f"{flag} applies to pad, not to {self.name}, which has no guarantee")
             raise ConfigurationError(f"{flag} is pad-as-published's noise knob; it does not apply to {self.name}")
@@ -225,7 +225,7 @@ class Summarize(AnswerMethod):
             width = len(rag.lm.encode(template.wrap(rag.lm, empty))) + rag.max_doc_tokens + rag.doc_slack
             for hit in hits:
                 prompt = template.summary.replace("{document}", rag.cut(hit.text)).replace("{question}", question)
-                jobs.append(EngineJob(contexts=[rag.lm.encode(template.wrap(rag.lm, prompt))],
+                jobs.append(Job(contexts=[rag.lm.encode(template.wrap(rag.lm, prompt))],
                                       mechanism=Sampler(temperature=0.0, mode="joint"),
                                       max_new_tokens=SUMMARY_TOKENS, seed=seed, pad_width=width))
                 owner.append(n)

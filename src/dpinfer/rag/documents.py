@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from dpinfer.errors import InvalidInputError
+from dpinfer.io import decode_text, input_file
 from dpinfer.references import load_references
-from dpinfer.validation import decode_text, input_file
 
 __all__ = ["TEXT_SUFFIXES", "read_documents", "read_records"]
 

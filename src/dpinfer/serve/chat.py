@@ -175,8 +175,8 @@ def protect(svc: Service, who: Principal, chat: Chat, setup: Settings) -> Any:
             "user turn: send the conversation's context inside that one message (it is protected "
             "whole), one request per prompt",
         )
-    prompt, opts = bodies.protect(chat.ext, prompt=chat.messages[users[0]]["content"])
-    plan, units = svc.plan_protect(who, prompt, opts, chat.ext.get("unit"))
+    prompt, config = bodies.protect(chat.ext, prompt=chat.messages[users[0]]["content"])
+    plan, units = svc.plan_protect(who, prompt, config, chat.ext.get("unit"))
     held = svc.hold(units, plan.charges)
     with charge(held, None, scope=held.scope):
         res = finish_protect(plan, [svc.run(plan.job)])[0].release()

@@ -36,18 +36,19 @@ from dpinfer import generation
 from dpinfer.accounting.charge import Charges, Reservation, charge, reserve
 from dpinfer.accounting.ledger_store import is_database_url
 from dpinfer.clip_bounds import clip_bounds
+from dpinfer.configs.protect import ProtectConfig
 from dpinfer.defaults import PROTECT, SERVE
 from dpinfer.engine import Engine, EngineOutput, Job
 from dpinfer.errors import ConfigurationError
 from dpinfer.generation import GenerateInputs, GeneratePlan, GenerateSettings, TextStreamer
 from dpinfer.models import int8_twin
-from dpinfer.pipelines.protect_prompt import ProtectPlan, plan_protect, protect_config
+from dpinfer.pipelines.protect_prompt import ProtectPlan, plan_protect
 from dpinfer.pipelines.rag import PrivateRAG
 from dpinfer.pipelines.sanitize_plan import SanitizePlan, finish_sanitize, plan_sanitize
 from dpinfer.pipelines.synthesize import plan_synthesis
 from dpinfer.runtime import Runtime
 from dpinfer.serve.batcher import Batcher, SharedEngine, Ticket
-from dpinfer.serve.bodies import synth_options
+from dpinfer.serve.bodies import synth
 from dpinfer.serve.budget import BudgetRefused, LedgerBudgets, ledger_unit
 from dpinfer.serve.job_table import JobTable
 from dpinfer.serve.keys import Principal, check_name, check_unit_name
@@ -204,16 +205,17 @@ class Service:
             spans = self.core.tagger.tag(text)
         return {"spans": [s.to_dict() for s in spans], "tagger": self.tagger_name}
 
-    def plan_sanitize(self, principal: Principal, opts: Mapping[str, Any]
+    def plan_sanitize(self, principal: Principal, parsed: Mapping[str, Any]
                       ) -> tuple[SanitizePlan, list[tuple[str, str]]]:
         """(the plan, the units it is charged to) of a parsed request (:func:`dpinfer.serve.bodies.sanitize`): the
         spans (the server's tagger when none are given), the contexts, the calibrated mechanism, the guarantee."""
-        units = self.units_for(principal, self.document_unit(opts["text"]), opts.get("unit"))
-        opts = {k: v for k, v in opts.items() if k != "unit"}
-        cap = opts["max_new_tokens"] or self.min_new_tokens
+        units = self.units_for(principal, self.document_unit(parsed["text"]), parsed["unit"])
+        config, spans = parsed["config"], parsed["spans"]
+        cap = config.max_new_tokens or self.min_new_tokens
         with self.plan_lock:
-            plan = plan_sanitize(lm=self.lm, tagger=self.core.tagger if opts["spans"] is None else None,
-                                 checked=True, min_new_tokens=min(self.min_new_tokens, cap), **opts)
+            plan = plan_sanitize(parsed["text"], config, lm=self.lm, spans=spans,
+                                 tagger=self.core.tagger if spans is None else None, checked=True,
+                                 min_new_tokens=min(self.min_new_tokens, cap))
         return plan, units
 
     def sanitize_stream(self, plan: SanitizePlan, units: list[tuple[str, str]], held: Reservation
@@ -275,14 +277,13 @@ class Service:
                                                                           for d in docs) else None)
         return {"store": store, **report.to_dict()}
 
-    def plan_ask(self, principal: Principal, store: str, opts: Mapping[str, Any]) -> Asked:
+    def plan_ask(self, principal: Principal, store: str, parsed: Mapping[str, Any]) -> Asked:
         """A parsed question (:func:`dpinfer.serve.bodies.ask`) planned on the tenant's store: retrieval, the
         calibrated mechanism, the guarantee; with the units it is charged to."""
         rag, lock = self.rag(principal, store)
-        units = self.units_for(principal, self.store_unit(store), opts.get("unit"))
-        settings = {k: v for k, v in opts.items() if k not in ("question", "unit")}
+        units = self.units_for(principal, self.store_unit(store), parsed["unit"])
         with lock:  # a summary runs on the shared engine: other requests go on meanwhile
-            plan = rag.plan_ask(opts["question"], checked=True, **settings)
+            plan = rag.plan_ask(parsed["question"], config=parsed["config"], checked=True)
         return Asked(rag, plan, store, units)
 
     def answer(self, asked: Asked, out: EngineOutput) -> dict[str, Any]:
@@ -300,7 +301,7 @@ class Service:
         yield {"done": True, **self.answer(asked, ticket.result())}
 
     # ---------------------------------------------------------------- protect-prompt
-    def plan_protect(self, principal: Principal, prompt: str, opts: Mapping[str, Any], unit: object = None
+    def plan_protect(self, principal: Principal, prompt: str, config: ProtectConfig, unit: object = None
                      ) -> tuple[ProtectPlan, list[tuple[str, str]]]:
         """(the plan, the units it is charged to) of a parsed prompt (:func:`dpinfer.serve.bodies.protect`): stage 1's
         job, the calibrated mechanism and the guarantee (:func:`~dpinfer.pipelines.protect_prompt.plan_protect`),
@@ -308,12 +309,12 @@ class Service:
         units = self.units_for(principal, self.prompts_unit(principal), unit)
         with self.model_lock:  # a first calibration of the clip bounds runs the model outside the engine
             clip_bounds(self.lm)
-        return plan_protect([prompt], protect_config(**opts), self.core, pooled=False), units
+        return plan_protect([prompt], config, self.core, pooled=False), units
 
     # ---------------------------------------------------------------- synth
     def check_synth(self, body: Mapping[str, Any]) -> Any:
         """Every check of a synthesis job and its plan (no model): bad parameters are refused before the job."""
-        return plan_synthesis(**synth_options(body))
+        return plan_synthesis(*synth(body))
 
     # ---------------------------------------------------------------- plain generation
     def plan_generate(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, temperature: float,

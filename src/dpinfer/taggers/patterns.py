@@ -165,14 +165,10 @@ _ORG_OF = (
 _LOC_OF = r"District|County|Province|Region|Village|City|Town|Canton|Oblast|Voivodeship|Prefecture|Island|Isle"
 
 
-def _build_patterns() -> tuple[PatternDef, ...]:
+def _code_patterns() -> tuple[PatternDef, ...]:
+    """CODE: court references and identifiers."""
     I = re.IGNORECASE
     P = PatternDef
-    lex = lexicon()
-    demonyms = _alternation(lex["demonyms"])
-    occupations = _alternation(lex["occupations"])
-    cap_seq = rf"(?:(?!{_STOP}){_NAME_WORD}{_SP}){{1,5}}"
-    of_tail = rf"(?:{_SP}(?:and{_SP}|of{_SP}|for{_SP}|the{_SP})?(?!{_STOP}){_NAME_WORD}){{0,5}}"
     return (
         # --- CODE: court references and identifiers
         P("echr_application_no", "ECHR_APPLICATION_NO", r"(?<![\w/.,])\d{3,6}/\d{2}(?![\w/]|[.,]\d)", 0.9),
@@ -219,6 +215,14 @@ def _build_patterns() -> tuple[PatternDef, ...]:
         ),
         P("long_digits", "ID_NUMBER", r"(?<![\w.,\-/])\d{7,}(?![\w/]|[.,]\d)", 0.5),
         P("dashed_digits", "ID_NUMBER", r"(?<![\w\-/.])\d{2,6}(?:-\d{2,6}){2,4}(?![\w\-/])", 0.5),
+    )
+
+
+def _contact_patterns() -> tuple[PatternDef, ...]:
+    """CODE: contact details and network identifiers."""
+    I = re.IGNORECASE
+    P = PatternDef
+    return (
         # --- CODE: contact details and network identifiers
         P(
             "email",
@@ -272,6 +276,14 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             validator=phone_ok(7, 15),
         ),
         P("phone_short", "PHONE_NUMBER", r"(?<![\w.\-/+,])\d{3}[ \-]\d{4}(?!\w|[ .\-/,]\d)", 0.4),
+    )
+
+
+def _datetime_patterns() -> tuple[PatternDef, ...]:
+    """DATETIME: dates, years, times and durations."""
+    I = re.IGNORECASE
+    P = PatternDef
+    return (
         # --- DATETIME
         P(
             "date_day_month",
@@ -318,6 +330,14 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             0.5,
             flags=I,
         ),
+    )
+
+
+def _age_quantity_patterns() -> tuple[PatternDef, ...]:
+    """DEM ages, then QUANTITY: money, percentages, measures."""
+    I = re.IGNORECASE
+    P = PatternDef
+    return (
         # --- DEM: ages
         P(
             "age_of",
@@ -361,6 +381,18 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             r"|met(?:re|er)s?|cm|mm|kg|kilograms?|grams?|tons?|tonnes?|litres?|liters?|ml|mg)(?!\w)",
             0.7,
         ),
+    )
+
+
+def _name_patterns() -> tuple[PatternDef, ...]:
+    """PERSON, ORG, DEM (nationalities, occupations) and LOC: capitalised names and addresses."""
+    P = PatternDef
+    lex = lexicon()
+    demonyms = _alternation(lex["demonyms"])
+    occupations = _alternation(lex["occupations"])
+    cap_seq = rf"(?:(?!{_STOP}){_NAME_WORD}{_SP}){{1,5}}"
+    of_tail = rf"(?:{_SP}(?:and{_SP}|of{_SP}|for{_SP}|the{_SP})?(?!{_STOP}){_NAME_WORD}){{0,5}}"
+    return (
         # --- PERSON: titled names
         P("titled_person", "PERSON", rf"\b{_TITLE}{_SP}{_NAME_SEQ}", 0.7),
         # --- ORG: capitalised names ending in an organisation word, "<Ministry|Republic|...> of <Name>"
@@ -408,6 +440,17 @@ def _build_patterns() -> tuple[PatternDef, ...]:
             0.6,
         ),
         P("unit", "STREET_ADDRESS", r"\b(?:Apt|Apartment|Suite|Ste|Unit|Flat)\.?\s*#?\d+[A-Za-z]?(?!\w)", 0.6),
+    )
+
+
+def _build_patterns() -> tuple[PatternDef, ...]:
+    """Every built-in pattern, in the order the tagger tries them."""
+    return (
+        *_code_patterns(),
+        *_contact_patterns(),
+        *_datetime_patterns(),
+        *_age_quantity_patterns(),
+        *_name_patterns(),
     )
 
 

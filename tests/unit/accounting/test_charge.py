@@ -9,7 +9,8 @@ import pytest
 
 from dpinfer.accounting import Zcdp
 from dpinfer.accounting.charge import Reservation, charge, open_reservation
-from dpinfer.accounting.ledger import Cost, Ledger
+from dpinfer.accounting.costs import Cost
+from dpinfer.accounting.ledger import Ledger
 from dpinfer.errors import BudgetExceededError, LedgerError
 
 SMALL, LARGE = Cost.of(Zcdp(0.01)), Cost.of(Zcdp(0.5))  # LARGE: ε ≈ 5.3, fits 10 and not 1

@@ -18,8 +18,9 @@ import pytest
 
 from dpinfer.accounting import Guarantee, Zcdp
 from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.costs import ALL_GROUPS, ApproxDp, Cost, composed_epsilon
 from dpinfer.accounting.dp_fusion import conversion_cost, group_loss, step_epsilon
-from dpinfer.accounting.ledger import ALL_GROUPS, ApproxDp, Cost, Ledger, composed_epsilon
+from dpinfer.accounting.ledger import Ledger
 from dpinfer.accounting.losses import PureDp, SingleOrderRdp, compose
 from dpinfer.checks import format_up
 from dpinfer.errors import BudgetExceededError, DPInferError, LedgerError

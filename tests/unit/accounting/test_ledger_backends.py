@@ -24,7 +24,8 @@ from test_ledger import DELTA, DOCUMENT, SPANS, _spender, budget_for
 from dpinfer.accounting import Zcdp
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.ledger import Ledger, holder_id, settle_dead
-from dpinfer.accounting.ledger_store import _SCHEMA, SCHEMA_VERSION
+from dpinfer.accounting.ledger_schema import SCHEMA_VERSION
+from dpinfer.accounting.ledger_store import _SCHEMA
 from dpinfer.errors import BudgetExceededError, LedgerError
 from dpinfer.mechanisms.dp_fusion import DPFusion
 
@@ -182,7 +183,7 @@ def test_a_version_1_sqlite_ledger_is_migrated(tmp_path: Path) -> None:
 
 
 def _cost_json(loss: Any) -> str:
-    from dpinfer.accounting.ledger import Cost
+    from dpinfer.accounting.costs import Cost
 
     return Cost.of(loss).to_json()
 

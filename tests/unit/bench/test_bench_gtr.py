@@ -103,7 +103,7 @@ def test_perf_over_several_questions(tiny_lm, tmp_path, monkeypatch) -> None:
 
 
 def gtr_pp_ids(lm, question):
-    from dpinfer.pipelines.protect_prompt import paraphrase_ids
+    from dpinfer.protect.stage1 import paraphrase_ids
 
     return paraphrase_ids(lm, question)
 

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from dpinfer.accounting.calibration import Budget, Spec
-from dpinfer.bench import quality
+from dpinfer.bench import quality, quality_tasks
 from dpinfer.errors import ConfigurationError
 from dpinfer.mechanisms.dp_fusion import DPFusion
 from dpinfer.mechanisms.transforms import MinP, PublicSupport
 
 
 def test_english_share_separates_english_from_german() -> None:
-    assert quality.english_share("The applicant was born in 1970 and lives in Izmir.") > 0.4
-    assert quality.english_share("Ein leben ist zu wetzt, sie hatte mit den Kommunen") < quality.ENGLISH_THRESHOLD
-    assert quality.english_share("") == 0.0 and quality.word_count("I. 12 --") == 1
+    assert quality_tasks.english_share("The applicant was born in 1970 and lives in Izmir.") > 0.4
+    assert quality_tasks.english_share("Ein leben ist zu wetzt, sie hatte mit den Kommunen") < quality.ENGLISH_THRESHOLD
+    assert quality_tasks.english_share("") == 0.0 and quality_tasks.word_count("I. 12 --") == 1
 
 
 def _args(**kw: object) -> argparse.Namespace:
@@ -45,9 +45,9 @@ def test_config_checks_before_any_model() -> None:
 
 
 def test_settings_differ_only_in_the_changed_defaults() -> None:
-    prev, cur = quality.sanitize_options("previous"), quality.sanitize_options("current")
+    prev, cur = quality_tasks.sanitize_options("previous"), quality_tasks.sanitize_options("current")
     assert prev == {"min_p": None, "cap": None, "opening": None} and cur["min_p"] and cur["cap"] and cur["opening"]
-    assert not quality.rag_template("previous").chat and quality.rag_template("current").chat
+    assert not quality_tasks.rag_template("previous").chat and quality_tasks.rag_template("current").chat
 
 
 def test_min_p_support_reads_the_public_row_only() -> None:

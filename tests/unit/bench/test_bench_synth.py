@@ -8,7 +8,7 @@ import pytest
 
 from dpinfer.bench.synth import format_perf, format_quality, run_perf, run_quality
 from dpinfer.errors import MissingDependencyError
-from dpinfer.pipelines.synthesize import Reference
+from dpinfer.references import Reference
 
 WORDS = ["good", "bad", "tasty", "slow", "friendly", "cold", "fresh", "noisy", "clean", "cheap"]
 

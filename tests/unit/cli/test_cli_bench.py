@@ -103,7 +103,7 @@ def test_a_bench_added_to_the_manifest_is_run_through_its_protocol(monkeypatch, 
     assert capsys.readouterr().out == "| n = 2 |\n"
     assert main(["--json", "bench", "toy"]) == 0
     assert json.loads(capsys.readouterr().out) == {"n": 1}
-    from dpinfer.cli import _run_bench_module
+    from dpinfer.cli.bench import run_bench
 
-    assert _run_bench_module("toy", argparse.Namespace(n=3, json=False)) == 0
+    assert run_bench("toy", argparse.Namespace(n=3, json=False)) == 0
     assert capsys.readouterr().out == "| n = 3 |\n"

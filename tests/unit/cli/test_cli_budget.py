@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import dpinfer.models
 from dpinfer.accounting.ledger import Ledger
 from dpinfer.cli import main
 from dpinfer.taggers import Span
@@ -65,7 +64,7 @@ def test_budget_errors_are_one_line_with_exit_2(tmp_path: Path, capsys, monkeypa
     assert "has no charge 7" in capsys.readouterr().err
 
 
-def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir, tmp_path: Path, capsys,
+def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(model_gate, tiny_model_dir, tmp_path: Path, capsys,
                                                                   monkeypatch) -> None:
     doc, spans = tmp_path / "doc.txt", tmp_path / "spans.json"
     doc.write_text(DOC)
@@ -81,10 +80,7 @@ def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir
     assert json.loads(captured.out)["method"] == "dp-fusion"
     assert "charged to unit case-7 of ledger" in captured.err
 
-    def no_model(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+    model_gate.forbid()
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
@@ -98,15 +94,8 @@ def test_sanitize_with_a_ledger_is_refused_before_the_model_loads(tiny_model_dir
     assert "does not exist" in capsys.readouterr().err
 
 
-def _no_model(monkeypatch) -> None:
-    def no_model(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
-
-
 def test_synth_charges_the_corpus_once_per_run_and_a_resumed_run_not_again(tiny_model_dir, tmp_path: Path, capsys,
-                                                                           monkeypatch) -> None:
+                                                                           model_gate, monkeypatch) -> None:
     from dpinfer.accounting import Zcdp, zcdp_rho_for_target
 
     corpus = tmp_path / "c.csv"
@@ -140,17 +129,17 @@ def test_synth_charges_the_corpus_once_per_run_and_a_resumed_run_not_again(tiny_
     assert main([*job, "--out", str(out)]) == 0  # the rerun resumes
     assert len(Ledger(path).history("reviews")) == 1  # and is not charged again
     assert len(out.read_bytes().splitlines()) == 1 + 3
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert main([*job, "--out", str(tmp_path / "another.jsonl")]) == 2  # a second run: over the budget
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "budget exceeded for unit 'reviews'" in err
 
 
-def test_protect_prompt_needs_a_unit_and_is_refused_before_the_model_loads(tmp_path: Path, capsys,
+def test_protect_prompt_needs_a_unit_and_is_refused_before_the_model_loads(model_gate, tmp_path: Path, capsys,
                                                                            monkeypatch) -> None:
     path = str(tmp_path / "b.db")
     Ledger.init(path).set_budget("alice", epsilon=5.0)
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert main(["protect-prompt", "What is a kettle for?", "--epsilon", "8", "--ledger", path]) == 2
     assert "needs unit= (CLI: --unit NAME)" in capsys.readouterr().err
     assert main(["protect-prompt", "What is a kettle for?", "--epsilon", "8", "--ledger", path,
@@ -168,6 +157,7 @@ CORPUS = [
 ]
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_a_resumed_sanitize_corpus_charges_each_record_once_after_a_kill(tiny_model_dir, tmp_path: Path) -> None:
     import os
     import signal

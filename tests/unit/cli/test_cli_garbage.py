@@ -11,29 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dpinfer.models
 from dpinfer.cli import main
-from dpinfer.errors import DataNotFoundError, DPInferError, InvalidInputError
-from dpinfer.pipelines.synthesize import Reference, load_references
+from dpinfer.errors import DataNotFoundError, InvalidInputError
+from dpinfer.references import Reference, load_references
 
 NAME = "Zacharias Oberholzer"
 HUGE = 50 * 1024 * 1024
-
-
-class ModelLoaded(DPInferError):
-    pass
-
-
-@pytest.fixture
-def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    calls: list[str] = []
-
-    def fake(*args: object, **kwargs: object) -> None:
-        calls.append("load_model")
-        raise ModelLoaded("MODEL-WAS-LOADED")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", fake)
-    return calls
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +61,7 @@ CASES = [(c, k) for c in COMMANDS for k in KINDS if c != "bench tagger" or k == 
 @pytest.mark.parametrize(("command", "kind"), CASES)
 def test_every_command_refuses_garbage_files_in_one_line(command, kind, garbage, tmp_path, request, capsys):
     # the model commands get the garbage as --model: the real loader is what refuses it (quickly, no weights read)
-    no_model = [] if command in MODEL_COMMANDS else request.getfixturevalue("no_model")
+    no_model = [] if command in MODEL_COMMANDS else request.getfixturevalue("no_model").catchable()
     doc = tmp_path / "doc.txt"
     doc.write_text("The applicant lives in Vienna.\n", encoding="utf-8")
     corpus = tmp_path / "c.jsonl"

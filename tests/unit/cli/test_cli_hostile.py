@@ -10,30 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import dpinfer.models
 from dpinfer.cli import main
-from dpinfer.errors import DPInferError
 
 NAME = "Zacharias Oberholzer"
 DOC = f"The applicant, {NAME}, was born in 1961 and lives in Vienna. He lodged application no. 12345/06 in 2006.\n"
 SPANS = [{"start": 15, "end": 15 + len(NAME), "label": "PERSON"}]
-
-
-class ModelLoaded(DPInferError):
-    pass
-
-
-@pytest.fixture
-def no_model(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """``load_model`` raises: any test using it proves the command stopped before the model would load."""
-    calls: list[str] = []
-
-    def fake(*args: object, **kwargs: object) -> None:
-        calls.append("load_model")
-        raise ModelLoaded("MODEL-WAS-LOADED")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", fake)
-    return calls
 
 
 @pytest.fixture
@@ -236,7 +217,7 @@ def test_synth_a_failed_append_keeps_the_texts_already_written(corpus, tmp_path,
 
 
 def test_interrupted_write_leaves_no_temporary_file(tmp_path):
-    from dpinfer.validation import atomic_open
+    from dpinfer.io import atomic_open
 
     target = tmp_path / "o.txt"
     with pytest.raises(KeyboardInterrupt), atomic_open(target) as f:
@@ -278,7 +259,7 @@ def test_headerless_csv_error_does_not_echo_the_first_record(tmp_path, no_model,
 
 def test_jsonl_missing_field_does_not_list_the_record_keys(tmp_path):
     from dpinfer.errors import InvalidInputError
-    from dpinfer.pipelines.synthesize import load_references
+    from dpinfer.references import load_references
 
     p = tmp_path / "c.jsonl"
     p.write_text(json.dumps({NAME: "x"}) + "\n", encoding="utf-8")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dpinfer.cli import main as cli_main
+from dpinfer.configs.synth import PromptTemplate
 from dpinfer.jobs import TORN_ERROR
-from dpinfer.pipelines.synthesize import PromptTemplate
 
 REVIEWS = [
     ("The pasta was fresh and the staff were kind.", "Restaurants", "5.0"),
@@ -136,15 +136,6 @@ def _batches(path: Path) -> list[int]:
     return [json.loads(line)["batch"] for line in _lines(path)[1:]]
 
 
-def _no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpinfer.models
-
-    def no_model(*a: object, **k: object) -> None:
-        raise AssertionError("the model loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
-
-
 def _stop_after(monkeypatch: pytest.MonkeyPatch, appended: int) -> None:
     """The next run's appends fail with 'disk full' once ``appended`` texts are written."""
     import errno
@@ -251,6 +242,7 @@ def test_cli_synth_resume_cuts_a_line_torn_before_its_batch(interrupted, uninter
     assert _lines(out)[: len(kept)] == kept and sorted(_lines(out)) == sorted(uninterrupted)
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_cli_synth_resume_after_sigkill(uninterrupted, tiny_model_dir: Path, tmp_path: Path) -> None:
     import os
     import signal
@@ -275,12 +267,12 @@ def test_cli_synth_resume_after_sigkill(uninterrupted, tiny_model_dir: Path, tmp
 
 
 def test_cli_synth_changed_corpus_is_refused_before_the_model_loads(interrupted, tiny_model_dir: Path, monkeypatch,
-                                                                    capsys) -> None:
+                                                                    model_gate, capsys) -> None:
     corpus, out = interrupted
     before, side = out.read_bytes(), Path(f"{out}.partition")
     edited = corpus.read_text(encoding="utf-8").replace("Best tacos in town.", "Best tacos in the city.")
     corpus.write_text(edited, encoding="utf-8")  # the same records, labels and order: one reference edited
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert cli_main(_job(corpus, out, tiny_model_dir)) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpinfer: error: ") and err.count("\n") == 1 and "the corpus changed" in err
@@ -288,11 +280,11 @@ def test_cli_synth_changed_corpus_is_refused_before_the_model_loads(interrupted,
     assert out.read_bytes() == before and side.exists()
 
 
-def test_cli_synth_missing_partition_file_is_refused(interrupted, tiny_model_dir: Path, monkeypatch,
+def test_cli_synth_missing_partition_file_is_refused(model_gate, interrupted, tiny_model_dir: Path, monkeypatch,
                                                      capsys) -> None:
     corpus, out = interrupted
     Path(f"{out}.partition").unlink()
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert cli_main(_job(corpus, out, tiny_model_dir)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "partition file out.jsonl.partition is missing" in err
@@ -307,7 +299,7 @@ def test_cli_synth_missing_partition_file_is_refused(interrupted, tiny_model_dir
     (["--template", "tab"], "--template / --template-file is \"generic\" there, \"tab\" here"),
     (["--method", "amin"], "--method is \"invisibleink\" there, \"amin\" here"),
 ])
-def test_cli_synth_other_settings_are_refused_before_the_model_loads(interrupted, tiny_model_dir: Path, monkeypatch,
+def test_cli_synth_other_settings_are_refused_before_the_model_loads(interrupted, tiny_model_dir: Path, model_gate,
                                                                      capsys, change: list, needle: str) -> None:
     corpus, out = interrupted
     before = out.read_bytes()
@@ -318,7 +310,7 @@ def test_cli_synth_other_settings_are_refused_before_the_model_loads(interrupted
         del args[i:i + 2]
     if value is not None:
         args += [option, value]
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert cli_main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err and "use another --out, or delete" in err, err
@@ -326,19 +318,20 @@ def test_cli_synth_other_settings_are_refused_before_the_model_loads(interrupted
 
 
 def test_cli_synth_a_finished_out_is_a_no_op(uninterrupted, tiny_model_dir: Path, tmp_path: Path, monkeypatch,
-                                            capsys) -> None:
+                                            model_gate, capsys) -> None:
     out = tmp_path / "out.jsonl"
     out.write_bytes(b"".join(uninterrupted))
-    _no_model(monkeypatch)
+    model_gate.forbid()
     assert cli_main(_job(_write_corpus(tmp_path), out, tiny_model_dir)) == 0
     assert "All 4 batches are done" in capsys.readouterr().out
     assert _lines(out) == uninterrupted
 
 
-def test_cli_synth_refuses_a_foreign_or_busy_out(tiny_model_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_cli_synth_refuses_a_foreign_or_busy_out(tiny_model_dir: Path, tmp_path: Path, monkeypatch,
+                                                 model_gate, capsys) -> None:
     fcntl = pytest.importorskip("fcntl", reason="flock is POSIX only")
     corpus = _write_corpus(tmp_path)
-    _no_model(monkeypatch)
+    model_gate.forbid()
     foreign = tmp_path / "notes.jsonl"
     foreign.write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b"')
     assert cli_main(_job(corpus, foreign, tiny_model_dir)) == 2

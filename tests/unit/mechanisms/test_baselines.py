@@ -9,16 +9,11 @@ import torch
 
 from dpinfer.accounting import PureDp
 from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.accounting.events import LAMBDA_MAX, lambda_for_epsilon
 from dpinfer.errors import ConfigurationError, InfeasibleBudgetError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import StepInfo
-from dpinfer.mechanisms.dp_decoding import (
-    LAMBDA_MAX,
-    DPDecoding,
-    epsilon_per_token,
-    lambda_for_epsilon,
-    mixture_log_probs,
-)
+from dpinfer.mechanisms.dp_decoding import DPDecoding, epsilon_per_token, mixture_log_probs
 from dpinfer.mechanisms.dp_prompt import DPPrompt, clipped_log_probs, clipped_weights
 from dpinfer.mechanisms.dp_prompt import epsilon_per_token as prompt_epsilon_per_token
 

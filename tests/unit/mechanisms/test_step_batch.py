@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from dpinfer.engine import Engine, EngineJob
+from dpinfer.engine import Engine, Job
 from dpinfer.errors import InvalidInputError
 from dpinfer.mechanisms import get_mechanism
 from dpinfer.mechanisms.base import Mechanism, StepInfo, StepResult
@@ -404,7 +404,7 @@ def test_statistics_are_fetched_only_when_asked() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ through the engine
-def _jobs(lm, debug_stats: bool = True) -> list[EngineJob]:
+def _jobs(lm, debug_stats: bool = True) -> list[Job]:
     pub = lm.encode("The applicant, Mr ____, was born in ____.")
     a = lm.encode("The applicant, Mr Smith, was born in 1970.")
     b = lm.encode("The applicant, Mr Jones, was born in Ankara.")
@@ -415,29 +415,29 @@ def _jobs(lm, debug_stats: bool = True) -> list[EngineJob]:
                              min_p=0.05)
 
     jobs = [
-        EngineJob([pub, a, b], f([0.05, 0.3]), max_new_tokens=6, min_new_tokens=3, seed=1, pad_width=width,
+        Job([pub, a, b], f([0.05, 0.3]), max_new_tokens=6, min_new_tokens=3, seed=1, pad_width=width,
                   processors=[NoRepeatNGram(2)]),
-        EngineJob([pub, b, a], f([0.5, 0.1]), max_new_tokens=5, seed=2, pad_width=width),
-        EngineJob([a, b], Sampler(temperature=0.9, top_k=8), max_new_tokens=6, seed=3, pad_width=width),
-        EngineJob([pub], Sampler(temperature=0.7, mode="joint"), max_new_tokens=4, seed=4, pad_width=width),
-        EngineJob([pub, a, b], f([0.2, 0.2]), max_new_tokens=4, seed=5, pad_width=width,
+        Job([pub, b, a], f([0.5, 0.1]), max_new_tokens=5, seed=2, pad_width=width),
+        Job([a, b], Sampler(temperature=0.9, top_k=8), max_new_tokens=6, seed=3, pad_width=width),
+        Job([pub], Sampler(temperature=0.7, mode="joint"), max_new_tokens=4, seed=4, pad_width=width),
+        Job([pub, a, b], f([0.2, 0.2]), max_new_tokens=4, seed=5, pad_width=width,
                   processors=[NoRepeatNGram(2), lambda g, z: z]),  # a processor that is not a ban: decides alone
-        EngineJob([pub, a, b], InvisibleInk(clip_norm=0.5, batch_size=2, top_k=10), max_new_tokens=5, seed=6,
+        Job([pub, a, b], InvisibleInk(clip_norm=0.5, batch_size=2, top_k=10), max_new_tokens=5, seed=6,
                   pad_width=width),
-        EngineJob([pub, b, a], InvisibleInk(clip_norm=2.0, batch_size=2, top_k=10, temperature=0.8),
+        Job([pub, b, a], InvisibleInk(clip_norm=2.0, batch_size=2, top_k=10, temperature=0.8),
                   max_new_tokens=4, min_new_tokens=2, seed=7, pad_width=width, processors=[NoRepeatNGram(2)]),
-        EngineJob([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=5, seed=8, pad_width=width),
-        EngineJob([pub, b], Pad(clip_norm=2.0, sigma=0.5, top_k=10), max_new_tokens=4, seed=9, pad_width=width),
-        EngineJob([pub, a], Pad(clip_norm=1.0, top_k=10, temperature=0.8, min_p=0.01), max_new_tokens=4, seed=10,
+        Job([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=5, seed=8, pad_width=width),
+        Job([pub, b], Pad(clip_norm=2.0, sigma=0.5, top_k=10), max_new_tokens=4, seed=9, pad_width=width),
+        Job([pub, a], Pad(clip_norm=1.0, top_k=10, temperature=0.8, min_p=0.01), max_new_tokens=4, seed=10,
                   pad_width=width),
-        EngineJob([a, b], DPPrompt(0.0, 4.0, 1.5, num_rewrites=2), max_new_tokens=5, seed=11, pad_width=width),
-        EngineJob([b], DPPrompt(-1.0, 3.0, 1.0, mode="joint"), max_new_tokens=4, seed=12, pad_width=width),
-        EngineJob([a], DPDecoding(0.8, vocab_size=lm.vocab_size), max_new_tokens=4, seed=13, pad_width=width),
-        EngineJob([a, b], DPDecoding(0.5, vocab_size=lm.vocab_size, mode="independent", num_sequences=2),
+        Job([a, b], DPPrompt(0.0, 4.0, 1.5, num_rewrites=2), max_new_tokens=5, seed=11, pad_width=width),
+        Job([b], DPPrompt(-1.0, 3.0, 1.0, mode="joint"), max_new_tokens=4, seed=12, pad_width=width),
+        Job([a], DPDecoding(0.8, vocab_size=lm.vocab_size), max_new_tokens=4, seed=13, pad_width=width),
+        Job([a, b], DPDecoding(0.5, vocab_size=lm.vocab_size, mode="independent", num_sequences=2),
                   max_new_tokens=4, seed=14, pad_width=width),
-        EngineJob([pub, a, b], InvisibleInk(clip_norm=0.7, batch_size=2, top_k=None), max_new_tokens=4, seed=15,
+        Job([pub, a, b], InvisibleInk(clip_norm=0.7, batch_size=2, top_k=None), max_new_tokens=4, seed=15,
                   pad_width=width),
-        EngineJob([pub, b], Pad(clip_norm=1.0, top_k=None, min_p=0.02), max_new_tokens=4, seed=16, pad_width=width),
+        Job([pub, b], Pad(clip_norm=1.0, top_k=None, min_p=0.02), max_new_tokens=4, seed=16, pad_width=width),
     ]
     for j, job in enumerate(jobs):
         job.debug_stats = debug_stats and j % 2 == 0  # a batch of jobs that ask and jobs that do not
@@ -472,9 +472,9 @@ def test_a_subclass_that_overrides_step_decides_alone_through_the_engine(tiny_lm
 
     pub, a = tiny_lm.encode("The patient, ____, has ____."), tiny_lm.encode("The patient, Ann, has asthma.")
     width = max(len(pub), len(a))
-    jobs = [EngineJob([pub, a], Counting(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
+    jobs = [Job([pub, a], Counting(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
                       pad_width=width),
-            EngineJob([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
+            Job([pub, a], Pad(clip_norm=0.5, top_k=10), max_new_tokens=4, min_new_tokens=4, seed=1,
                       pad_width=width)]
     out = dict(Engine(tiny_lm).run_jobs(jobs))
     assert Counting.calls == 4

@@ -18,7 +18,8 @@ import pytest
 from dpinfer.cli import main
 from dpinfer.errors import InvalidInputError
 from dpinfer.jobs.corpus import CorpusOutput, read_corpus
-from dpinfer.pipelines.sanitize import Record, record_seed, sanitize, sanitize_many
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.pipelines.sanitize_many import Record, record_seed, sanitize_many
 from dpinfer.taggers import Span
 
 SECRET = "Qvxzqj"  # a private value: it must never reach the output file, stderr or an error message
@@ -98,7 +99,7 @@ def test_sanitize_many_reports_per_record_errors_and_goes_on(tiny_lm):
 def test_sanitize_many_refuses_unknown_options_and_non_records(tiny_lm):
     from dpinfer.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="does not take"):
+    with pytest.raises(ConfigurationError, match="unknown setting"):
         list(sanitize_many(_records(), lm=tiny_lm, spans=[]))
     with pytest.raises(ConfigurationError):
         list(sanitize_many(_records(), lm=tiny_lm, epsilon=-1))
@@ -219,6 +220,7 @@ def test_cli_corpus_resume_after_deleted_records_and_a_torn_line(tiny_model_dir,
     assert sorted(_lines(out)) == sorted(settled)
 
 
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 def test_cli_corpus_resume_after_sigkill(tiny_model_dir, tmp_path):
     """A run killed with SIGKILL mid-way, then rerun: only the missing ids are written, the finished lines stay
     byte-identical, and the result equals an uninterrupted run's."""
@@ -250,13 +252,8 @@ def test_cli_corpus_resume_after_sigkill(tiny_model_dir, tmp_path):
     assert len(_ids(out)) == len(set(_ids(out))) == len(DOCS)
 
 
-def test_cli_corpus_refusals_come_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    import dpinfer.models
-
-    def no_model(*a, **k):
-        raise AssertionError("the model loaded before a refusal")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+def test_cli_corpus_refusals_come_before_the_model_loads(model_gate, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    model_gate.forbid()
     corpus = _write_corpus(tmp_path / "in.jsonl")
     doc = tmp_path / "doc.txt"
     doc.write_text("Mr Smith.")
@@ -291,25 +288,23 @@ def test_cli_corpus_refusals_come_before_the_model_loads(tiny_model_dir, tmp_pat
     assert not Path(out).exists()
 
 
-def test_cli_corpus_refuses_a_second_run_on_the_same_output(tiny_model_dir, tmp_path, capsys, monkeypatch):
+def test_cli_corpus_refuses_a_second_run_on_the_same_output(model_gate, tiny_model_dir, tmp_path, capsys, monkeypatch):
     """Two runs on one OUT would both release the records still missing: the second is refused while the first holds
     the lock, before its model loads, and runs once the lock is released."""
-    import dpinfer.models
     from dpinfer.jobs.corpus import OutputLock
 
     corpus = _write_corpus(tmp_path / "in.jsonl", n=1)
     out = tmp_path / "out.jsonl"
     first = OutputLock(out, "dpinfer sanitize --corpus")
     first.acquire()
-    load = dpinfer.models.load_model
-    monkeypatch.setattr(dpinfer.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    model_gate.forbid()
     try:
         rc = main(_corpus_args(corpus, out, tiny_model_dir))
         err = capsys.readouterr().err
         assert rc == 2 and "being written by another dpinfer sanitize --corpus run" in err and err.count("\n") == 1
     finally:
         assert first.release()  # created by the held lock, never written: removed
-    monkeypatch.setattr(dpinfer.models, "load_model", load)
+    model_gate.allow()
     assert main(_corpus_args(corpus, out, tiny_model_dir)) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == 1
 
@@ -335,6 +330,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # a local Ray cluster and the model in its actors
 def test_ray_backend_matches_the_local_backend_record_for_record(local_ray, tiny_model_dir, tmp_path, capsys):
     corpus = _write_corpus(tmp_path / "in.jsonl", n=3, extra=[{"id": "bad", "text": "   "}])
     local, on_ray = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"

@@ -9,15 +9,10 @@ import json
 import pytest
 
 from dpinfer.accounting.guarantee import epsilon_caveat, odds_factor
+from dpinfer.accounting.sanitize_text import guarantee_caveats, guarantee_details, guarantee_sentence
 from dpinfer.cli import main
-from dpinfer.pipelines.sanitize import (
-    Record,
-    guarantee_caveats,
-    guarantee_details,
-    guarantee_sentence,
-    sanitize,
-    sanitize_many,
-)
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.pipelines.sanitize_many import Record, sanitize_many
 from dpinfer.taggers import Span
 from dpinfer.taggers.regex_tagger import RegexTagger
 from dpinfer.taggers.spans import fill_uncovered

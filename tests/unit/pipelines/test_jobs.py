@@ -135,15 +135,10 @@ def _store(tmp_path: Path, tiny_lm, embedder_cls) -> None:
     PrivateRAG(tmp_path / "store", lm=tiny_lm, embedder=embedder_cls(), top_k=2, top_n=1, max_doc_tokens=16).add(docs)
 
 
-def _no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpinfer.models
-
-    monkeypatch.setattr(dpinfer.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
-
-
+@pytest.mark.slow  # a subprocess that loads the model and is killed, then a resumed run
 @pytest.mark.parametrize("name", list(JOBS))
 def test_every_corpus_job_survives_a_kill_a_torn_line_and_a_deleted_line(name, tiny_model_dir, tiny_lm, tmp_path,
-                                                                         hash_embedder, capsys, monkeypatch):
+                                                                         model_gate, hash_embedder, capsys):
     job = JOBS[name]
     if name == "rag":
         _store(tmp_path, tiny_lm, hash_embedder)
@@ -179,8 +174,7 @@ def test_every_corpus_job_survives_a_kill_a_torn_line_and_a_deleted_line(name, t
     last = resumed[-1]
     rec = json.loads(last)
     out.write_bytes(b"".join(resumed[:-1]) + last[:-10])  # the guarantee (batch index) comes first: it is complete
-    with monkeypatch.context() as mp:
-        _no_model(mp)
+    with model_gate:
         assert main(job.argv(inp, out, tiny_model_dir)) == 0
     now = _lines(out)
     assert now[:-1] == resumed[:-1]
@@ -194,8 +188,7 @@ def test_every_corpus_job_survives_a_kill_a_torn_line_and_a_deleted_line(name, t
     # (synth: a finished OUT has no partition file left, so a deleted text cannot be resumed at all)
     gone = now[job.header]
     out.write_bytes(b"".join(line for line in now if line != gone))
-    with monkeypatch.context() as mp:
-        _no_model(mp)
+    with model_gate:
         assert main(job.argv(inp, out, tiny_model_dir)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and SECRET not in err
@@ -210,7 +203,7 @@ def test_every_corpus_job_survives_a_kill_a_torn_line_and_a_deleted_line(name, t
 
 @pytest.mark.parametrize("name", ["sanitize", "protect"])
 def test_a_resume_refuses_ids_from_another_input_and_a_text_under_a_new_id(name, tiny_model_dir, tmp_path, capsys,
-                                                                          monkeypatch):
+                                                                          model_gate, monkeypatch):
     job = JOBS[name]
     out = tmp_path / "out.jsonl"
     assert main(job.argv(job.write_input(tmp_path / "a.jsonl", [0, 1]), out, tiny_model_dir)) == 0
@@ -229,8 +222,7 @@ def test_a_resume_refuses_ids_from_another_input_and_a_text_under_a_new_id(name,
     _jsonl(moved, [{**r, "id": f"new-{r['id']}"} for r in rows] + [json.loads(line) for line in
                                                                     _lines(job.write_input(tmp_path / "c.jsonl",
                                                                                            [2]))])
-    with monkeypatch.context() as mp:
-        _no_model(mp)
+    with model_gate:
         assert main(job.argv(moved, out, tiny_model_dir)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--allow-rerelease" in err and SECRET not in err and "new-" not in err
@@ -238,8 +230,7 @@ def test_a_resume_refuses_ids_from_another_input_and_a_text_under_a_new_id(name,
 
     # only OUT's ids missing from the input (a new record besides): refused too
     other = job.write_input(tmp_path / "d.jsonl", [2])
-    with monkeypatch.context() as mp:
-        _no_model(mp)
+    with model_gate:
         assert main(job.argv(other, out, tiny_model_dir)) == 2
     assert "whose id is not in" in capsys.readouterr().err
 
@@ -255,7 +246,7 @@ def test_rag_questions_summary_composes_every_answer_in_out(tiny_model_dir, tiny
     """A second questions file on the same OUT: the summary composes the answers of both files (the accountant's
     zCDP composition of every answer in OUT), not only the current file's."""
     from dpinfer.accounting import Zcdp
-    from dpinfer.accounting._format import format_up
+    from dpinfer.checks import format_up
     from dpinfer.mechanisms.pad import Pad
 
     job = JOBS["rag"]
@@ -292,7 +283,7 @@ class Ledger:
 def test_the_charge_hook_commits_releases_cancels_errors_and_never_charges_a_finished_record_twice(tmp_path):
     from dpinfer.errors import InfeasibleBudgetError
     from dpinfer.jobs.corpus import run_corpus_job
-    from dpinfer.pipelines.sanitize import Record
+    from dpinfer.pipelines.sanitize_many import Record
 
     records = [Record(f"r{i}", f"text {i}") for i in range(4)]
 
@@ -327,8 +318,9 @@ def test_parse_prefix_and_settle_torn():
         "id": 7, "error": TORN_ERROR, "torn": True, "guarantee": {"e": 1}}
 
 
-def test_an_unwritable_digest_file_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    _no_model(monkeypatch)
+def test_an_unwritable_digest_file_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys,
+                                                                     model_gate, monkeypatch):
+    model_gate.forbid()
     job = JOBS["sanitize"]
     out = tmp_path / "out.jsonl"
     Path(f"{out}.digests").mkdir()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import dpinfer.generation
+from dpinfer.accounting.costs import Cost, composed_epsilon
 from dpinfer.accounting.dp_fusion import conversion_cost
-from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+from dpinfer.accounting.ledger import Ledger
 from dpinfer.errors import BudgetExceededError, LedgerError
 from dpinfer.pipelines.sanitize import sanitize
 from dpinfer.taggers import Span

@@ -18,6 +18,8 @@ from dpinfer.mechanisms.base import StepInfo
 from dpinfer.mechanisms.dp_prompt import DPPrompt
 from dpinfer.mechanisms.randomness import SeededRandom
 from dpinfer.pipelines import protect_prompt as pp
+from dpinfer.protect import gtr as prompt_gtr
+from dpinfer.protect import stage1, stage3
 from dpinfer.protect.keywords import word_universe, words
 from dpinfer.release import check_release
 
@@ -34,7 +36,7 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory):
 
 # ------------------------------------------------------------------------------------------------ stage 1 mechanism
 def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperature() -> None:
-    mech = pp.stage1_mechanism(clip=(0.0, 3.0), n_rewrites=4, max_new_tokens=2, delta=1e-5, epsilon=40.0)
+    mech = stage1.stage1_mechanism(clip=(0.0, 3.0), n_rewrites=4, max_new_tokens=2, delta=1e-5, epsilon=40.0)
     assert mech.mode == "independent" and mech.num_rewrites == 4
     tau = mech.temperature
     assert mech.guarantee(2).epsilon <= 40.0
@@ -52,11 +54,11 @@ def test_stage1_sampler_matches_the_clipped_softmax_at_the_calibrated_temperatur
 def test_no_truncation_can_be_switched_on(tiny_lm) -> None:
     settings = set(inspect.signature(pp.protect_prompt).parameters) | set(ProtectConfig.field_names())
     assert not {"top_k", "top_p"} & settings
-    assert not {"top_k", "top_p"} & set(inspect.signature(pp.stage1_mechanism).parameters)
+    assert not {"top_k", "top_p"} & set(inspect.signature(stage1.stage1_mechanism).parameters)
     for knob in ({"top_k": 50}, {"top_p": 0.9}):
         with pytest.raises(ConfigurationError, match="full vocabulary"):
             DPPrompt(0.0, 3.0, 1.0, **knob)
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigurationError, match="unknown setting"):
         pp.protect_prompt("q", lm=tiny_lm, temperature=1.0, top_k=50)  # type: ignore[call-arg]
     from dpinfer.cli import build_parser
 
@@ -161,9 +163,10 @@ def test_dp_prompt_is_one_rewrite(tiny_lm) -> None:
 
 
 def test_stage3_strips_echoes_and_falls_back_to_the_exemplar() -> None:
-    assert pp.strip_echoes("Generated question: What is it?\nAvoid using the following tokens: a, b") == "What is it?"
-    assert pp.strip_echoes("**New question:** 'Why?'") == "Why?"
-    assert pp.strip_echoes("\n\n") == ""
+    echoed = "Generated question: What is it?\nAvoid using the following tokens: a, b"
+    assert stage3.strip_echoes(echoed) == "What is it?"
+    assert stage3.strip_echoes("**New question:** 'Why?'") == "Why?"
+    assert stage3.strip_echoes("\n\n") == ""
 
 
 def test_stage3_bans_every_spelling_of_the_released_keywords(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,50 +183,40 @@ def test_stage3_bans_every_spelling_of_the_released_keywords(tiny_lm, monkeypatc
     monkeypatch.setattr(Engine, "generate", record)
     engine = Engine(tiny_lm)
     exemplar = "Where would you keep a violin so that it does not get scratched?"
-    pp.stage3_prompts(engine, tiny_lm, [(exemplar, [])], max_new_tokens=12, suppress="instruct")
+    stage3.stage3_prompts(engine, tiny_lm, [(exemplar, [])], max_new_tokens=12, suppress="instruct")
     free = seen[-1][0]
     # the keywords: the words the model writes when nothing is banned (its greedy output, decoded token by token)
     pieces = [tiny_lm.decode([t]).strip().lower() for t in free]
     keywords = sorted({p for p in pieces if p.isalpha()})[:6]
     assert keywords, "the tiny model wrote no word to ban"
     items = [(exemplar, keywords), (exemplar, [])]
-    pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=12, suppress="ban")
+    stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=12, suppress="ban")
     banned_row, free_row = seen[-1]
     assert free_row == free  # a row without keywords is decoded as before
-    for seq in pp.keyword_ban(tiny_lm, keywords):
+    for seq in stage3.keyword_ban(tiny_lm, keywords):
         n = len(seq)
         assert all(tuple(banned_row[i:i + n]) != seq for i in range(len(banned_row) - n + 1))
     assert banned_row != free
     with pytest.raises(ConfigurationError, match="suppress"):
-        pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=4, suppress="filter")
+        stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=4, suppress="filter")
 
 
 def test_exemplar_prefers_content_and_low_perplexity(tiny_lm) -> None:
     rewrites = ["", "ok", "The applicant was born in 1970 and lives in Izmir.", "zq xv kk ww pp qq"]
-    ex = pp.choose_exemplar(tiny_lm, rewrites)
+    ex = prompt_gtr.choose_exemplar(tiny_lm, rewrites)
     assert ex in rewrites[2:]
-    ctx = pp.final_prompt_head(tiny_lm)
+    ctx = stage3.final_prompt_head(tiny_lm)
     from dpinfer.eval.metrics import perplexity
 
-    scores = pp.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
+    scores = prompt_gtr.perplexities(tiny_lm, ctx, [tiny_lm.encode(r) for r in rewrites[2:]])
     alone = [perplexity(tiny_lm, ctx, tiny_lm.encode(r)) for r in rewrites[2:]]
     assert scores == pytest.approx(alone, rel=1e-4)
     assert ex == rewrites[2 + int(np.argmin(scores))]
-    assert pp.choose_exemplar(tiny_lm, ["", "  "]) == ""
-    assert pp.choose_exemplar(tiny_lm, ["hi", ""]) == "hi"  # nothing has 3 content words: any non-empty one
+    assert prompt_gtr.choose_exemplar(tiny_lm, ["", "  "]) == ""
+    assert prompt_gtr.choose_exemplar(tiny_lm, ["hi", ""]) == "hi"  # nothing has 3 content words: any non-empty one
 
 
 # ------------------------------------------------------------------------------------------------ errors
-def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpinfer.models
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", refuse)
-    monkeypatch.setattr(dpinfer.models, "default_lm", refuse)
-
-
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     ({"prompt": "   "}, InvalidInputError, "empty"),
     ({"prompt": "q", "epsilon": 0.0}, ConfigurationError, "epsilon must be > 0"),
@@ -237,9 +230,9 @@ def _refuse_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"prompt": "q", "max_new_tokens": 0}, ConfigurationError, "max_new_tokens"),
     ({"prompt": "q", "delta": 1.0}, ConfigurationError, "delta"),
 ])
-def test_bad_input_is_refused_before_the_model_loads(kwargs: dict, error: type, match: str,
+def test_bad_input_is_refused_before_the_model_loads(model_gate, kwargs: dict, error: type, match: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     prompt = kwargs.pop("prompt")
     with pytest.raises(error, match=match):
         pp.protect_prompt(prompt, **kwargs)
@@ -250,10 +243,11 @@ def test_a_long_prompt_is_cut_to_the_public_cap_and_nothing_says_so(tiny_lm) -> 
     # released like any other (before, it was refused with "the prompt's paraphrase request is N tokens")
     long = ("Zanzibarquux " * 600).strip()
     short = "Where is the kettle?"
-    bound = pp.request_bound(tiny_lm, 40)
-    assert len(pp.capped_paraphrase_ids(tiny_lm, long, 40)) <= bound
-    assert pp.capped_paraphrase_ids(tiny_lm, short, 40) == pp.paraphrase_ids(tiny_lm, short)  # within the cap: as is
-    assert pp.truncate_tokens(tiny_lm, long, 40) == long[: len(pp.truncate_tokens(tiny_lm, long, 40))]  # a prefix
+    bound = stage1.request_bound(tiny_lm, 40)
+    assert len(stage1.capped_paraphrase_ids(tiny_lm, long, 40)) <= bound
+    # within the cap: as is
+    assert stage1.capped_paraphrase_ids(tiny_lm, short, 40) == stage1.paraphrase_ids(tiny_lm, short)
+    assert stage1.truncate_tokens(tiny_lm, long, 40) == long[: len(stage1.truncate_tokens(tiny_lm, long, 40))]  # prefix
     kwargs = dict(lm=tiny_lm, temperature=1.0, n_rewrites=2, n_keywords=2, max_new_tokens=4, max_input_tokens=40,
                   seed=0)
     from dpinfer.clip_bounds import clip_bounds
@@ -284,7 +278,7 @@ def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: py
     word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
                 and len(tiny_lm.decode([t]).strip()) > 2)
     assert newline
-    stop = pp.StopAfterFirstLine(tiny_lm, [[], []])
+    stop = stage3.StopAfterFirstLine(tiny_lm, [[], []])
     logits = torch.zeros((2, tiny_lm.vocab_size), dtype=torch.float64)
     out = stop([[word, word], [word, newline[0]]], logits)
     assert torch.equal(out[0], logits[0])  # no complete line yet: untouched
@@ -293,9 +287,9 @@ def test_stage3_stops_a_row_once_its_first_line_is_kept(tiny_lm, monkeypatch: py
     # end to end, the final prompts are those of a run without the stop (it only cuts what strip_echoes drops)
     engine = Engine(tiny_lm)
     items = [("Where would you keep a violin?", ["violin"]), ("What is a kettle for?", [])]
-    with_stop = pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24)
-    monkeypatch.setattr(pp.StopAfterFirstLine, "__call__", lambda self, generated, logits: logits)
-    assert pp.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
+    with_stop = stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24)
+    monkeypatch.setattr(stage3.StopAfterFirstLine, "__call__", lambda self, generated, logits: logits)
+    assert stage3.stage3_prompts(engine, tiny_lm, items, max_new_tokens=24) == with_stop
 
 
 def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny_lm) -> None:
@@ -303,7 +297,7 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
     word = next(t for t in range(tiny_lm.vocab_size) if tiny_lm.decode([t]).strip().isalpha()
                 and len(tiny_lm.decode([t]).strip()) > 2)
     eos = sorted(tiny_lm.eos_token_ids)
-    stop = pp.StopAfterFirstLine(tiny_lm, [[]] * 5, groups=[0, 0, 0, 1, 1], quorum=2)
+    stop = stage3.StopAfterFirstLine(tiny_lm, [[]] * 5, groups=[0, 0, 0, 1, 1], quorum=2)
     logits = torch.zeros((5, tiny_lm.vocab_size), dtype=torch.float64)
     # group 0: row 0 wrote a kept line, row 1 ended by EOS (one token short), row 2 still runs -> cut;
     # group 1: one complete row (row 3) of the two needed, row 4 runs on
@@ -314,9 +308,9 @@ def test_stage3_quorum_stops_a_group_once_enough_of_its_finals_are_complete(tiny
     out = stop([[word, newline], [word], [word, word], [word, newline], [word, word, newline]], logits)
     assert stop.cut == [False, False, True, False, False]  # row 4 completed its own line: a candidate
     with pytest.raises(ConfigurationError, match="one group per row"):
-        pp.StopAfterFirstLine(tiny_lm, [[]] * 2, groups=[0], quorum=1)
+        stage3.StopAfterFirstLine(tiny_lm, [[]] * 2, groups=[0], quorum=1)
     with pytest.raises(ConfigurationError, match="stage3_quorum"):
-        pp.StopAfterFirstLine(tiny_lm, [[]], quorum=0)
+        stage3.StopAfterFirstLine(tiny_lm, [[]], quorum=0)
 
 
 def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,7 +329,7 @@ def test_stage3_finals_cut_at_the_quorum_stay_candidates(tiny_lm, monkeypatch: p
     monkeypatch.setattr(prompt_stage3, "stage3_prompts", finals)
     monkeypatch.setattr(prompt_stage3, "closest_to_consensus", pick)
     groups = [(["a", "b", "c"], ["k"], ["r"]), (["d", "e"], ["k"], ["r"])]
-    chosen = pp.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
+    chosen = stage3.stage3_choices(None, tiny_lm, groups, max_new_tokens=4, embedder=object(), quorum=2)
     assert seen == [["final 0", "final 1", "final 2"], ["final 3", "final 4"]]  # final 0, cut, with its text so far
     assert chosen == [("final 0", 0), ("final 3", 0)]  # indices into each group's exemplars
 
@@ -351,14 +345,14 @@ def test_stage3_quorum_of_the_whole_group_changes_nothing(tiny_lm) -> None:
             return np.eye(len(texts), 4, dtype=np.float32)
 
     kw = dict(max_new_tokens=16, embedder=First())
-    assert (pp.stage3_choices(engine, tiny_lm, groups, quorum=2, **kw)
-            == pp.stage3_choices(engine, tiny_lm, groups, quorum=None, **kw))
+    assert (stage3.stage3_choices(engine, tiny_lm, groups, quorum=2, **kw)
+            == stage3.stage3_choices(engine, tiny_lm, groups, quorum=None, **kw))
 
 
 def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> None:
-    context = pp.final_prompt_head(tiny_lm)
+    context = stage3.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "", "A", "What is a kettle for, then?")]
-    batched = pp.perplexities(tiny_lm, context, outputs)
+    batched = prompt_gtr.perplexities(tiny_lm, context, outputs)
     assert batched[1] == math.inf
     for o, score in zip(outputs, batched, strict=True):
         if o:
@@ -372,9 +366,9 @@ def test_perplexities_share_the_context_and_match_one_row_at_a_time(tiny_lm) -> 
 def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpinfer.protect import gtr as prompt_gtr
 
-    context = pp.final_prompt_head(tiny_lm)
+    context = stage3.final_prompt_head(tiny_lm)
     outputs = [tiny_lm.encode(t) for t in ("Where is the violin kept?", "A", "What is a kettle for, then?")]
-    fresh = pp.perplexities(tiny_lm, context, outputs)
+    fresh = prompt_gtr.perplexities(tiny_lm, context, outputs)
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
     passes = []
     real = tiny_lm.model.forward
@@ -384,21 +378,21 @@ def test_a_public_context_is_run_once_and_scores_are_unchanged(tiny_lm, monkeypa
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tiny_lm.model, "forward", counting)
-    first = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
-    again = pp.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    first = prompt_gtr.perplexities(tiny_lm, context, outputs, reuse_context=True)
+    again = prompt_gtr.perplexities(tiny_lm, context, outputs, reuse_context=True)
     assert first == fresh and again == fresh  # bit for bit: the same tensors a fresh pass computes
     assert passes.count(len(context)) == 1 and len(passes) == 3  # the context once, then one packed pass per call
     private = tiny_lm.encode("a private context")
-    pp.perplexities(tiny_lm, private, outputs)
+    prompt_gtr.perplexities(tiny_lm, private, outputs)
     assert tuple(private) not in prompt_gtr._PUBLIC_CONTEXTS[tiny_lm.model]  # never kept unless declared public
     monkeypatch.undo()
     prompt_gtr._PUBLIC_CONTEXTS.pop(tiny_lm.model, None)
 
 
-def test_cli_errors_are_one_line_and_never_echo_the_prompt(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_cli_errors_are_one_line_and_never_echo_the_prompt(model_gate, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from dpinfer.cli import main
 
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     for argv in (["protect-prompt", "   "], ["protect-prompt", SECRET, "--epsilon", "0"],
                  ["protect-prompt", SECRET, "--epsilon", "-1"], ["protect-prompt", SECRET, "--n-rewrites", "0"],
                  ["protect-prompt"], ["protect-prompt", SECRET, "--file", "x.txt"],
@@ -449,7 +443,7 @@ def test_stage1_mechanism_meets_the_contract() -> None:
     one token per rewrite row, drawn from the generator only; guarantee ex ante, non-decreasing in T_max; more rows
     than the rewrites it covers refused."""
     def build() -> DPPrompt:
-        return pp.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
+        return stage1.stage1_mechanism(clip=(4.78, 26.78), n_rewrites=3, max_new_tokens=8, delta=1e-5, temperature=0.75)
 
     def run(seed: int) -> list[list[int]]:
         mech = build()
@@ -510,10 +504,11 @@ def test_cli_prompts_file_appends_one_release_per_id_and_resumes(tmp_path, tiny_
     assert "done 1 / skipped 2" in capsys.readouterr().err
 
 
-def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_cli_prompts_refusals_come_before_the_model_loads(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                          model_gate, capsys) -> None:
     from dpinfer.cli import main
 
-    _refuse_load(monkeypatch)
+    model_gate.forbid()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": 1, "prompt": "q"}\n')
     for argv, message in ((["--prompts", str(prompts)], "needs --out"),
@@ -544,7 +539,7 @@ def test_many_prompts_share_the_engine_and_match_their_own_runs(tiny_lm, monkeyp
 
     def count_jobs(self, jobs, **kw):
         calls.append(sum(len(j.contexts) for j in jobs))
-        assert len({j.pad_width for j in jobs}) == 1 and jobs[0].pad_width == pp.request_bound(tiny_lm, 256)
+        assert len({j.pad_width for j in jobs}) == 1 and jobs[0].pad_width == stage1.request_bound(tiny_lm, 256)
         yield from run_jobs(self, jobs, **kw)
 
     monkeypatch.setattr(Engine, "generate", count)
@@ -595,9 +590,10 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
     rewrites = ["Where is the violin kept in the house?", "What is a kettle used for?", "ok",
                 "Who wrote the ledger and where was it hidden?"]
     store = PrefixStore(tiny_lm.model)
-    chosen = pp.choose_exemplars(tiny_lm, rewrites, 2, prefixes=store)
-    assert chosen == pp.choose_exemplars(tiny_lm, rewrites, 2)  # the same ranking with or without keeping the pass
-    head = pp.final_prompt_head(tiny_lm)
+    chosen = prompt_gtr.choose_exemplars(tiny_lm, rewrites, 2, prefixes=store)
+    # the same ranking with or without keeping the pass
+    assert chosen == prompt_gtr.choose_exemplars(tiny_lm, rewrites, 2)
+    head = stage3.final_prompt_head(tiny_lm)
     assert len(store) == 2  # the chosen exemplars only
     for ex in chosen:
         entry = store.get(head + tiny_lm.encode(ex))
@@ -608,7 +604,7 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
         for (k, v), layer in zip(entry.layers, cache.layers, strict=True):  # what a plain pass of those tokens gives
             torch.testing.assert_close(k, layer.keys[0], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(v, layer.values[0], rtol=1e-4, atol=1e-4)
-        assert pp.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
+        assert stage3.final_prompt_ids(tiny_lm, ex, ["kettle"])[:len(entry.tokens)] == list(entry.tokens)
     # stage 3 on the int8 twin reads them: each seeded row skips its head and exemplar, and the finals are the same
     seen: list = []
     wait = Engine._wait  # every job run to its end (Engine.run, Engine.generate) waits here
@@ -620,11 +616,11 @@ def test_stage3_reuses_the_rankings_pass_over_each_exemplar(tiny_lm, monkeypatch
     monkeypatch.setattr(Engine, "_wait", record)
     twin = Engine(int8_twin(tiny_lm))
     items = [(ex, ["kettle"]) for ex in chosen] + [("Not ranked: a question?", [])]
-    seeded = pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
+    seeded = stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=store)
     assert [s is not None for s in seen[-1]] == [True, True, False]
-    assert pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10) == seeded and seen[-1] is None
+    assert stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10) == seeded and seen[-1] is None
     other = PrefixStore(torch.nn.Linear(2, 2))  # computed on other layers: never read
-    pp.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=other)
+    stage3.stage3_prompts(twin, twin.lm, items, max_new_tokens=10, prefixes=other)
     assert seen[-1] is None
     # a release passes the ranking's pass to stage 3 (and nothing of the prompt: the spy test above)
     clip_bounds(tiny_lm)

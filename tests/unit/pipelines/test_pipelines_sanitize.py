@@ -9,16 +9,15 @@ import pytest
 
 from dpinfer.cli import main
 from dpinfer.errors import ConfigurationError, ContextTooLongError, InvalidInputError, TaggingError
-from dpinfer.pipelines.sanitize import (
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.pipelines.sanitize_contexts import (
     DEFAULT_INSTRUCTION,
     default_max_new_tokens,
     placeholder_id,
     prepare_contexts,
-    resolve_group_epsilon,
-    resolve_groups,
-    sanitize,
 )
 from dpinfer.taggers import Span, Tagger
+from dpinfer.taggers.resolve import resolve_group_epsilon, resolve_groups
 
 DOC = "Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."
 SPANS = [Span(3, 8, "PERSON"), Span(33, 39, "LOC"), Span(64, 72, "CODE"), Span(76, 87, "DATETIME")]
@@ -330,7 +329,7 @@ def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
     from dpinfer.cli.sanitize import guarantee_sentence as _guarantee_sentence
 
     res = _result(15.2516)
-    from dpinfer.pipelines.sanitize import guarantee_details
+    from dpinfer.accounting.sanitize_text import guarantee_details
 
     for make in (_guarantee_sentence, _pipeline_sentence):
         sentence = make(res)
@@ -344,7 +343,7 @@ def test_guarantee_sentence_rounds_epsilon_up_and_says_what_stays_public():
 
 
 def _pipeline_sentence(res):
-    from dpinfer.pipelines.sanitize import guarantee_sentence
+    from dpinfer.accounting.sanitize_text import guarantee_sentence
 
     return guarantee_sentence(res)
 

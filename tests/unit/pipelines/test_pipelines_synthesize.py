@@ -9,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from dpinfer.accounting.calibration import Budget, Spec
+from dpinfer.configs.synth import TEMPLATES, PromptTemplate
 from dpinfer.errors import ConfigurationError, DataNotFoundError, InvalidInputError
-from dpinfer.pipelines.synthesize import (
-    TEMPLATES,
-    PromptTemplate,
-    Reference,
-    load_references,
-    partition,
-    synthesize,
-)
+from dpinfer.pipelines.synthesize import synthesize
+from dpinfer.references import Reference, load_references, partition
 from dpinfer.release import check_release
 
 REVIEWS = [
@@ -196,7 +191,7 @@ def test_synthesize_rejects_bad_input(tiny_lm, kwargs: dict, error: type, match:
 
 
 def test_response_prefix_opens_every_context(tiny_lm) -> None:
-    from dpinfer.pipelines.synthesize import batch_contexts
+    from dpinfer.methods.synthesize import batch_contexts
 
     tpl = PromptTemplate(private=TEMPLATE.private, public=TEMPLATE.public, response_prefix="Review ({stars}):\n")
     rows = batch_contexts(tiny_lm, tpl, _refs()[:2])

@@ -56,14 +56,14 @@ def test_the_methods_are_the_table() -> None:
     assert pp.method_for(ProtectConfig(method="dp-prompt")).rewrites == 1
     with pytest.raises(ConfigurationError, match="unknown method 'dp-fusion'"):
         pp.method_for(ProtectConfig(method="dp-fusion"))
-    assert pp.check_protect_params(method="dp-gtr", n_rewrites=3) == 3
+    assert pp.method_for(ProtectConfig(method="dp-gtr", n_rewrites=3)).rewrites == 3
 
 
 def test_keywords_override_a_config_and_unknown_ones_are_refused() -> None:
     base = ProtectConfig(temperature=0.5)
-    assert pp.protect_config(base, n_exemplars=1) == base.replace(n_exemplars=1)
-    assert pp.protect_config(None) == ProtectConfig()
-    with pytest.raises(TypeError, match="top_k"):
-        pp.protect_config(base, top_k=50)
+    assert ProtectConfig.merged(base, n_exemplars=1) == base.replace(n_exemplars=1)
+    assert ProtectConfig.merged(None) == ProtectConfig()
+    with pytest.raises(ConfigurationError, match=r"unknown setting.*top_k"):
+        ProtectConfig.merged(base, top_k=50)
     with pytest.raises(ConfigurationError, match="ProtectConfig"):
-        pp.protect_config({"temperature": 0.5})  # type: ignore[arg-type]
+        ProtectConfig.merged({"temperature": 0.5})  # type: ignore[arg-type]

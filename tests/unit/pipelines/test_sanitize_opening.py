@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, prepare_contexts, resolve_groups, sanitize
-from dpinfer.pipelines.sanitize_contexts import public_opening
+from dpinfer.pipelines.sanitize import sanitize
+from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, prepare_contexts, public_opening
 from dpinfer.taggers import Span
+from dpinfer.taggers.resolve import resolve_groups
 
 DOC = "The applicant, Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."
 SPANS = [Span(18, 23, "PERSON"), Span(48, 54, "LOC"), Span(79, 87, "CODE"), Span(91, 102, "DATETIME")]

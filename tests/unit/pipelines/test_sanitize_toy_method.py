@@ -15,8 +15,10 @@ from dpinfer.defaults import SANITIZE
 from dpinfer.methods import method_names, methods_help
 from dpinfer.methods.sanitize import TABLE, BuildArgs
 from dpinfer.methods.table import Method
-from dpinfer.pipelines.sanitize import DEFAULT_INSTRUCTION, plan_sanitize, prepare_contexts, resolve_groups, sanitize
+from dpinfer.pipelines.sanitize import plan_sanitize, sanitize
+from dpinfer.pipelines.sanitize_contexts import DEFAULT_INSTRUCTION, prepare_contexts
 from dpinfer.taggers import Span
+from dpinfer.taggers.resolve import resolve_groups
 from dpinfer.validation import check_sanitize_params
 
 DOC = "Mr Smith, a lawyer practising in London, lodged application no. 36244/06 on 20 May 1998."

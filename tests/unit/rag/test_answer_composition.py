@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 from dpinfer.accounting import PrivacyAccountant
-from dpinfer.pipelines.rag import answer_method, ask_config, compose_answer, released_answer_method
+from dpinfer.configs.ask import AskConfig
+from dpinfer.pipelines.rag import answer_method, compose_answer, released_answer_method
 
 
 def _release(mechanism: str, **settings: object) -> dict:
-    method = answer_method(ask_config({"mechanism": mechanism, **settings}))
+    method = answer_method(AskConfig.merged(None, mechanism=mechanism, **settings))
     c = method.config
     return {"text": "…", "mechanism": mechanism, "guarantee": method.guarantee().to_dict(),
             "settings": {"mechanism": mechanism, "epsilon": None, "delta": c.delta, "max_new_tokens": c.max_new_tokens,
@@ -20,7 +21,7 @@ def _release(mechanism: str, **settings: object) -> dict:
 
 def test_a_released_answer_composes_like_the_session_that_answered_it() -> None:
     rel = _release("pad", epsilon=6.0, max_new_tokens=24)
-    original = answer_method(ask_config({"mechanism": "pad", "epsilon": 6.0, "max_new_tokens": 24}))
+    original = answer_method(AskConfig.merged(None, mechanism="pad", epsilon=6.0, max_new_tokens=24))
     rebuilt = released_answer_method(rel)
     assert rebuilt is not None and rebuilt.loss_event() == original.loss_event()
     session, from_file = PrivacyAccountant(), PrivacyAccountant()

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-import dpinfer.models
 from dpinfer.accounting import Zcdp
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.ledger import Ledger
@@ -74,7 +73,7 @@ def test_ask_many_charges_each_answer_and_reports_the_refused(tmp_path, tiny_lm,
     assert not (tmp_path / "s" / "budget.db").exists()  # the given ledger, not the store's
 
 
-def test_cli_rag_ask_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, embedder, docs, capsys,
+def test_cli_rag_ask_is_refused_before_the_model_loads(model_gate, tmp_path, tiny_model_dir, embedder, docs, capsys,
                                                        monkeypatch) -> None:
     from dpinfer.cli import main
 
@@ -82,10 +81,7 @@ def test_cli_rag_ask_is_refused_before_the_model_loads(tmp_path, tiny_model_dir,
     _rag(store, None, embedder, docs)
     Ledger.init(store / "budget.db").set_budget("store", epsilon=1.0)  # less than one answer at ε = 8
 
-    def no_model(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(dpinfer.models, "load_model", no_model)
+    model_gate.forbid()
     assert main(["rag", "ask", str(store), QUESTION, "--epsilon", "8", "--max-new-tokens", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpinfer: error: budget exceeded for unit 'store': budget ε = 1 ") and err.count("\n") == 1

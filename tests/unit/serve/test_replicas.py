@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from dpinfer.accounting.ledger import Cost, Ledger, composed_epsilon
+from dpinfer.accounting.costs import Cost, composed_epsilon
+from dpinfer.accounting.ledger import Ledger
 from dpinfer.defaults import SERVE
 from dpinfer.serve.budget import ledger_unit
 from dpinfer.serve.keys import LedgerKeys

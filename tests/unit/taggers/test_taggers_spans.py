@@ -166,7 +166,7 @@ def test_fuzz_span_parser_never_crashes_and_never_echoes_input(source, as_json, 
         assert "Zq" not in str(e) and "John" not in str(e), str(e)
     else:
         assert all(isinstance(s, Span) for s in spans)
-    from dpinfer.pipelines.sanitize import resolve_spans
+    from dpinfer.pipelines.sanitize_plan import resolve_spans
 
     try:
         resolve_spans(_DOCUMENT, spans=source, method="ner-scrub")

@@ -66,8 +66,8 @@ def sanitize(who: Principal = User, data: dict[str, Any] = Body, svc: Service = 
 
 @router.post("/v1/protect-prompt")
 def protect(who: Principal = User, data: dict[str, Any] = Body, svc: Service = Svc) -> Any:
-    prompt, opts = bodies.protect(data)  # parse
-    plan, units = svc.plan_protect(who, prompt, opts, data.get("unit"))  # plan: stage 1's job, the guarantee
+    prompt, config = bodies.protect(data)  # parse
+    plan, units = svc.plan_protect(who, prompt, config, data.get("unit"))  # plan: stage 1's job, the guarantee
     held = svc.hold(units, plan.charges)  # charge: every unit or none (402, nothing generated)
     with charge(held, None, scope=held.scope):  # committed once released, cancelled if it fails
         out = svc.run(plan.job)  # run: stage 1 (the only step that reads the prompt) in the shared batch
