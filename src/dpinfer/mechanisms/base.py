@@ -194,3 +194,45 @@ class Mechanism(ABC):
     def guarantee(self, max_new_tokens: int) -> Guarantee:
         """The ex-ante guarantee of a generation of at most ``max_new_tokens`` tokens (no private data read)."""
         return Guarantee.no_privacy(mechanism=self.name)
+
+
+class RepeatedEvent(Mechanism):
+    """A mechanism whose ex-ante loss is :meth:`loss_steps` repetitions of one :meth:`loss_event` (DP-Prompt,
+    DP-Decoding): :meth:`loss` and :meth:`guarantee` are made from those, :attr:`adjacency`, ``delta`` and
+    :meth:`guarantee_parameters` alone (no private data read), so both report the loss that ``calibrated`` searches."""
+
+    adjacency: ClassVar[str]
+    delta: float
+
+    @abstractmethod
+    def loss_event(self) -> Any:
+        """What one token releases, for the accountant (a frozen event of :mod:`dpinfer.accounting.events`)."""
+
+    @abstractmethod
+    def loss_steps(self, max_new_tokens: int) -> int:
+        """The most tokens that read the private input."""
+
+    @abstractmethod
+    def guarantee_parameters(self) -> dict[str, Any]:
+        """The public parameters the guarantee is computed from (written into it; ``T_max`` is added)."""
+
+    def loss(self, max_new_tokens: int) -> Any:
+        """The ex-ante loss of at most ``max_new_tokens`` tokens per output."""
+        from dpinfer.accounting.accountant import compose_steps
+
+        return compose_steps(self.loss_event(), self.loss_steps(max_new_tokens))
+
+    def guarantee(self, max_new_tokens: int) -> Guarantee:
+        """(ε, δ) of at most ``max_new_tokens`` tokens per output, from the parameters only."""
+        from dpinfer.accounting.accountant import ex_ante_guarantee
+
+        return ex_ante_guarantee(
+            self.loss_event(),
+            steps=self.loss_steps(max_new_tokens),
+            delta=self.delta,
+            mechanism=self.name,
+            adjacency=self.adjacency,
+            max_new_tokens=max_new_tokens,
+            parameters={**self.guarantee_parameters(), "T_max": max_new_tokens},
+            route=True,
+        )

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss
-from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting import PrivacyLoss
+from dpinfer.accounting.accountant import calibrate_event, compose_steps
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import (
     LAMBDA_MAX,
@@ -45,7 +45,7 @@ from dpinfer.accounting.events import (
 )
 from dpinfer.checks import check_delta, positive_int, positive_number
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.base import Mechanism, Mode, RepeatedEvent, StepInfo, StepResult
 from dpinfer.mechanisms.batch import sample_weights_step
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -99,7 +99,7 @@ def dp_decoding_loss(lam: float, vocab_size: int, num_tokens: int) -> PrivacyLos
     return compose_steps(UniformMixtureEvent(lam, vocab_size), positive_int(num_tokens, "the number of tokens"))
 
 
-class DPDecoding(Mechanism):
+class DPDecoding(RepeatedEvent):
     """DP-Decoding (Majmudar et al. 2022): sample from ``λ·softmax(z/τ) + (1 − λ)·uniform(V)``; pure ε_tok-DP per token.
 
     Args:
@@ -132,6 +132,7 @@ class DPDecoding(Mechanism):
     """
 
     name = "dp-decoding"
+    adjacency = ADJACENCY
 
     def __init__(
         self,
@@ -251,26 +252,12 @@ class DPDecoding(Mechanism):
 
     step = Mechanism.step_as_batch
 
-    def loss(self, max_new_tokens: int) -> PrivacyLoss:
-        """The ex-ante loss of at most ``max_new_tokens`` tokens per sequence, for ``num_sequences`` sequences."""
-        return compose_steps(self.loss_event(), self.loss_steps(max_new_tokens))
-
-    def guarantee(self, max_new_tokens: int) -> Guarantee:
-        """(ε, δ) of at most ``max_new_tokens`` tokens (per sequence), from λ, V and T_max only."""
-        return ex_ante_guarantee(
-            self.loss_event(),
-            steps=self.loss_steps(max_new_tokens),
-            delta=self.delta,
-            mechanism=self.name,
-            adjacency=ADJACENCY,
-            max_new_tokens=max_new_tokens,
-            parameters={
-                "lambda": self.lam,
-                "temperature": self.temperature,
-                "vocab_size": self.vocab_size,
-                "epsilon_per_token": self.epsilon_per_token,
-                "num_sequences": self.num_sequences,
-                "T_max": max_new_tokens,
-            },
-            route=True,
-        )
+    def guarantee_parameters(self) -> dict[str, Any]:
+        """λ, τ, V (ε_tok) and the number of sequences."""
+        return {
+            "lambda": self.lam,
+            "temperature": self.temperature,
+            "vocab_size": self.vocab_size,
+            "epsilon_per_token": self.epsilon_per_token,
+            "num_sequences": self.num_sequences,
+        }

@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from dpinfer.accounting import Guarantee, PrivacyLoss, PureDp
-from dpinfer.accounting.accountant import calibrate_event, compose_steps, ex_ante_guarantee
+from dpinfer.accounting import PrivacyLoss, PureDp
+from dpinfer.accounting.accountant import calibrate_event, compose_steps
 from dpinfer.accounting.calibration import Budget, Spec
 from dpinfer.accounting.events import ClippedLogitsEvent, check_clip_bounds, check_prompt_temperature
 from dpinfer.checks import check_delta, positive_int
 from dpinfer.errors import ConfigurationError
-from dpinfer.mechanisms.base import Mechanism, Mode, StepInfo, StepResult
+from dpinfer.mechanisms.base import Mechanism, Mode, RepeatedEvent, StepInfo, StepResult
 from dpinfer.mechanisms.batch import sample_weights_step
 from dpinfer.mechanisms.layout import check_row_layout
 from dpinfer.mechanisms.randomness import Randomness
@@ -104,7 +104,7 @@ def dp_prompt_loss(epsilon_tok: float, num_tokens: int) -> PrivacyLoss:
     return PureDp(epsilon_tok, bounded_range=True).times(positive_int(num_tokens, "the number of tokens"))
 
 
-class DPPrompt(Mechanism):
+class DPPrompt(RepeatedEvent):
     """DP-Prompt (Utpala et al. 2023): clip the logits to ``[b_min, b_max]``, sample at τ from the full vocabulary.
 
     Per token ``ε_tok = 2(b_max − b_min)/τ``-DP and ε_tok-bounded-range (RDP ``min(ε_tok, α·ε_tok²/8)``) against any
@@ -140,6 +140,7 @@ class DPPrompt(Mechanism):
     """
 
     name = "dp-prompt"
+    adjacency = ADJACENCY
 
     def __init__(
         self,
@@ -251,26 +252,12 @@ class DPPrompt(Mechanism):
 
     step = Mechanism.step_as_batch
 
-    def loss(self, max_new_tokens: int) -> PrivacyLoss:
-        """The ex-ante loss of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens each."""
-        return compose_steps(self.loss_event(), self.loss_steps(max_new_tokens))
-
-    def guarantee(self, max_new_tokens: int) -> Guarantee:
-        """(ε, δ) of ``num_rewrites`` rewrites of at most ``max_new_tokens`` tokens, from b_min, b_max, τ only."""
-        return ex_ante_guarantee(
-            self.loss_event(),
-            steps=self.loss_steps(max_new_tokens),
-            delta=self.delta,
-            mechanism=self.name,
-            adjacency=ADJACENCY,
-            max_new_tokens=max_new_tokens,
-            parameters={
-                "clip_min": self.clip_min,
-                "clip_max": self.clip_max,
-                "temperature": self.temperature,
-                "epsilon_per_token": self.epsilon_per_token,
-                "num_rewrites": self.num_rewrites,
-                "T_max": max_new_tokens,
-            },
-            route=True,
-        )
+    def guarantee_parameters(self) -> dict[str, Any]:
+        """b_min, b_max, τ (ε_tok) and the number of rewrites."""
+        return {
+            "clip_min": self.clip_min,
+            "clip_max": self.clip_max,
+            "temperature": self.temperature,
+            "epsilon_per_token": self.epsilon_per_token,
+            "num_rewrites": self.num_rewrites,
+        }
