@@ -72,7 +72,11 @@ class DPFusionInt8Public(DPFusion):
 
 class InvisibleInkNoClip(InvisibleInk):
     """InvisibleInk with the clip norm ignored: ``ℓ̄ = ℓ_pub + mean_i(ℓ_i − ℓ_pub)`` unclipped (BROKEN). The Top-k⁺
-    set still uses C, as the rigorous mechanism does."""
+    set still uses C, as the rigorous mechanism does. It decides alone (no batched path), so that the per-job
+    :meth:`step` runs the broken :meth:`_released`."""
+
+    def batch_key(self) -> None:
+        return None
 
     def _released(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
         support, kth = topk_plus(z[0], self.top_k, self.clip_norm, self.batch_size)
