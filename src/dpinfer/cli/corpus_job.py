@@ -19,7 +19,7 @@ from typing import Any
 
 from dpinfer.checks import int_at_least
 from dpinfer.cli.budget import ledger_path
-from dpinfer.cli.output import console, print_json
+from dpinfer.cli.output import console, print_json, progress_bar
 from dpinfer.configs.sanitize import SanitizeConfig
 from dpinfer.defaults import SANITIZE
 from dpinfer.errors import ConfigurationError, LedgerError
@@ -98,18 +98,7 @@ def record_progress(label: str, total: int, *, interval: float = PLAIN_PROGRESS_
     rate and the ETA. Otherwise: a plain line every ``interval`` seconds (and none for a run shorter than that)."""
     err = console(stderr=True)
     if err.is_terminal:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
-                      TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[errors]}"), TimeElapsedColumn(),
-                      TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True) as prog:
+        with progress_bar(label, "records", "rate", "errors") as prog:
             task = prog.add_task(label, total=total, rate="", errors="")
             t0 = time.monotonic()
 

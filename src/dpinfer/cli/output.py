@@ -117,12 +117,9 @@ def write_failure(option: str, path: str, exc: OSError, where: str) -> int:
     return EXIT_ERROR
 
 
-@contextmanager
-def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
-    """A transient progress bar on a terminal's standard error (``label``, done/total ``unit``, time elapsed and an
-    estimate of the time left: an upper bound when the text may stop early); yields ``update(done, total)``. The
-    total is the public maximum (e.g. T_max), known before the first step: callers report ``update(0, total)`` first.
-    Nothing is drawn into a pipe."""
+def progress_bar(label: str, unit: str, *fields: str) -> Any:
+    """A transient rich progress bar on standard error (``label``, done/total ``unit``, a column for each task field
+    named in ``fields``, time elapsed and the ETA), disabled when standard error is not a terminal."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -133,9 +130,19 @@ def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[
     )
 
     err = console(stderr=True)
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as prog:
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                    *(TextColumn(f"{{task.fields[{name}]}}") for name in fields), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True,
+                    disable=not err.is_terminal)
+
+
+@contextmanager
+def count_progress(label: str, unit: str, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on a terminal's standard error (``label``, done/total ``unit``, time elapsed and an
+    estimate of the time left: an upper bound when the text may stop early); yields ``update(done, total)``. The
+    total is the public maximum (e.g. T_max), known before the first step: callers report ``update(0, total)`` first.
+    Nothing is drawn into a pipe."""
+    with progress_bar(label, unit) as prog:
         task = prog.add_task(label, total=total, visible=total is not None)  # never drawn as "0/?"
 
         def update(done: int, total: int) -> None:
