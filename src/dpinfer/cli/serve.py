@@ -153,12 +153,16 @@ def run_adopt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _key_store(args: argparse.Namespace) -> Any:
-    """``serve keys --keys PATH`` (a file) or ``--ledger LOCATION`` (the ledger's database, which must exist)."""
+def _key_store(args: argparse.Namespace, *, create: bool = False) -> Any:
+    """``serve keys --keys PATH`` (a file, made only by ``create``) or ``--ledger LOCATION`` (the ledger's database,
+    which must exist)."""
     from dpinfer.accounting.ledger import Ledger
     from dpinfer.serve.keys import KeyStore, LedgerKeys
 
     if args.keys is not None:
+        if not create and not Path(args.keys).is_file():
+            raise ConfigurationError("no keys file there; make one with: dpinfer serve keys create --keys PATH "
+                                     "--tenant T --role user")
         return KeyStore(args.keys)
     if not Ledger.exists(args.ledger):
         raise ConfigurationError("no ledger there; give the service's --ledger (create one with: dpinfer budget init "
@@ -167,7 +171,7 @@ def _key_store(args: argparse.Namespace) -> Any:
 
 
 def run_keys_create(args: argparse.Namespace) -> int:
-    store = _key_store(args)
+    store = _key_store(args, create=True)
     key = store.create(args.tenant, args.role)
     where = str(store.path)  # the ledger's URL without its password
     if args.json:
@@ -184,6 +188,8 @@ def run_keys_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"keys": keys})
         return 0
+    if not keys:
+        print("dpinfer: no keys", file=sys.stderr)
     for k in keys:
         print(f"{k['id']}  {k['tenant']}  {k['role']}  {k['created']}" + (f"  revoked {k['revoked']}"
                                                                           if k.get("revoked") else ""))

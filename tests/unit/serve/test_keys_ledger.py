@@ -99,6 +99,10 @@ def test_keys_commands_on_the_ledger_and_on_a_file(postgres_url: str, tmp_path: 
     assert store.verify(fkey) is None and len(store) == 0
     both = _dpinfer("serve", "keys", "list", "--keys", str(path), "--ledger", postgres_url)
     assert both.returncode != 0 and "not allowed with" in both.stderr
+    for cmd in (("list",), ("revoke", kid)):  # only create makes a keys file: a mistyped path is refused, not empty
+        nofile = _dpinfer("serve", "keys", *cmd, "--keys", str(tmp_path / "typo.json"))
+        assert nofile.returncode == 2 and nofile.stderr.strip().count("\n") == 0
+        assert "no keys file there" in nofile.stderr and not (tmp_path / "typo.json").exists()
 
 
 def test_a_key_made_or_revoked_while_two_servers_run_works_at_once(tiny_lm, postgres_url, tmp_path) -> None:
